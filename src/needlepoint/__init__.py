@@ -1,0 +1,69 @@
+"""needlepoint: a fast, exact Python inference engine for Cactus Needle tool-calling models."""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
+from .cact import CactArchive, open_archive
+from .errors import (
+    CactFormatError,
+    ModelInputError,
+    NeedlepointError,
+    TokenizerError,
+    ToolSchemaError,
+)
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .api import Needle, tool
+
+__version__ = "0.1.0"
+
+NUMERICS = ("deploy", "float")
+
+
+def load(
+    path: str | os.PathLike[str],
+    *,
+    layers: int | None = None,
+    numerics: str = "deploy",
+) -> Any:
+    """Load a `.cact` model; the generation (Needle 3 or 2) comes from the archive's tag.
+
+    `layers=N` selects the N-layer rung of the depth ladder as upstream selects it;
+    `numerics="deploy"` (A8 activations, int8 KV: what the archive is meant to run at) or
+    `"float"` (the stored weights with no activation or KV quantisation).
+    """
+    if numerics not in NUMERICS:
+        raise ValueError(f"numerics must be one of {NUMERICS}, got {numerics!r}")
+    archive = open_archive(path)
+    if archive.generation == 3:
+        from .v3.model import V3Model
+
+        return V3Model.from_archive(archive, layers=layers, numerics=numerics)
+    from .v2.model import V2Model
+
+    return V2Model.from_archive(archive, layers=layers, numerics=numerics)
+
+
+def __getattr__(name: str) -> Any:
+    # The API layer sits above the models; import it only when asked for.
+    if name in ("Needle", "tool"):
+        from . import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'needlepoint' has no attribute {name!r}")
+
+
+__all__ = [
+    "CactArchive",
+    "CactFormatError",
+    "ModelInputError",
+    "Needle",
+    "NeedlepointError",
+    "TokenizerError",
+    "ToolSchemaError",
+    "load",
+    "open_archive",
+    "tool",
+]

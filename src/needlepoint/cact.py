@@ -1,0 +1,437 @@
+"""Reader for Cactus `.cact` archives (Needle 3 tag 0x05E12A84, Needle 2 tag 0x05E12A83).
+
+Layout (fixture READMEs, "The `.cact` archive" / "The v2 `.cact` layout"): header, codebooks,
+a directory of 44-byte records, then 64-byte-aligned blobs. Records carry no names: their
+order is fixed by the geometry, so names come from `v3.config.tensor_layout` /
+`v2.config.tensor_layout` plus the probe-head manifest.
+
+The file is memory-mapped and every tensor is a zero-copy numpy view; nothing is decoded until
+it is asked for. Every inconsistency is a `CactFormatError` naming the field and byte offset.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+from dataclasses import dataclass, fields
+from functools import cached_property
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .errors import CactFormatError, TokenizerError
+from .v2 import config as v2config
+from .v3 import config as v3config
+
+if TYPE_CHECKING:
+    from .tokenizer import Tokenizer
+
+RECORD_BYTES = 44
+RECORD_STRUCT = struct.Struct("<BBH4IQQII")
+DTYPE_NAMES = {1: "fp16", 2: "fp32", 3: "cq", 4: "raw"}
+CODEBOOK_SIZES = {2: 4, 3: 8, 4: 16}
+# Storage width of one index: bits 5 is the ternary "crumb" code stored in 2 bits.
+STORAGE_BITS = {1: 1, 2: 2, 3: 3, 4: 4, 5: 2}
+# Upper bound on any single header dimension: anything larger is corruption, and checking it
+# up front keeps a flipped bit from turning into a huge allocation.
+MAX_DIM = 1 << 24
+MAX_TENSORS = 1 << 16
+
+
+@dataclass(frozen=True)
+class TensorRecord:
+    """One directory record, with the name its position implies."""
+
+    index: int
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    offset: int
+    nbytes: int
+    group: int
+    bits: int
+
+    @property
+    def record_offset(self) -> int:
+        return -1  # filled by the reader's error messages, not stored
+
+
+@dataclass(frozen=True)
+class CQTensor:
+    """A Cactus-Quant matrix: packed codebook indices plus one FP16 norm per row and group.
+
+    `packed` is [rows, in_pad * storage_bits / 8] uint8 and `norms` [rows, in_pad / group]
+    float16, both zero-copy views into the archive.
+    """
+
+    name: str
+    rows: int
+    cols: int
+    bits: int
+    group: int
+    packed: np.ndarray
+    norms: np.ndarray
+    codebook: np.ndarray
+
+    @property
+    def in_pad(self) -> int:
+        return self.norms.shape[1] * self.group
+
+    @property
+    def storage_bits(self) -> int:
+        return STORAGE_BITS[self.bits]
+
+    @property
+    def nbytes(self) -> int:
+        return self.packed.nbytes + self.norms.nbytes
+
+
+def _fail(field: str, offset: int, message: str) -> CactFormatError:
+    return CactFormatError(f"{field} (byte offset {offset}): {message}")
+
+
+def cq_nbytes(rows: int, cols: int, bits: int, group: int) -> int:
+    """Blob size of a CQ record: packed indices then FP16 norms (README "CQ tensors")."""
+    in_pad = -(-cols // group) * group
+    return rows * in_pad * STORAGE_BITS[bits] // 8 + rows * (in_pad // group) * 2
+
+
+class CactArchive:
+    """A memory-mapped `.cact` archive. Use `open_archive(path)`."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self._buffer = _map_file(self.path)
+        self.size = len(self._buffer)
+        self.generation, self.config = self._read_header()
+        self.codebooks = self._read_codebooks()
+        self.records = self._read_directory()
+        self._by_name = {record.name: record for record in self.records}
+
+    # -- header -------------------------------------------------------------------------------
+    def _read_header(self) -> tuple[int, Any]:
+        if self.size < 4:
+            raise _fail("header.tag", 0, f"file is {self.size} bytes, too short for a header")
+        (tag,) = struct.unpack_from("<I", self._buffer, 0)
+        if tag == v3config.FORMAT_TAG:
+            module, config_class, generation = v3config, v3config.V3Config, 3
+        elif tag == v2config.FORMAT_TAG:
+            module, config_class, generation = v2config, v2config.V2Config, 2
+        else:
+            raise _fail("header.tag", 0, f"unknown format tag 0x{tag:08X} (not a Needle archive)")
+        if self.size < module.HEADER_BYTES:
+            raise _fail(
+                "header", 0, f"truncated: {self.size} bytes, header needs {module.HEADER_BYTES}"
+            )
+        words, rope_theta = module.unpack_header(self._buffer)
+        values = module.parse_header(words, rope_theta)
+        _validate_header(values, generation)
+        kwargs = {f.name: values[f.name] for f in fields(config_class) if f.name in values}
+        return generation, config_class(**kwargs)
+
+    @property
+    def header_bytes(self) -> int:
+        return v3config.HEADER_BYTES if self.generation == 3 else v2config.HEADER_BYTES
+
+    def _read_codebooks(self) -> dict[int, np.ndarray]:
+        start = self.header_bytes
+        length = self.config.codebook_len
+        if length != sum(CODEBOOK_SIZES.values()):
+            raise _fail("header.codebook_len", 8, f"expected 28 (4+8+16 entries), got {length}")
+        if start + 4 * length > self.size:
+            raise _fail("codebooks", start, "truncated: file ends inside the codebooks")
+        flat = np.frombuffer(self._buffer, dtype="<f4", count=length, offset=start)
+        if not np.all(np.isfinite(flat)):
+            raise _fail("codebooks", start, "non-finite codebook value")
+        books: dict[int, np.ndarray] = {}
+        cursor = 0
+        for bits, count in CODEBOOK_SIZES.items():
+            books[bits] = flat[cursor : cursor + count].astype(np.float32)
+            cursor += count
+        # Binary and ternary are defined by the format rather than stored (README "CQ tensors").
+        root = np.float32(np.sqrt(128.0))
+        books[1] = np.array([-1.0, 1.0], np.float32) * np.float32(np.sqrt(2 / np.pi)) / root
+        ternary = np.float32(1.2240064) / root
+        books[5] = np.array([0.0, ternary, 0.0, -ternary], np.float32)
+        return books
+
+    # -- directory ----------------------------------------------------------------------------
+    def _expected_layout(self) -> list[tuple[str, str, tuple[int, ...]]]:
+        module = v3config if self.generation == 3 else v2config
+        return module.tensor_layout(self.config)
+
+    def _read_directory(self) -> list[TensorRecord]:
+        cfg = self.config
+        dir_start = self.header_bytes + 4 * cfg.codebook_len
+        count = cfg.num_tensors
+        if not 2 <= count <= MAX_TENSORS:
+            raise _fail("header.num_tensors", 4, f"implausible tensor count {count}")
+        if dir_start + count * RECORD_BYTES > self.size:
+            raise _fail(
+                "directory",
+                dir_start,
+                f"truncated: {count} records need {count * RECORD_BYTES} bytes, file has "
+                f"{max(0, self.size - dir_start)} after the codebooks",
+            )
+        data_start = dir_start + count * RECORD_BYTES
+        raw = [
+            (dir_start + i * RECORD_BYTES, RECORD_STRUCT.unpack_from(self._buffer, dir_start + i * RECORD_BYTES))
+            for i in range(count)
+        ]
+        layout = self._expected_layout()
+        if count < len(layout) + 1:
+            raise _fail(
+                "header.num_tensors", 4, f"{count} records, but the geometry needs at least "
+                f"{len(layout) + 1} (through final_norm, plus the tokenizer)"
+            )
+        records: list[TensorRecord] = []
+        for index, (name, dtype, shape) in enumerate(layout):
+            records.append(self._check_record(index, raw[index], name, dtype, shape, data_start))
+        records += self._read_heads(raw, len(layout), count - 1, data_start)
+        records.append(self._check_record(count - 1, raw[-1], "tokenizer", "raw", None, data_start))
+        return records
+
+    def _read_heads(
+        self, raw: list, first: int, end: int, data_start: int
+    ) -> list[TensorRecord]:
+        """Probe-head records between `final_norm` and the tokenizer, named from the manifest."""
+        if first == end:
+            return []
+        manifest = self._check_record(first, raw[first], "heads.manifest", "fp16", None, data_start)
+        codes = self._view(manifest).astype(np.float32)
+        module = v3config if self.generation == 3 else v2config
+        names: list[str] = []
+        for position, code in enumerate(codes):
+            head = module.HEAD_CODES.get(int(code)) if np.isfinite(code) else None
+            if head is None or code != int(code):
+                raise _fail(
+                    f"heads.manifest[{position}]",
+                    manifest.offset + 2 * position,
+                    f"unknown head code {code!r}",
+                )
+            parts = list(module.HEAD_RECORDS)
+            if head == "router_head":
+                parts += list(v3config.ROUTER_EXTRA)
+            names += [f"{head}.{part}" for part in parts]
+        if first + 1 + len(names) != end:
+            raise _fail(
+                "header.num_tensors", 4,
+                f"manifest lists heads needing {len(names)} records, archive has {end - first - 1}",
+            )
+        out = [manifest]
+        for offset, name in enumerate(names, start=first + 1):
+            kind = "cq" if self._record_dtype(raw[offset]) == "cq" else "fp16"
+            out.append(self._check_record(offset, raw[offset], name, kind, None, data_start))
+        return out
+
+    @staticmethod
+    def _record_dtype(raw_record: tuple) -> str:
+        return DTYPE_NAMES.get(raw_record[1][0], "?")
+
+    def _check_record(
+        self,
+        index: int,
+        raw_record: tuple,
+        name: str,
+        dtype: str,
+        shape: tuple[int, ...] | None,
+        data_start: int,
+    ) -> TensorRecord:
+        where, (code, ndim, _pad, s0, s1, s2, s3, offset, nbytes, group, bits) = raw_record
+        field = f"directory[{index}] ({name})"
+        got_dtype = DTYPE_NAMES.get(code)
+        if got_dtype is None:
+            raise _fail(field + ".dtype", where, f"unknown dtype code {code}")
+        # Shipped archives may store any matrix as CQ at any width, or FP16 where small.
+        allowed = {dtype} | ({"cq", "fp16", "fp32"} if dtype in ("cq", "fp16") else set())
+        if got_dtype not in allowed:
+            raise _fail(field + ".dtype", where, f"expected {dtype}, found {got_dtype}")
+        if ndim > 4:
+            raise _fail(field + ".ndim", where + 1, f"ndim {ndim} > 4")
+        got_shape = (s0, s1, s2, s3)[:ndim]
+        if any(dim == 0 or dim > MAX_DIM for dim in got_shape):
+            raise _fail(field + ".shape", where + 4, f"implausible shape {got_shape}")
+        if shape is not None and got_shape != shape:
+            raise _fail(
+                field + ".shape", where + 4, f"shape {got_shape} does not match geometry {shape}"
+            )
+        if offset < data_start or offset + nbytes > self.size:
+            raise _fail(
+                field + ".offset",
+                where + 20,
+                f"blob [{offset}, {offset + nbytes}) lies outside the data region "
+                f"[{data_start}, {self.size})",
+            )
+        expected = _expected_nbytes(got_dtype, got_shape, group, bits)
+        if isinstance(expected, str):
+            raise _fail(field + ".bits", where + 40, expected)
+        if expected is not None and expected != nbytes:
+            raise _fail(
+                field + ".nbytes",
+                where + 28,
+                f"{nbytes} bytes, but {got_dtype} {got_shape}"
+                + (f" at {bits} bits, group {group}" if got_dtype == "cq" else "")
+                + f" needs {expected}",
+            )
+        return TensorRecord(index, name, got_dtype, got_shape, offset, nbytes, group, bits)
+
+    # -- access -------------------------------------------------------------------------------
+    @property
+    def names(self) -> list[str]:
+        return [record.name for record in self.records]
+
+    def has(self, name: str) -> bool:
+        return name in self._by_name
+
+    def record(self, name: str) -> TensorRecord:
+        try:
+            return self._by_name[name]
+        except KeyError:
+            raise KeyError(f"archive {self.path.name} has no tensor {name!r}") from None
+
+    def _view(self, record: TensorRecord) -> np.ndarray:
+        if record.dtype == "fp16":
+            return np.frombuffer(
+                self._buffer, "<f2", count=record.nbytes // 2, offset=record.offset
+            ).reshape(record.shape)
+        if record.dtype == "fp32":
+            return np.frombuffer(
+                self._buffer, "<f4", count=record.nbytes // 4, offset=record.offset
+            ).reshape(record.shape)
+        return np.frombuffer(self._buffer, np.uint8, count=record.nbytes, offset=record.offset)
+
+    def array(self, name: str) -> np.ndarray:
+        """Zero-copy view of an FP16/FP32/RAW record (FP16 stays FP16: cast where used)."""
+        record = self.record(name)
+        if record.dtype == "cq":
+            raise TypeError(f"{name} is a CQ tensor: use .cq({name!r}) or kernels.cq.dequantize")
+        return self._view(record)
+
+    def floats(self, name: str) -> np.ndarray:
+        """A record as float32 (CQ records are dequantised)."""
+        record = self.record(name)
+        if record.dtype == "cq":
+            from .kernels.cq import dequantize
+
+            return dequantize(self.cq(name))
+        return self._view(record).astype(np.float32)
+
+    def cq(self, name: str) -> CQTensor:
+        """Zero-copy packed view of a CQ record (2-D: trailing dims are the reduction axis)."""
+        record = self.record(name)
+        if record.dtype != "cq":
+            raise TypeError(f"{name} is {record.dtype}, not CQ")
+        rows = record.shape[0]
+        cols = int(np.prod(record.shape[1:])) if len(record.shape) > 1 else 1
+        in_pad = -(-cols // record.group) * record.group
+        row_bytes = in_pad * STORAGE_BITS[record.bits] // 8
+        blob = self._view(record)
+        packed = blob[: rows * row_bytes].reshape(rows, row_bytes)
+        norms = np.frombuffer(
+            self._buffer, "<f2", count=rows * (in_pad // record.group),
+            offset=record.offset + rows * row_bytes,
+        ).reshape(rows, in_pad // record.group)
+        return CQTensor(
+            record.name, rows, cols, record.bits, record.group, packed, norms,
+            self.codebooks[record.bits],
+        )
+
+    @property
+    def tokenizer_blob(self) -> memoryview:
+        record = self.records[-1]
+        return memoryview(self._buffer)[record.offset : record.offset + record.nbytes]
+
+    @cached_property
+    def tokenizer(self) -> Tokenizer:
+        """The archive's own tokenizer, built from its blob on first use."""
+        from .tokenizer import Tokenizer
+
+        record = self.records[-1]
+        try:
+            return Tokenizer.from_blob(self.tokenizer_blob)
+        except TokenizerError as error:
+            raise _fail(
+                f"directory[{record.index}] (tokenizer)", record.offset, f"corrupt blob: {error}"
+            ) from error
+
+    @property
+    def heads(self) -> tuple[str, ...]:
+        """Probe heads present, in manifest order (e.g. ("confidence_head",))."""
+        seen: list[str] = []
+        for record in self.records:
+            if record.name.endswith("_head.probes"):
+                seen.append(record.name.split(".")[0])
+        return tuple(seen)
+
+    def __repr__(self) -> str:
+        return f"CactArchive({str(self.path)!r}, needle{self.generation}, {len(self.records)} tensors)"
+
+
+def _expected_nbytes(dtype: str, shape: tuple[int, ...], group: int, bits: int) -> int | str | None:
+    count = int(np.prod(shape)) if shape else 0
+    if dtype == "fp16":
+        return 2 * count
+    if dtype == "fp32":
+        return 4 * count
+    if dtype == "raw":
+        return None
+    if bits not in STORAGE_BITS:
+        return f"unsupported CQ width {bits} bits"
+    if group <= 0 or group & (group - 1) or group > 4096:
+        return f"CQ group {group} is not a power of two <= 4096"
+    rows = shape[0]
+    cols = int(np.prod(shape[1:])) if len(shape) > 1 else 1
+    return cq_nbytes(rows, cols, bits, group)
+
+
+def _validate_header(values: dict, generation: int) -> None:
+    """Reject geometry that cannot be a model before any size is computed from it."""
+    positive = ["vocab", "d_model", "num_heads", "num_kv_heads", "num_layers", "max_seq_len",
+                "hada_n", "mhc_lanes"]
+    positive += ["qk_head_dim", "v_head_dim"] if generation == 3 else ["head_dim"]
+    for name in positive:
+        value = values[name]
+        if not 0 < value <= MAX_DIM:
+            raise _fail(f"header.{name}", 0, f"implausible value {value}")
+    if values["num_heads"] % values["num_kv_heads"]:
+        raise _fail("header.num_kv_heads", 0, "num_heads is not a multiple of num_kv_heads")
+    hada_n = values["hada_n"]
+    if hada_n & (hada_n - 1) or hada_n < values["d_model"]:
+        raise _fail("header.hada_n", 0, f"hada_n {hada_n} is not a power of two >= d_model")
+    if values["_n_orders"] > 4 or values["_n_sites"] > (16 if generation == 3 else 4):
+        raise _fail("header.engram", 0, "too many engram orders or sites")
+    if values["_n_sites"] and values["_n_orders"] == 0:
+        raise _fail("header.num_engram_orders", 0, "engram sites without n-gram orders")
+    if any(site >= values["num_layers"] for site in values["engram_sites"]):
+        raise _fail("header.engram_sites", 0, "engram site beyond the last layer")
+    if values["_n_sites"] and not (
+        0 < values["engram_slots"] <= MAX_DIM and 0 < values["engram_sub_dim"] <= MAX_DIM
+        and 0 < values["num_engram_tables"] <= 64 and 0 < values["engram_conv_taps"] <= 64
+    ):
+        raise _fail("header.engram", 0, "implausible engram geometry")
+    if not np.isfinite(values["rope_theta"]) or values["rope_theta"] <= 0:
+        raise _fail("header.rope_theta", 0, f"invalid rope_theta {values['rope_theta']}")
+    if generation == 3 and values["qkv_conv_taps"] > 64:
+        raise _fail("header.qkv_conv_taps", 76, "implausible tap count")
+
+
+def _map_file(path: Path) -> mmap.mmap | bytes:
+    if path.is_dir():
+        raise CactFormatError(f"{path}: is a directory, not a .cact archive")
+    try:
+        with open(path, "rb") as handle:
+            size = os.fstat(handle.fileno()).st_size
+            if size == 0:
+                raise CactFormatError(f"{path}: empty file (byte offset 0)")
+            return mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+    except FileNotFoundError:
+        raise
+    except IsADirectoryError as error:
+        raise CactFormatError(f"{path}: is a directory, not a .cact archive") from error
+
+
+def open_archive(path: str | os.PathLike[str]) -> CactArchive:
+    """Open and validate a `.cact` archive (memory-mapped; tensors decode on demand)."""
+    return CactArchive(path)

@@ -1,0 +1,115 @@
+"""Small pure functions shared by the Needle 2 and Needle 3 models (float32 throughout).
+
+Each follows the fixture READMEs' "Forward pass" sections; names say what they compute.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+RMS_EPS = np.float32(1e-6)
+ENGRAM_SEED_MULT = 0x9E3779B9
+ENGRAM_FNV_PRIME = 0x01000193
+
+
+def rms_unit(x: np.ndarray) -> np.ndarray:
+    """`x / sqrt(mean(x^2) + 1e-6)` over the last axis (eps inside the sqrt)."""
+    x = np.asarray(x, np.float32)
+    mean_square = np.mean(np.square(x), axis=-1, keepdims=True, dtype=np.float32)
+    return x / np.sqrt(mean_square + RMS_EPS)
+
+
+def zc_rms_norm(x: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """Zero-centred RMS norm: `(1 + scale) * rms_unit(x)` (README `ZC(s)(x)`)."""
+    return (np.float32(1.0) + scale) * rms_unit(x)
+
+
+def sigmoid(x: np.ndarray) -> np.ndarray:
+    x = np.asarray(x, np.float32)
+    return np.float32(1.0) / (np.float32(1.0) + np.exp(-x))
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    return x * sigmoid(x)
+
+
+def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
+    shifted = x - np.max(x, axis=axis, keepdims=True)
+    exp = np.exp(shifted)
+    return exp / np.sum(exp, axis=axis, keepdims=True)
+
+
+def logsumexp(x: np.ndarray, axis: int) -> np.ndarray:
+    peak = np.max(x, axis=axis, keepdims=True)
+    return peak + np.log(np.sum(np.exp(x - peak), axis=axis, keepdims=True))
+
+
+def sinkhorn(logits: np.ndarray, iterations: int = 20) -> np.ndarray:
+    """Doubly-stochastic lane mixing over the last two axes: `iterations` rounds of
+    subtracting the row log-sum-exp then the column log-sum-exp, then exp (mHC `hres`)."""
+    z = np.asarray(logits, np.float32)
+    for _ in range(iterations):
+        z = z - logsumexp(z, axis=-1)
+        z = z - logsumexp(z, axis=-2)
+    return np.exp(z)
+
+
+def fake_quant_a8(x: np.ndarray) -> np.ndarray:
+    """Symmetric per-row int8 fake quantisation over the whole last axis (README "Deploy
+    quantization"): `s = max|x| / 127` (1 if all zero), `clip(round_half_even(x/s), -128, 127) * s`."""
+    x = np.asarray(x, np.float32)
+    peak = np.max(np.abs(x), axis=-1, keepdims=True)
+    step = np.where(peak > 0, peak / np.float32(127.0), np.float32(1.0)).astype(np.float32)
+    return np.clip(np.rint(x / step), -128, 127).astype(np.float32) * step
+
+
+def quantize_int8_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The same quantiser as `fake_quant_a8`, kept as int8 codes plus a float32 step per row
+    (for an int8 KV cache): `codes * step == fake_quant_a8(x)` exactly."""
+    x = np.asarray(x, np.float32)
+    peak = np.max(np.abs(x), axis=-1, keepdims=True)
+    step = np.where(peak > 0, peak / np.float32(127.0), np.float32(1.0)).astype(np.float32)
+    codes = np.clip(np.rint(x / step), -128, 127).astype(np.int8)
+    return codes, step
+
+
+def rope_tables(positions: np.ndarray, head_dim: int, theta: float) -> tuple[np.ndarray, np.ndarray]:
+    """cos/sin [len(positions), head_dim/2] for rotate-half RoPE, `freq_i = theta^(-2i/hd)`."""
+    half = head_dim // 2
+    exponent = np.arange(half, dtype=np.float32) * np.float32(2.0 / head_dim)
+    inv_freq = np.float32(1.0) / np.power(np.float32(theta), exponent, dtype=np.float32)
+    angles = np.asarray(positions, np.float32)[:, None] * inv_freq[None, :]
+    return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+
+
+def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    """Rotate-half RoPE on the last axis: `[x1 cos - x2 sin, x2 cos + x1 sin]`.
+
+    `cos`/`sin` broadcast against x[..., :half] (e.g. [T, 1, half] for x [T, heads, hd]).
+    """
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    return np.concatenate((x1 * cos - x2 * sin, x2 * cos + x1 * sin), axis=-1)
+
+
+def engram_slots(
+    tokens: np.ndarray, order: int, seed_index: int, slots: int
+) -> np.ndarray:
+    """Hashed engram slot per position for one (order, head) table (README "Forward pass" 2).
+
+    `seed = 0x9E3779B9 * seed_index mod 2^32`; for j < order:
+    `acc = (acc ^ tok[t-j]) * 0x01000193 mod 2^32` (tokens before the start are 0);
+    `acc ^= acc >> 15`; slot = acc mod slots. Vectorised over positions in uint64.
+    """
+    ids = np.asarray(tokens, np.uint64)
+    mask = np.uint64(0xFFFFFFFF)
+    acc = np.full(ids.shape, (ENGRAM_SEED_MULT * seed_index) & 0xFFFFFFFF, np.uint64)
+    for back in range(order):
+        shifted = np.zeros_like(ids)
+        if back == 0:
+            shifted[:] = ids
+        elif back < len(ids):
+            shifted[back:] = ids[:-back]
+        acc = ((acc ^ shifted) * np.uint64(ENGRAM_FNV_PRIME)) & mask
+    acc ^= acc >> np.uint64(15)
+    return (acc % np.uint64(slots)).astype(np.int64)

@@ -1,0 +1,87 @@
+"""Shared test helpers: the one place that finds the ground-truth fixtures.
+
+The fixtures live in `../shared/fixtures/` next to the repository (see DEVELOPERS.md).
+Tests that need them *fail* when the folder is missing: a missing ground truth is an
+error, never a reason to skip.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def shared_dir() -> Path:
+    """The `shared/` folder beside the repository (override with NEEDLEPOINT_SHARED)."""
+    override = os.environ.get("NEEDLEPOINT_SHARED")
+    candidates = [Path(override)] if override else []
+    candidates += [REPO_ROOT.parent / "shared", REPO_ROOT / "shared"]
+    for candidate in candidates:
+        if (candidate / "fixtures").is_dir():
+            return candidate
+    pytest.fail(
+        "ground-truth fixtures not found: expected ../shared/fixtures next to the repository "
+        f"(looked in {', '.join(str(c) for c in candidates)})"
+    )
+
+
+def fixtures_dir(generation: str) -> Path:
+    """`shared/fixtures/needle3` or `shared/fixtures/needle2`."""
+    path = shared_dir() / "fixtures" / generation
+    if not path.is_dir():
+        pytest.fail(f"fixture folder missing: {path}")
+    return path
+
+
+NEEDLE3_FIXTURES = ("tiny", "small", "shipped")
+NEEDLE2_FIXTURES = ("tiny", "small", "shipped")
+
+
+class Fixture:
+    """One fixture: its archive path, sidecar JSON and reference arrays (loaded lazily)."""
+
+    def __init__(self, generation: str, name: str) -> None:
+        self.generation = generation
+        self.name = name
+        self.folder = fixtures_dir(generation)
+        self.cact = self.folder / f"{name}.cact"
+        self._meta: dict | None = None
+        self._arrays = None
+
+    @property
+    def meta(self) -> dict:
+        if self._meta is None:
+            self._meta = json.loads((self.folder / f"{self.name}.json").read_text())
+        return self._meta
+
+    @property
+    def arrays(self):
+        if self._arrays is None:
+            self._arrays = np.load(self.folder / f"{self.name}.npz")
+        return self._arrays
+
+    def __repr__(self) -> str:
+        return f"Fixture({self.generation}/{self.name})"
+
+
+_CACHE: dict[tuple[str, str], Fixture] = {}
+
+
+def get_fixture(generation: str, name: str) -> Fixture:
+    key = (generation, name)
+    if key not in _CACHE:
+        _CACHE[key] = Fixture(generation, name)
+    return _CACHE[key]
+
+
+def toy_model_path() -> Path:
+    path = shared_dir() / "models" / "needle3-toy.cact"
+    if not path.is_file():
+        pytest.fail(f"toy model missing: {path}")
+    return path
