@@ -1,0 +1,85 @@
+"""Per-layer decode state: the K/V store and the q/k/v conv tail (fixture README step 5).
+
+A layer whose attention is bounded to `window` positions keeps a ring of exactly `window`
+slots (position p lives in slot `p % window`); an unbounded (global, full-causal) layer keeps a
+linear store that grows by doubling. Keys are stored after k_norm and RoPE, values after their
+taps; in deploy numerics both are stored already fake-quantised (A8 per head row), i.e. the
+exact float32 values `codes * step` that upstream's int8 KV attends with, so no dequantisation
+happens per step.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+F32 = np.float32
+INITIAL_CAPACITY = 64
+
+
+class LayerCache:
+    """K/V of one layer for one sequence: keys [KV, capacity, qk], values [KV, capacity, v]."""
+
+    def __init__(
+        self, window: int, kv_heads: int, qk_dim: int, v_dim: int, conv_rows: int,
+        conv_width: int, max_len: int,
+    ) -> None:
+        self.window = window
+        self.max_len = max_len
+        capacity = window if window else min(INITIAL_CAPACITY, max_len)
+        self.keys = np.zeros((kv_heads, capacity, qk_dim), F32)
+        self.values = np.zeros((kv_heads, capacity, v_dim), F32)
+        self.conv_tail = np.zeros((conv_rows, conv_width), F32)  # raw q|k|v, oldest first
+
+    def copy(self) -> LayerCache:
+        other = LayerCache.__new__(LayerCache)
+        other.window, other.max_len = self.window, self.max_len
+        other.keys, other.values = self.keys.copy(), self.values.copy()
+        other.conv_tail = self.conv_tail.copy()
+        return other
+
+    @property
+    def capacity(self) -> int:
+        return self.keys.shape[1]
+
+    def context_start(self, start: int) -> int:
+        """First position a query at `start` may see."""
+        return max(0, start - self.window + 1) if self.window else 0
+
+    def context(self, start: int) -> tuple[np.ndarray, np.ndarray]:
+        """Stored keys/values of positions [context_start(start), start), oldest first."""
+        first = self.context_start(start)
+        if not self.window:
+            return self.keys[:, first:start], self.values[:, first:start]
+        slots = np.arange(first, start) % self.capacity
+        return self.keys[:, slots], self.values[:, slots]
+
+    def _grow(self, needed: int) -> None:
+        capacity = self.capacity
+        while capacity < needed:
+            capacity *= 2
+        capacity = min(capacity, max(needed, self.max_len))
+        for name in ("keys", "values"):
+            old = getattr(self, name)
+            grown = np.zeros((old.shape[0], capacity, old.shape[2]), F32)
+            grown[:, : old.shape[1]] = old
+            setattr(self, name, grown)
+
+    def write(self, start: int, keys: np.ndarray, values: np.ndarray) -> None:
+        """Store keys [C, KV, qk] and values [C, KV, v] of positions start .. start+C-1."""
+        count = keys.shape[0]
+        if not self.window:
+            if start + count > self.capacity:
+                self._grow(start + count)
+            self.keys[:, start : start + count] = keys.transpose(1, 0, 2)
+            self.values[:, start : start + count] = values.transpose(1, 0, 2)
+            return
+        keep = min(count, self.capacity)
+        slots = np.arange(start + count - keep, start + count) % self.capacity
+        self.keys[:, slots] = keys[count - keep :].transpose(1, 0, 2)
+        self.values[:, slots] = values[count - keep :].transpose(1, 0, 2)
+
+    def visible(self, position: int) -> tuple[np.ndarray, np.ndarray]:
+        """After writing `position`: every stored key/value its query sees (views, ring order;
+        attention is order-free, so the ring is never unrolled on the decode path)."""
+        used = min(position + 1, self.capacity) if self.window else position + 1
+        return self.keys[:, :used], self.values[:, :used]
