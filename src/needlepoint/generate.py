@@ -1,0 +1,253 @@
+"""Decoding one assistant turn on a model session: free reasoning, then a constrained call.
+
+Phases of a turn (each optional except the stop):
+
+1. free: the model writes `<think>...</think>` and/or plain text. The free-phase mask allows
+   ordinary text pieces, the think markers (in a sensible order), `<tool_call>`, and, unless
+   a call is required, `<|im_end|>`/EOS (a plain "respond" turn). Other chat markers (role
+   markers, `<tool_result>`, ...) are never something an answer may write.
+2. call: once `<tool_call>` is emitted (or forced, when the reasoning budget runs out) the
+   grammar's matcher masks every step (disallowed logits to -inf before greedy/sampling)
+   through the JSON array, `</tool_call>` and `<|im_end|>`. Without a grammar the call runs
+   free until `<|im_end|>`/EOS.
+3. stop: at `<|im_end|>`, EOS, the grammar finishing, `max_new_tokens`, or the context limit.
+
+The stop token is *not* fed to the session (no logits are needed after it); it comes back as
+`TurnResult.pending` and the next turn's prefill starts with it, so a multi-turn conversation
+reuses the cache instead of recomputing it.
+
+Call confidence: for every token chosen inside `<tool_call>...</tool_call>` (closing marker
+included) we record its probability under the model's own *unmasked* distribution (softmax of
+the raw logits, temperature 1). A grammar that forces a token the model did not want then
+shows up as low confidence instead of being hidden by renormalisation.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from .events import DeltaEvent, TurnComplete
+from .prompt import TOOL_CALL_OPEN, continuation_ids, turn_prefix_ids
+from .sampling import SamplingConfig, choose_token, resolve_seed, softmax
+from .segments import CALL, THINK, MarkerIds, SegmentParser
+
+NORMAL_TYPE, BYTE_TYPE = 0, 4  # tokenizer piece types that carry ordinary text
+
+
+class Session(Protocol):
+    """The model session interface (`model.session()`): an append-only KV cache."""
+
+    position: int
+
+    def prefill(self, ids: Sequence[int], logits: bool = True) -> np.ndarray | None: ...
+
+    def step(self, token_id: int) -> np.ndarray: ...
+
+
+class Matcher(Protocol):
+    """A grammar matcher started right after `<tool_call>`."""
+
+    def allowed_mask(self) -> np.ndarray: ...
+
+    def advance(self, token_id: int) -> Any: ...
+
+    def is_finished(self) -> bool: ...
+
+
+class Constraint(Protocol):
+    """Something that can start a fresh matcher for one tool call (e.g. a compiled grammar)."""
+
+    def start(self) -> Matcher: ...
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    """Per-turn decoding options.
+
+    `reasoning_budget`: free-phase tokens allowed before `<tool_call>` is forced (None: no
+    budget; 0: force the call at once). `require_call`: forbid ending the turn without a call.
+    """
+
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    max_new_tokens: int = 512
+    reasoning_budget: int | None = 256
+    require_call: bool = False
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.reasoning_budget is not None and self.reasoning_budget < 0:
+            raise ValueError(f"reasoning_budget must be >= 0, got {self.reasoning_budget}")
+
+
+@dataclass(frozen=True)
+class TurnVocab:
+    """What the generator needs from the tokenizer, computed once per tokenizer."""
+
+    token_bytes: list[bytes]
+    markers: MarkerIds
+    free_mask: np.ndarray  # bool[vocab]: tokens the free phase may emit
+    call_prefix: tuple[int, ...]  # ids that open an answer with `<tool_call>` (dummy prefix)
+    think_close_ids: tuple[int, ...]  # `\n</think>\n` as continuation ids
+
+    @classmethod
+    def from_tokenizer(cls, tokenizer: Any) -> TurnVocab:
+        markers = MarkerIds.from_tokenizer(tokenizer)
+        types = np.asarray(tokenizer.types)
+        free = (types == NORMAL_TYPE) | (types == BYTE_TYPE)
+        for token in (markers.think_open, markers.think_close, markers.tool_call_open,
+                      markers.im_end, markers.eos):
+            free[token] = True
+        return cls(
+            token_bytes=tokenizer.all_token_bytes(),
+            markers=markers,
+            free_mask=free,
+            call_prefix=tuple(turn_prefix_ids(tokenizer, TOOL_CALL_OPEN)),
+            think_close_ids=tuple(continuation_ids(tokenizer, "\n</think>\n")),
+        )
+
+
+@dataclass
+class TurnResult:
+    """One decoded assistant turn."""
+
+    tokens: list[int]  # every generated or forced token, stop token included
+    reasoning: str
+    text: str
+    call_text: str | None  # JSON between `<tool_call>` and `</tool_call>`, None if no call
+    call_closed: bool
+    stop_reason: str  # "end" (im_end / grammar done), "eos", "length"
+    call_token_probs: list[float]
+    forced_call: bool
+    seed: int
+    prefill_tokens: int
+    prefill_s: float
+    decode_s: float
+    pending: list[int]  # tokens generated but not yet fed to the session
+
+    @property
+    def decode_tokens(self) -> int:
+        return len(self.tokens)
+
+
+def _free_mask(vocab: TurnVocab, parser: SegmentParser, require_call: bool) -> np.ndarray:
+    mask = vocab.free_mask.copy()
+    m = vocab.markers
+    mask[m.think_open] = parser.mode != THINK and not parser.reasoning and not parser.text
+    mask[m.think_close] = parser.mode == THINK
+    if require_call:
+        mask[m.im_end] = mask[m.eos] = False
+    return mask
+
+
+def _forced_call_ids(vocab: TurnVocab, parser: SegmentParser, generated: int) -> list[int]:
+    """Tokens that force `<tool_call>` from the current free-phase state."""
+    if parser.mode == THINK:
+        return [*vocab.think_close_ids, vocab.markers.tool_call_open]
+    if generated == 0:
+        return list(vocab.call_prefix)
+    return [vocab.markers.tool_call_open]
+
+
+def generate_turn(
+    session: Session,
+    vocab: TurnVocab,
+    prompt: Sequence[int],
+    config: GenerationConfig,
+    constraint: Constraint | None = None,
+    *,
+    context_limit: int | None = None,
+) -> Iterator[DeltaEvent | TurnComplete]:
+    """Prefill `prompt` (only the last position's logits are computed), then decode one turn,
+    yielding deltas as tokens are decoded and finally a `TurnComplete`."""
+    seed = resolve_seed(config.sampling.seed)
+    m = vocab.markers
+    parser = SegmentParser(vocab.token_bytes, m)
+    tokens: list[int] = []
+    probs_in_call: list[float] = []
+    matcher: Matcher | None = None
+    forced_call = False
+    stop_reason = "length"
+    limit = context_limit if context_limit is not None else 1 << 62
+
+    t0 = time.perf_counter()
+    logits = session.prefill(list(prompt), logits=True)
+    t1 = time.perf_counter()
+    pending: list[int] = []
+
+    def emit(token: int) -> list[DeltaEvent]:
+        nonlocal matcher
+        tokens.append(token)
+        events = parser.feed(token)
+        if token == m.tool_call_open and parser.mode == CALL and constraint is not None:
+            matcher = constraint.start()
+        return events
+
+    while len(tokens) < config.max_new_tokens:
+        position = session.position
+        in_call = parser.mode == CALL
+        budget_spent = (
+            config.reasoning_budget is not None
+            and parser.call is None
+            and len(tokens) >= config.reasoning_budget
+        )
+        if budget_spent:
+            forced = _forced_call_ids(vocab, parser, len(tokens))
+            forced_call = True
+            for token in forced[:-1]:
+                yield from emit(token)
+                session.step(token)
+            token = forced[-1]
+        else:
+            if matcher is not None:
+                allowed = matcher.allowed_mask()
+            elif parser.call is None:
+                allowed = _free_mask(vocab, parser, config.require_call)
+            else:
+                allowed = None
+            token = choose_token(logits, config.sampling, position=position, seed=seed,
+                                 allowed=allowed)
+            if in_call:
+                probs_in_call.append(float(softmax(logits)[token]))
+            if matcher is not None:
+                matcher.advance(token)
+        yield from emit(token)
+        if token in m.stops or (matcher is not None and matcher.is_finished()):
+            stop_reason = "eos" if token == m.eos else "end"
+            pending = [token]
+            break
+        if session.position + 1 >= limit or len(tokens) >= config.max_new_tokens:
+            pending = [token]
+            break
+        logits = session.step(token)
+    yield from parser.finish()
+    t2 = time.perf_counter()
+    result = TurnResult(
+        tokens=tokens,
+        reasoning="".join(parser.reasoning),
+        text="".join(parser.text),
+        call_text=parser.call_text,
+        call_closed=parser.call_closed,
+        stop_reason=stop_reason,
+        call_token_probs=probs_in_call,
+        forced_call=forced_call,
+        seed=seed,
+        prefill_tokens=len(prompt),
+        prefill_s=t1 - t0,
+        decode_s=t2 - t1,
+        pending=pending,
+    )
+    yield TurnComplete(result)
+
+
+def run_turn(*args: Any, **kwargs: Any) -> TurnResult:
+    """`generate_turn` without streaming: the finished `TurnResult`."""
+    for event in generate_turn(*args, **kwargs):
+        if isinstance(event, TurnComplete):
+            return event.result
+    raise AssertionError("generate_turn ended without TurnComplete")  # pragma: no cover
