@@ -38,6 +38,29 @@ STORAGE_BITS = {1: 1, 2: 2, 3: 3, 4: 4, 5: 2}
 # up front keeps a flipped bit from turning into a huge allocation.
 MAX_DIM = 1 << 24
 MAX_TENSORS = 1 << 16
+# Blobs start at 64-byte aligned offsets (both READMEs), one after another, never overlapping.
+BLOB_ALIGN = 64
+# Fewest directory records one transformer block can have (Needle 2: 14; Needle 3: 24).
+MIN_LAYER_RECORDS = {2: 14, 3: 24}
+# Byte offset of each header field (word index * 4), for error messages.
+HEADER_OFFSETS = {
+    3: dict(
+        num_tensors=4, codebook_len=8, kv_window=12, kv_bits=16, vocab=20, out_vocab=24,
+        d_model=28, num_heads=32, num_kv_heads=36, num_layers=40, qk_head_dim=44,
+        v_head_dim=48, max_seq_len=52, hada_n=56, mhc_lanes=60, sliding_window=64,
+        global_layers=68, qkv_conv_taps=76, engram_slots=80, engram_sub_dim=84,
+        num_engram_tables=88, engram_conv_taps=92, engram_conv_dilation=96,
+        engram_seed_heads=100, num_engram_orders=104, engram_orders=108,
+        num_engram_sites=124, engram_sites=128, rope_theta=192,
+    ),
+    2: dict(
+        num_tensors=4, codebook_len=8, kv_window=12, kv_bits=16, vocab=20, d_model=24,
+        num_heads=28, num_kv_heads=32, num_layers=36, head_dim=40, max_seq_len=44, hada_n=48,
+        mhc_lanes=52, engram_slots=56, engram_sub_dim=60, num_engram_tables=64,
+        engram_conv_taps=68, engram_conv_dilation=72, num_engram_orders=76, engram_orders=80,
+        num_engram_sites=96, engram_sites=100, rope_theta=116,
+    ),
+}
 
 
 @dataclass(frozen=True)
@@ -101,9 +124,13 @@ def cq_nbytes(rows: int, cols: int, bits: int, group: int) -> int:
 class CactArchive:
     """A memory-mapped `.cact` archive. Use `open_archive(path)`."""
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.path = Path(path)
-        self._buffer = _map_file(self.path)
+    def __init__(self, source: str | os.PathLike[str] | bytes | bytearray | memoryview) -> None:
+        if isinstance(source, (bytes, bytearray, memoryview)):
+            self.path = Path("<bytes>")
+            self._buffer = _from_bytes(source)
+        else:
+            self.path = Path(source)
+            self._buffer = _map_file(self.path)
         self.size = len(self._buffer)
         self.generation, self.config = self._read_header()
         self.codebooks = self._read_codebooks()
@@ -113,7 +140,9 @@ class CactArchive:
     # -- header -------------------------------------------------------------------------------
     def _read_header(self) -> tuple[int, Any]:
         if self.size < 4:
-            raise _fail("header.tag", 0, f"file is {self.size} bytes, too short for a header")
+            raise _fail(
+                "header.tag", 0, f"truncated: file is {self.size} bytes, too short for a header"
+            )
         (tag,) = struct.unpack_from("<I", self._buffer, 0)
         if tag == v3config.FORMAT_TAG:
             module, config_class, generation = v3config, v3config.V3Config, 3
@@ -128,6 +157,14 @@ class CactArchive:
         words, rope_theta = module.unpack_header(self._buffer)
         values = module.parse_header(words, rope_theta)
         _validate_header(values, generation)
+        if generation == 3:
+            mask = words[17] | (words[18] << 32)
+            if mask >> min(values["num_layers"], 64):
+                raise _fail(
+                    "header.global_layers", 68,
+                    f"global-layer mask 0x{mask:X} names a layer beyond the last "
+                    f"({values['num_layers']} layers)",
+                )
         kwargs = {f.name: values[f.name] for f in fields(config_class) if f.name in values}
         return generation, config_class(**kwargs)
 
@@ -168,6 +205,12 @@ class CactArchive:
         count = cfg.num_tensors
         if not 2 <= count <= MAX_TENSORS:
             raise _fail("header.num_tensors", 4, f"implausible tensor count {count}")
+        # Bound the layer count by the record count before building a per-layer layout.
+        if cfg.num_layers * MIN_LAYER_RECORDS[self.generation] + 2 > count:
+            raise _fail(
+                "header.num_layers", HEADER_OFFSETS[self.generation]["num_layers"],
+                f"{cfg.num_layers} layers need more records than num_tensors = {count}",
+            )
         if dir_start + count * RECORD_BYTES > self.size:
             raise _fail(
                 "directory",
@@ -177,8 +220,8 @@ class CactArchive:
             )
         data_start = dir_start + count * RECORD_BYTES
         raw = [
-            (dir_start + i * RECORD_BYTES, RECORD_STRUCT.unpack_from(self._buffer, dir_start + i * RECORD_BYTES))
-            for i in range(count)
+            (where, RECORD_STRUCT.unpack_from(self._buffer, where))
+            for where in range(dir_start, data_start, RECORD_BYTES)
         ]
         layout = self._expected_layout()
         if count < len(layout) + 1:
@@ -191,6 +234,7 @@ class CactArchive:
             records.append(self._check_record(index, raw[index], name, dtype, shape, data_start))
         records += self._read_heads(raw, len(layout), count - 1, data_start)
         records.append(self._check_record(count - 1, raw[-1], "tokenizer", "raw", None, data_start))
+        _check_disjoint(records, dir_start)
         return records
 
     def _read_heads(
@@ -200,17 +244,37 @@ class CactArchive:
         if first == end:
             return []
         manifest = self._check_record(first, raw[first], "heads.manifest", "fp16", None, data_start)
+        where = raw[first][0]
+        if manifest.dtype not in ("fp16", "fp32"):
+            raise _fail(
+                f"directory[{first}] (heads.manifest).dtype", where,
+                f"the head manifest must be FP16 codes, found {manifest.dtype}",
+            )
+        if len(manifest.shape) != 1:
+            raise _fail(
+                f"directory[{first}] (heads.manifest).ndim", where + 1,
+                f"the head manifest must be a vector, found shape {manifest.shape}",
+            )
         codes = self._view(manifest).astype(np.float32)
+        width = manifest.nbytes // len(codes)
         module = v3config if self.generation == 3 else v2config
         names: list[str] = []
-        for position, code in enumerate(codes):
+        previous = 0
+        for position, code in enumerate(codes.tolist()):
             head = module.HEAD_CODES.get(int(code)) if np.isfinite(code) else None
             if head is None or code != int(code):
                 raise _fail(
                     f"heads.manifest[{position}]",
-                    manifest.offset + 2 * position,
+                    manifest.offset + width * position,
                     f"unknown head code {code!r}",
                 )
+            if code <= previous:
+                raise _fail(
+                    f"heads.manifest[{position}]",
+                    manifest.offset + width * position,
+                    f"head code {int(code)} repeats or is out of order (codes ascend)",
+                )
+            previous = code
             parts = list(module.HEAD_RECORDS)
             if head == "router_head":
                 parts += list(v3config.ROUTER_EXTRA)
@@ -257,6 +321,13 @@ class CactArchive:
             raise _fail(
                 field + ".shape", where + 4, f"shape {got_shape} does not match geometry {shape}"
             )
+        if data_start <= offset < self.size < offset + nbytes:
+            raise _fail(
+                field + ".nbytes",
+                where + 28,
+                f"blob [{offset}, {offset + nbytes}) runs past the end of the "
+                f"{self.size}-byte file (truncated?)",
+            )
         if offset < data_start or offset + nbytes > self.size:
             raise _fail(
                 field + ".offset",
@@ -264,9 +335,17 @@ class CactArchive:
                 f"blob [{offset}, {offset + nbytes}) lies outside the data region "
                 f"[{data_start}, {self.size})",
             )
+        if offset % BLOB_ALIGN:
+            raise _fail(
+                field + ".offset", where + 20, f"blob offset {offset} is not 64-byte aligned"
+            )
+        if got_dtype == "cq" and bits not in STORAGE_BITS:
+            raise _fail(field + ".bits", where + 40, f"unsupported CQ width {bits} bits")
+        if got_dtype == "cq" and (group < 8 or group & (group - 1) or group > 4096):
+            raise _fail(
+                field + ".group", where + 36, f"CQ group {group} is not a power of two in [8, 4096]"
+            )
         expected = _expected_nbytes(got_dtype, got_shape, group, bits)
-        if isinstance(expected, str):
-            raise _fail(field + ".bits", where + 40, expected)
         if expected is not None and expected != nbytes:
             raise _fail(
                 field + ".nbytes",
@@ -315,7 +394,7 @@ class CactArchive:
         if record.dtype == "cq":
             from .kernels.cq import dequantize
 
-            return dequantize(self.cq(name))
+            return dequantize(self.cq(name)).reshape(record.shape)
         return self._view(record).astype(np.float32)
 
     def cq(self, name: str) -> CQTensor:
@@ -366,21 +445,34 @@ class CactArchive:
         return tuple(seen)
 
     def __repr__(self) -> str:
-        return f"CactArchive({str(self.path)!r}, needle{self.generation}, {len(self.records)} tensors)"
+        count = len(self.records)
+        return f"CactArchive({str(self.path)!r}, needle{self.generation}, {count} tensors)"
 
 
-def _expected_nbytes(dtype: str, shape: tuple[int, ...], group: int, bits: int) -> int | str | None:
-    count = int(np.prod(shape)) if shape else 0
+def _check_disjoint(records: list[TensorRecord], dir_start: int) -> None:
+    """No two blobs may share a byte: an offset pointing into another tensor is corruption."""
+    ordered = sorted(records, key=lambda record: record.offset)
+    for before, after in zip(ordered, ordered[1:], strict=False):
+        if before.offset + before.nbytes > after.offset:
+            raise _fail(
+                f"directory[{after.index}] ({after.name}).offset",
+                dir_start + after.index * RECORD_BYTES + 20,
+                f"blob [{after.offset}, {after.offset + after.nbytes}) overlaps "
+                f"{before.name} [{before.offset}, {before.offset + before.nbytes})",
+            )
+
+
+def _expected_nbytes(dtype: str, shape: tuple[int, ...], group: int, bits: int) -> int | None:
+    """Blob size the dtype and shape imply (None for RAW); CQ bits/group already checked."""
+    count = 1
+    for dim in shape:
+        count *= dim  # Python ints: a corrupt shape cannot overflow
     if dtype == "fp16":
         return 2 * count
     if dtype == "fp32":
         return 4 * count
     if dtype == "raw":
         return None
-    if bits not in STORAGE_BITS:
-        return f"unsupported CQ width {bits} bits"
-    if group <= 0 or group & (group - 1) or group > 4096:
-        return f"CQ group {group} is not a power of two <= 4096"
     rows = shape[0]
     cols = int(np.prod(shape[1:])) if len(shape) > 1 else 1
     return cq_nbytes(rows, cols, bits, group)
@@ -388,50 +480,86 @@ def _expected_nbytes(dtype: str, shape: tuple[int, ...], group: int, bits: int) 
 
 def _validate_header(values: dict, generation: int) -> None:
     """Reject geometry that cannot be a model before any size is computed from it."""
+    offsets = HEADER_OFFSETS[generation]
+
+    def fail(name: str, message: str) -> CactFormatError:
+        return _fail(f"header.{name}", offsets[name], message)
+
     positive = ["vocab", "d_model", "num_heads", "num_kv_heads", "num_layers", "max_seq_len",
                 "hada_n", "mhc_lanes"]
     positive += ["qk_head_dim", "v_head_dim"] if generation == 3 else ["head_dim"]
     for name in positive:
         value = values[name]
         if not 0 < value <= MAX_DIM:
-            raise _fail(f"header.{name}", 0, f"implausible value {value}")
+            raise fail(name, f"implausible value {value}")
     if values["num_heads"] % values["num_kv_heads"]:
-        raise _fail("header.num_kv_heads", 0, "num_heads is not a multiple of num_kv_heads")
+        raise fail("num_kv_heads", "num_heads is not a multiple of num_kv_heads")
+    if generation == 3 and values["out_vocab"] > values["vocab"]:
+        raise fail("out_vocab", f"out_vocab {values['out_vocab']} > vocab {values['vocab']}")
+    if values["kv_bits"] > 32:  # 0 may mean "no KV quantisation": allowed
+        raise fail("kv_bits", f"implausible KV width {values['kv_bits']}")
     hada_n = values["hada_n"]
     if hada_n & (hada_n - 1) or hada_n < values["d_model"]:
-        raise _fail("header.hada_n", 0, f"hada_n {hada_n} is not a power of two >= d_model")
-    if values["_n_orders"] > 4 or values["_n_sites"] > (16 if generation == 3 else 4):
-        raise _fail("header.engram", 0, "too many engram orders or sites")
-    if values["_n_sites"] and values["_n_orders"] == 0:
-        raise _fail("header.num_engram_orders", 0, "engram sites without n-gram orders")
-    if any(site >= values["num_layers"] for site in values["engram_sites"]):
-        raise _fail("header.engram_sites", 0, "engram site beyond the last layer")
-    if values["_n_sites"] and not (
-        0 < values["engram_slots"] <= MAX_DIM and 0 < values["engram_sub_dim"] <= MAX_DIM
-        and 0 < values["num_engram_tables"] <= 64 and 0 < values["engram_conv_taps"] <= 64
-    ):
-        raise _fail("header.engram", 0, "implausible engram geometry")
+        raise fail("hada_n", f"hada_n {hada_n} is not a power of two >= d_model")
+    n_orders, n_sites = values["_n_orders"], values["_n_sites"]
+    if n_orders > 4:
+        raise fail("num_engram_orders", f"{n_orders} n-gram orders (at most 4)")
+    if n_sites > (16 if generation == 3 else 4):
+        raise fail("num_engram_sites", f"{n_sites} engram sites is too many")
+    if n_sites and n_orders == 0:
+        raise fail("num_engram_orders", "engram sites without n-gram orders")
+    sites = values["engram_sites"]
+    if any(site >= values["num_layers"] for site in sites):
+        raise fail("engram_sites", f"engram site beyond the last layer in {sites}")
+    if any(a >= b for a, b in zip(sites, sites[1:], strict=False)):
+        raise fail("engram_sites", f"engram sites {sites} are not strictly increasing")
+    if n_sites:
+        for name, low, high in (
+            ("engram_slots", 1, MAX_DIM), ("engram_sub_dim", 1, MAX_DIM),
+            ("num_engram_tables", 1, 64), ("engram_conv_taps", 1, 64),
+            ("engram_conv_dilation", 1, 64),
+        ):
+            if not low <= values[name] <= high:
+                raise fail(name, f"implausible engram geometry: {name} = {values[name]}")
+        if any(not 1 <= order <= 64 for order in values["engram_orders"]):
+            raise fail("engram_orders", f"implausible n-gram orders {values['engram_orders']}")
+        if values["num_engram_tables"] % n_orders:
+            raise fail(
+                "num_engram_tables",
+                f"{values['num_engram_tables']} tables is not a multiple of {n_orders} orders",
+            )
+        if generation == 3 and values["engram_seed_heads"] > 64:
+            raise fail("engram_seed_heads", f"implausible value {values['engram_seed_heads']}")
     if not np.isfinite(values["rope_theta"]) or values["rope_theta"] <= 0:
-        raise _fail("header.rope_theta", 0, f"invalid rope_theta {values['rope_theta']}")
+        raise fail("rope_theta", f"invalid rope_theta {values['rope_theta']}")
     if generation == 3 and values["qkv_conv_taps"] > 64:
-        raise _fail("header.qkv_conv_taps", 76, "implausible tap count")
+        raise fail("qkv_conv_taps", f"implausible tap count {values['qkv_conv_taps']}")
 
 
-def _map_file(path: Path) -> mmap.mmap | bytes:
+def _from_bytes(data: bytes | bytearray | memoryview) -> bytes:
+    buffer = bytes(data)
+    if not buffer:
+        raise _fail("header.tag", 0, "empty input: 0 bytes, not a .cact archive")
+    return buffer
+
+
+def _map_file(path: Path) -> mmap.mmap:
     if path.is_dir():
-        raise CactFormatError(f"{path}: is a directory, not a .cact archive")
+        raise _fail("header.tag", 0, f"{path} is a directory, not a .cact archive")
     try:
         with open(path, "rb") as handle:
             size = os.fstat(handle.fileno()).st_size
             if size == 0:
-                raise CactFormatError(f"{path}: empty file (byte offset 0)")
+                raise _fail("header.tag", 0, f"{path} is an empty file (0 bytes)")
             return mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
-    except FileNotFoundError:
-        raise
     except IsADirectoryError as error:
-        raise CactFormatError(f"{path}: is a directory, not a .cact archive") from error
+        raise _fail("header.tag", 0, f"{path} is a directory, not a .cact archive") from error
 
 
-def open_archive(path: str | os.PathLike[str]) -> CactArchive:
-    """Open and validate a `.cact` archive (memory-mapped; tensors decode on demand)."""
-    return CactArchive(path)
+def open_archive(source: str | os.PathLike[str] | bytes | bytearray | memoryview) -> CactArchive:
+    """Open and validate a `.cact` archive.
+
+    `source` is a path (the file is memory-mapped; tensors decode on demand) or the archive's
+    bytes. Any malformed input raises `CactFormatError`; a missing file `FileNotFoundError`.
+    """
+    return CactArchive(source)

@@ -56,7 +56,8 @@ def sinkhorn(logits: np.ndarray, iterations: int = 20) -> np.ndarray:
 
 def fake_quant_a8(x: np.ndarray) -> np.ndarray:
     """Symmetric per-row int8 fake quantisation over the whole last axis (README "Deploy
-    quantization"): `s = max|x| / 127` (1 if all zero), `clip(round_half_even(x/s), -128, 127) * s`."""
+    quantization"): `s = max|x| / 127` (1 if all zero),
+    `clip(round_half_even(x/s), -128, 127) * s`."""
     x = np.asarray(x, np.float32)
     peak = np.max(np.abs(x), axis=-1, keepdims=True)
     step = np.where(peak > 0, peak / np.float32(127.0), np.float32(1.0)).astype(np.float32)
@@ -73,7 +74,9 @@ def quantize_int8_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return codes, step
 
 
-def rope_tables(positions: np.ndarray, head_dim: int, theta: float) -> tuple[np.ndarray, np.ndarray]:
+def rope_tables(
+    positions: np.ndarray, head_dim: int, theta: float
+) -> tuple[np.ndarray, np.ndarray]:
     """cos/sin [len(positions), head_dim/2] for rotate-half RoPE, `freq_i = theta^(-2i/hd)`."""
     half = head_dim // 2
     exponent = np.arange(half, dtype=np.float32) * np.float32(2.0 / head_dim)
