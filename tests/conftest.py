@@ -7,12 +7,20 @@ error, never a reason to skip.
 
 from __future__ import annotations
 
-import json
 import os
-from pathlib import Path
 
-import numpy as np
-import pytest
+# Deliberate BLAS threading for the test run (DEVELOPERS.md: spinning thread pools stall on
+# 2 cores). Set before numpy is first imported so OpenBLAS reads them; a caller's explicit
+# setting wins.
+for _name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_name, "1")
+os.environ.setdefault("OMP_WAIT_POLICY", "passive")
+
+import json  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
