@@ -17,6 +17,11 @@ upstream's `date: YYYY-MM-DD Ddd HH:MM` fact.
 `extract(text, schema)` is one forced tool call whose parameters are the schema (the
 Needle 3 vocabulary has `<extract>`/`<schema>` markers, but upstream documents no wire
 format for them, so we do not guess one).
+
+Tool retrieval (`retrieval`): on a model with a contrastive embedding head (Needle 2), a
+conversation whose tool list is longer than `retrieve_threshold` shows the model, and
+compiles the grammar for, only the `retrieve_k` tools closest to the first query;
+`rank_tools`/`retrieve_tools` expose the ranking.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import enum
 import json
 import threading
 import weakref
+from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
@@ -33,18 +39,27 @@ from .conversation import Conversation
 from .errors import NeedlepointError
 from .events import DeltaEvent, Done
 from .generate import GenerationConfig, TurnVocab
-from .grammar import TokenVocab, ToolCallGrammar
+from .grammar import MAX_TOOLS, TokenVocab, ToolCallGrammar
 from .hub import MODEL_CACHE, ModelCache, load_model
 from .prompt import prompt_ids, render_prompt, render_system, render_tool_results, with_date
+from .retrieval import (
+    DEFAULT_RETRIEVE_K,
+    DEFAULT_RETRIEVE_THRESHOLD,
+    RetrievalUnavailableError,
+    ToolIndex,
+)
 from .sampling import SamplingConfig
 from .tools import ToolSpec, from_dict, from_pydantic, tool, tool_specs
 
-__all__ = ["ExtractionError", "Needle", "tool"]
+__all__ = ["ExtractionError", "Needle", "RetrievalUnavailableError", "tool"]
 
 EXTRACT_TOOL = "extract"
 EXTRACT_DESCRIPTION = "Extract the requested fields from the text."
 SAMPLING_OPTIONS = ("temperature", "top_k", "top_p", "seed")
 TURN_OPTIONS = ("max_new_tokens", "reasoning_budget")
+# Compiled grammars kept per offered subset: a few ms each to build, but a chat app asks
+# the same kinds of question again, so recent subsets are worth keeping (bounded).
+SUBSET_GRAMMARS = 16
 
 
 class _TokenVocabCache:
@@ -101,6 +116,8 @@ class Needle:
         max_rounds: int = 3,
         kv_window: int | None = None,
         cache: ModelCache | None = MODEL_CACHE,
+        retrieve_k: int | None = DEFAULT_RETRIEVE_K,
+        retrieve_threshold: int = DEFAULT_RETRIEVE_THRESHOLD,
     ) -> None:
         self.model = load_model(model, cache)
         self.tokenizer = self.model.tokenizer
@@ -113,10 +130,28 @@ class Needle:
                          "seed": seed, "max_new_tokens": max_new_tokens,
                          "reasoning_budget": reasoning_budget}
         self.config()  # validate the defaults now, not at the first query
+        if retrieve_k is not None and (not isinstance(retrieve_k, int) or retrieve_k < 1):
+            raise ValueError(f"retrieve_k must be a positive int or None, got {retrieve_k!r}")
+        if not isinstance(retrieve_threshold, int) or retrieve_threshold < 0:
+            raise ValueError(f"retrieve_threshold must be an int >= 0, got {retrieve_threshold!r}")
+        self.retrieve_k = retrieve_k
+        self.retrieve_threshold = retrieve_threshold
+        self._index = ToolIndex(self.model, [spec.schema() for spec in self.tools])
+        self._offer_memo: tuple[str, list[ToolSpec]] | None = None
         self._vocab = TurnVocab.from_tokenizer(self.tokenizer)
         self._grammar_vocab = GRAMMAR_VOCABS.get(self.tokenizer) if grammar else None
-        self._grammar = self._compile(self.tools)
+        self._subset_grammars: OrderedDict[tuple[str, ...], ToolCallGrammar | None] = \
+            OrderedDict()
+        if self.retrieval_active and len(self.tools) > MAX_TOOLS:
+            # Only subsets are ever compiled, so the full list may exceed the grammar's tool
+            # limit; still check every schema now, not at the first query.
+            for spec in self.tools:
+                self._compile([spec])
+            self._grammar = None
+        else:
+            self._grammar = self._compile(self.tools)
         self._conversation: Conversation | None = None
+        self._turn_grammar: ToolCallGrammar | None = self._grammar  # the conversation's
 
     # ------------------------------------------------------------------ configuration
     def config(self, **overrides: Any) -> GenerationConfig:
@@ -137,12 +172,64 @@ class Needle:
             return None
         return ToolCallGrammar(self._grammar_vocab, [spec.schema() for spec in specs])
 
+    def _grammar_for(self, specs: list[ToolSpec]) -> ToolCallGrammar | None:
+        """The grammar for the tools offered in a conversation: the full list's, or a cached
+        subset's (LRU)."""
+        if len(specs) == len(self.tools) and self._grammar is not None:
+            return self._grammar
+        if self._grammar_vocab is None:
+            return None
+        key = tuple(spec.name for spec in specs)
+        if key in self._subset_grammars:
+            self._subset_grammars.move_to_end(key)
+            return self._subset_grammars[key]
+        grammar = self._subset_grammars[key] = self._compile(specs)
+        if len(self._subset_grammars) > SUBSET_GRAMMARS:
+            self._subset_grammars.popitem(last=False)
+        return grammar
+
+    # ------------------------------------------------------------------ tool retrieval
+    @property
+    def retrieval_active(self) -> bool:
+        """Whether conversations offer only the top `retrieve_k` tools: retrieval is on, the
+        model has a contrastive head, and there are more than `retrieve_threshold` tools."""
+        return (self.retrieve_k is not None and len(self.tools) > self.retrieve_threshold
+                and self._index.available)
+
+    def rank_tools(self, query: str) -> list[tuple[float, dict[str, Any]]]:
+        """Every tool's `(cosine similarity to query, schema)`, best first (ties in the
+        original order). Raises `RetrievalUnavailableError` without a contrastive head."""
+        return [(score, self.tools[i].schema()) for score, i in self._index.ranked(query)]
+
+    def retrieve_tools(self, query: str, k: int | None = None) -> list[dict[str, Any]]:
+        """The schemas of the `k` tools closest to `query` (default `retrieve_k`, or 5 when
+        retrieval is off), best first."""
+        k = k if k is not None else (self.retrieve_k or DEFAULT_RETRIEVE_K)
+        if k < 1:
+            raise ValueError(f"k must be at least 1, got {k}")
+        return [schema for _, schema in self.rank_tools(query)[:k]]
+
+    def offered_tools(self, query: str) -> list[ToolSpec]:
+        """The tools a conversation starting with `query` shows the model: all of them, or,
+        when `retrieval_active`, the top `retrieve_k` in their original order."""
+        if not self.retrieval_active:
+            return self.tools
+        # The server renders a prompt to check its length, then streams the same query:
+        # remember the last answer instead of embedding the query twice.
+        if self._offer_memo is None or self._offer_memo[0] != query:
+            assert self.retrieve_k is not None
+            chosen = self._index.top_k(query, self.retrieve_k)
+            self._offer_memo = (query, [self.tools[i] for i in chosen])
+        return self._offer_memo[1]
+
     def system_text(self) -> str:
         return with_date(self.system) if self.auto_date else render_system(self.system)
 
     def prompt_ids(self, query: str, specs: list[ToolSpec] | None = None) -> list[int]:
-        """The first turn's token ids for `query` (BOS, system facts, tools, query)."""
-        tools = [spec.schema() for spec in (self.tools if specs is None else specs)]
+        """The first turn's token ids for `query` (BOS, system facts, tools, query); the
+        tools are `offered_tools(query)` unless `specs` says otherwise."""
+        tools = [spec.schema() for spec in (self.offered_tools(query) if specs is None
+                                            else specs)]
         return prompt_ids(self.tokenizer, render_prompt(tools, query, self.system_text()))
 
     # ------------------------------------------------------------------ turns
@@ -152,9 +239,13 @@ class Needle:
 
     def stream(self, text: str, **options: Any) -> Iterator[DeltaEvent | Done]:
         """Start a new conversation with `text`; yield events as tokens are decoded."""
+        config = self.config(**options)
+        specs = self.offered_tools(text)
+        # Later turns keep this grammar: the model only ever saw these tools' schemas.
+        self._turn_grammar = self._grammar_for(specs)
         self._conversation = Conversation(self.model, self._vocab, kv_window=self.kv_window)
-        yield from self._conversation.turn(self.prompt_ids(text), self.config(**options),
-                                           self._grammar)
+        yield from self._conversation.turn(self.prompt_ids(text, specs), config,
+                                           self._turn_grammar)
 
     def complete(self, text: str, **options: Any) -> dict[str, Any]:
         """Start a new conversation with `text`; return the turn's envelope."""
@@ -167,7 +258,7 @@ class Needle:
             return
         conversation = self._conversation
         ids = conversation.user_turn_ids(text, self.tokenizer)
-        yield from conversation.turn(ids, self.config(**options), self._grammar)
+        yield from conversation.turn(ids, self.config(**options), self._turn_grammar)
 
     def chat(self, text: str, **options: Any) -> dict[str, Any]:
         """Continue the conversation with a user turn; return its envelope."""
