@@ -6,7 +6,6 @@ and corrupt blobs. Spec: needle3 README "Tokenizer blob (RAW)" / "Tokenizer", ne
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import json
 import random
@@ -142,9 +141,7 @@ def test_blob_matches_sentencepiece_model(gen, name):
 
 
 def test_archive_reader_returns_same_blob():
-    """Once `needlepoint.cact` exists, its tokenizer blob must be the sidecar's bytes."""
-    if importlib.util.find_spec("needlepoint.cact") is None:
-        pytest.skip("needlepoint.cact (archive reader) not written yet")
+    """The archive reader's tokenizer blob is exactly the sidecar's bytes."""
     from needlepoint.cact import open_archive
 
     for gen, name in ALL:

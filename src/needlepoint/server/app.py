@@ -1,0 +1,289 @@
+"""The FastAPI application: routes, error mapping, body limit, streaming.
+
+All state (the loaded model, the worker pool) lives on the app built by `create_app`, never in
+module globals, so tests can run several servers side by side in one process.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from ..errors import ModelInputError, NeedlepointError, ToolSchemaError
+from .cli import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_QUEUE, default_workers
+from .concurrency import EventPump, WorkerPool
+from .engine import ChatResult, Delta, Engine
+from .errors import ApiError, bad_request, body_too_large
+from .schemas import ChatCompletionRequest, ModelCard, ModelList, NativeCompleteRequest
+from .streaming import ChunkWriter
+
+log = logging.getLogger("needlepoint.server")
+
+
+def create_app(
+    model: Any,
+    *,
+    workers: int | None = None,
+    max_queue: int = DEFAULT_MAX_QUEUE,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    model_name: str | None = None,
+    needle_factory: Callable[..., Any] | None = None,
+) -> FastAPI:
+    """Build the server for one model: a `.cact` path or an already loaded model object.
+
+    `workers` threads run model work in parallel (default: one per CPU); up to `max_queue`
+    more requests wait for a worker, the rest get 429. Bodies over `max_body_bytes` get 413.
+    `needle_factory` replaces `needlepoint.Needle` (tests use it to inject a test double).
+    """
+    if max_body_bytes < 1:
+        raise ValueError(f"max_body_bytes must be >= 1, got {max_body_bytes}")
+    engine = Engine(model, model_name=model_name, needle_factory=needle_factory)
+    pool = WorkerPool(workers or default_workers(), max_queue)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        pool.shutdown()  # queued work is dropped; running turns end on their own (bounded)
+
+    app = FastAPI(
+        title="needlepoint", version=_version(), docs_url=None, redoc_url=None, lifespan=lifespan
+    )
+    app.state.engine = engine
+    app.state.pool = pool
+    _install_error_handlers(app)
+    app.add_middleware(CatchAllMiddleware)
+    app.add_middleware(BodyLimitMiddleware, limit=max_body_bytes)
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        return {"status": "ok", "model": engine.name, **pool.stats()}
+
+    @app.get("/v1/models", response_model=ModelList)
+    async def list_models() -> ModelList:
+        return ModelList(data=[engine.card()])
+
+    @app.get("/v1/models/{model_id}", response_model=ModelCard)
+    async def get_model(model_id: str) -> ModelCard:
+        engine.check_model(model_id)
+        return engine.card()
+
+    @app.post("/v1/chat/completions", response_model=None)
+    async def chat_completions(req: ChatCompletionRequest) -> JSONResponse | StreamingResponse:
+        engine.check_model(req.model)
+        job = engine.chat_job(req)  # message mapping and cheap checks; no model work yet
+        ticket = pool.admit()
+        if not req.stream:
+            result = await pool.run(ticket, job.run)
+            return JSONResponse(job.completion(result).model_dump())
+        pump = pool.stream(ticket, job.stream)
+        # Wait for the first item before committing to a 200: errors found while preparing
+        # (bad tool schema, prompt over the context) still become proper 4xx responses.
+        try:
+            first = await pump.next()
+        except BaseException:
+            pump.cancel()
+            raise
+        usage = bool(req.stream_options and req.stream_options.include_usage)
+        writer = ChunkWriter(job, include_usage=usage)
+        return StreamingResponse(
+            _sse(writer, pump, first),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+
+    @app.post("/v1/needlepoint/complete")
+    async def native_complete(req: NativeCompleteRequest) -> JSONResponse:
+        if req.model is not None:
+            engine.check_model(req.model)
+        job = engine.native_job(req)
+        ticket = pool.admit()
+        envelope = await pool.run(ticket, job)
+        return JSONResponse(envelope)
+
+    return app
+
+
+async def _sse(
+    writer: ChunkWriter, pump: EventPump[Delta | ChatResult], first: tuple[bool, Any]
+) -> AsyncIterator[str]:
+    """Server-sent events, one per decoded piece; the pump is cancelled if the client leaves."""
+    try:
+        yield _event(writer.start())
+        more, item = first
+        while more:
+            for chunk in writer.feed(item):
+                yield _event(chunk)
+            more, item = await pump.next()
+        for chunk in writer.finish():
+            yield _event(chunk)
+        yield "data: [DONE]\n\n"
+    except Exception as exc:  # headers are sent: report in-band, as OpenAI does
+        yield _event(_as_api_error(exc).body())
+    finally:
+        pump.cancel()
+
+
+def _event(payload: dict[str, Any]) -> str:
+    return f"data: {json.dumps(payload, ensure_ascii=False, separators=(',', ':'))}\n\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# Errors: everything a client can cause is a 4xx with an OpenAI-style error object
+# ---------------------------------------------------------------------------------------------
+def _as_api_error(exc: BaseException) -> ApiError:
+    if isinstance(exc, ApiError):
+        return exc
+    if isinstance(exc, ToolSchemaError):
+        return bad_request(f"Invalid tool schema: {exc}", param="tools", code="invalid_tool")
+    if isinstance(exc, ModelInputError):
+        return bad_request(str(exc), param="messages", code="invalid_model_input")
+    if isinstance(exc, NeedlepointError):
+        return bad_request(str(exc))
+    log.exception("unhandled error while serving a request", exc_info=exc)
+    return ApiError(500, "Internal server error.", type="server_error", code="internal_error")
+
+
+def _validation_error(exc: RequestValidationError) -> ApiError:
+    errors = exc.errors()
+    first = errors[0] if errors else {}
+    if first.get("type") == "json_invalid":
+        detail = first.get("ctx", {}).get("error", "invalid JSON")
+        return bad_request(f"Request body is not valid JSON: {detail}", code="invalid_json")
+    loc = [str(part) for part in first.get("loc", ()) if part != "body"]
+    param = ".".join(loc) or None
+    message = first.get("msg", "invalid request")
+    more = f" (and {len(errors) - 1} more problems)" if len(errors) > 1 else ""
+    where = f" at '{param}'" if param else ""
+    return bad_request(f"Invalid request{where}: {message}{more}", param=param)
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    async def api_error(_: Request, exc: Exception) -> JSONResponse:
+        return _as_api_error(exc).response()
+
+    async def validation(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, RequestValidationError)
+        return _validation_error(exc).response()
+
+    async def http_error(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, StarletteHTTPException)
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return ApiError(exc.status_code, str(exc.detail), type=kind).response()
+
+    app.add_exception_handler(ApiError, api_error)
+    app.add_exception_handler(NeedlepointError, api_error)
+    app.add_exception_handler(RequestValidationError, validation)
+    app.add_exception_handler(StarletteHTTPException, http_error)
+    # No handler for `Exception`: Starlette would answer it and then re-raise, and uvicorn
+    # resets the connection. `CatchAllMiddleware` answers it instead.
+
+
+class CatchAllMiddleware:
+    """The last line: an exception no handler took becomes a 500 with an error object.
+
+    Only bugs get here (client errors are `ApiError`s or validation errors). Once a response
+    has started (a stream), nothing more can be sent, and the exception is only logged.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        except Exception as exc:
+            error = _as_api_error(exc)  # logs the traceback
+            if not started:
+                await error.response()(scope, receive, send)
+
+
+class BodyLimitMiddleware:
+    """Reads the whole request body up front and refuses it (413) past `limit` bytes.
+
+    Buffering is cheap at these sizes and makes the check independent of Content-Length
+    (chunked uploads are counted too). The rest of an oversized body is still drained, so the
+    client gets the 413 instead of a reset connection, but only up to a bound, after which
+    the connection is dropped rather than reading an endless body.
+    """
+
+    DRAIN_FACTOR = 64
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = _content_length(scope)
+        too_big = declared is not None and declared > self.limit
+        chunks: list[bytes] = []
+        size = 0
+        more = True
+        while more:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            body = message.get("body", b"")
+            size += len(body)
+            more = message.get("more_body", False)
+            if size > self.limit:
+                too_big = True
+            if too_big:
+                if size > self.limit * self.DRAIN_FACTOR:
+                    break
+                continue
+            chunks.append(body)
+        if too_big:
+            await body_too_large(self.limit).response()(scope, receive, send)
+            return
+        await self.app(scope, _replay(b"".join(chunks), receive), send)
+
+
+def _content_length(scope: Scope) -> int | None:
+    for name, value in scope.get("headers", ()):
+        if name == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()  # after the body: wait for the disconnect, as ASGI expects
+
+    return replay
+
+
+def _version() -> str:
+    from .. import __version__
+
+    return __version__

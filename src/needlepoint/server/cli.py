@@ -1,0 +1,124 @@
+"""`needlepoint serve`: a subcommand module for the `needlepoint` dispatcher (`HELP`,
+`add_arguments`, `run`), plus `serve(...)` and a stand-alone `main(argv)`.
+
+FastAPI and uvicorn are imported only when the server actually starts, so the CLI's
+`--help` stays fast and works without the `server` extra.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from ..errors import NeedlepointError
+
+HELP = "serve a model over an OpenAI-compatible HTTP API (needs the 'server' extra)"
+DEFAULT_MAX_QUEUE = 64
+DEFAULT_MAX_BODY_BYTES = 1 << 20  # 1 MiB: a 512-token context never needs more
+
+
+def default_workers() -> int:
+    return max(1, os.cpu_count() or 1)
+
+
+class MissingExtraError(NeedlepointError, ImportError):
+    """The server's dependencies (the `server` extra) are not installed."""
+
+
+def serve(
+    model: Any = None,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    workers: int | None = None,
+    max_queue: int = DEFAULT_MAX_QUEUE,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    log_level: str = "info",
+) -> None:
+    """Load `model` once (a path; None: `$NEEDLEPOINT_MODEL`, else the bundled demo model)
+    and serve it until interrupted (blocking)."""
+    try:
+        import uvicorn
+
+        from .app import create_app
+    except ImportError as error:
+        raise MissingExtraError(
+            f"the server needs FastAPI and uvicorn ({error.name} is missing): "
+            "pip install 'needlepoint[server]'"
+        ) from None
+    from ..hub import resolve_model_path
+
+    if model is None or isinstance(model, str | os.PathLike):
+        model = resolve_model_path(model)
+    app = create_app(model, workers=workers, max_queue=max_queue, max_body_bytes=max_body_bytes)
+    # One process: parallelism comes from the app's worker threads, which share the weights;
+    # uvicorn's own `workers` would fork N processes holding N copies of the model.
+    uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--model", help="a .cact file (default: $NEEDLEPOINT_MODEL, else the bundled demo model)"
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    parser.add_argument(
+        "--workers",
+        type=_at_least(1),
+        default=None,
+        help="requests decoded in parallel, one thread each (default: one per CPU)",
+    )
+    parser.add_argument(
+        "--max-queue",
+        type=_at_least(0),
+        default=DEFAULT_MAX_QUEUE,
+        help=f"requests waiting for a worker before 429 (default {DEFAULT_MAX_QUEUE})",
+    )
+    parser.add_argument(
+        "--max-body-bytes",
+        type=_at_least(1),
+        default=DEFAULT_MAX_BODY_BYTES,
+        help=f"largest accepted request body, else 413 (default {DEFAULT_MAX_BODY_BYTES})",
+    )
+    parser.add_argument(
+        "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"]
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    serve(
+        args.model,
+        host=args.host,
+        port=args.port,
+        workers=args.workers,
+        max_queue=args.max_queue,
+        max_body_bytes=args.max_body_bytes,
+        log_level=args.log_level,
+    )
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m needlepoint.server ...`: the subcommand without the dispatcher."""
+    parser = argparse.ArgumentParser(prog="needlepoint serve", description=HELP)
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        return run(args)
+    except NeedlepointError as error:
+        parser.exit(2, f"needlepoint serve: error: {error}\n")
+
+
+def _at_least(low: int) -> Any:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
+        return value
+
+    return parse

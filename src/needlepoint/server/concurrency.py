@@ -1,0 +1,171 @@
+"""Bounded parallelism: a fixed thread pool for model work plus admission control.
+
+Model work is numpy: its matmuls release the GIL, so N threads give real parallelism without
+N copies of the weights (processes would each map and dequantise their own). The event loop
+never runs model code; it only admits, waits and writes bytes.
+
+Admission is counted, not queued, on the event loop side: a request takes a slot before its
+work is submitted and gives it back when the work has *finished on its thread* (or was
+cancelled before it started). Releasing when the HTTP side gives up instead would let
+abandoned work pile up behind the workers while new requests are admitted, so the bound
+would not bound anything. `workers + max_queue` slots exist; past that the answer is 429.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Generic, TypeVar
+
+from .errors import overloaded
+
+T = TypeVar("T")
+
+
+class Ticket:
+    """One admitted request's slot; `release` is idempotent (several paths may end a job)."""
+
+    def __init__(self, pool: WorkerPool) -> None:
+        self._pool = pool
+        self._held = True
+        self._lock = threading.Lock()
+
+    def release(self) -> None:
+        with self._lock:
+            if not self._held:
+                return
+            self._held = False
+        self._pool._release()
+
+
+class WorkerPool:
+    def __init__(self, workers: int, max_queue: int) -> None:
+        if workers < 1:
+            raise ValueError(f"workers must be >= 1, got {workers}")
+        if max_queue < 0:
+            raise ValueError(f"max_queue must be >= 0, got {max_queue}")
+        self.workers = workers
+        self.max_queue = max_queue
+        self.capacity = workers + max_queue
+        self._executor = ThreadPoolExecutor(workers, thread_name_prefix="needlepoint-worker")
+        self._lock = threading.Lock()
+        self._admitted = 0
+        self._peak = 0
+
+    # -- admission ----------------------------------------------------------------------------
+    def admit(self) -> Ticket:
+        """Take a slot or raise the 429 `ApiError`."""
+        with self._lock:
+            if self._admitted >= self.capacity:
+                raise overloaded(self.capacity)
+            self._admitted += 1
+            self._peak = max(self._peak, self._admitted)
+        return Ticket(self)
+
+    def _release(self) -> None:
+        with self._lock:
+            self._admitted -= 1
+
+    def stats(self) -> dict[str, int]:
+        with self._lock:
+            admitted, peak = self._admitted, self._peak
+        return {
+            "workers": self.workers,
+            "max_queue": self.max_queue,
+            "in_flight": admitted,
+            "peak_in_flight": peak,
+        }
+
+    # -- execution ----------------------------------------------------------------------------
+    def submit(self, ticket: Ticket, fn: Callable[[], T]) -> Future[T]:
+        def job() -> T:
+            try:
+                return fn()
+            finally:
+                ticket.release()
+
+        return self._executor.submit(job)
+
+    async def run(self, ticket: Ticket, fn: Callable[[], T]) -> T:
+        """Run `fn` on a worker; awaitable from the event loop."""
+        future = self.submit(ticket, fn)
+        try:
+            return await asyncio.wrap_future(future)
+        finally:
+            # wrap_future cancels `future` if we were cancelled; a job that never started
+            # never reaches its own `finally`, so its slot is returned here.
+            if future.cancelled():
+                ticket.release()
+
+    def stream(self, ticket: Ticket, make_iter: Callable[[], Iterator[T]]) -> EventPump[T]:
+        return EventPump(self, ticket, make_iter)
+
+    def shutdown(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+class EventPump(Generic[T]):
+    """Drives a blocking iterator on a worker thread and hands its items to the event loop.
+
+    The iterator is created *on the worker* (creating it may already do model work). Items
+    cross threads through `call_soon_threadsafe` into an asyncio queue, so each one reaches
+    the client as soon as it is decoded. `cancel()` (client gone) makes the worker stop at
+    the next item and close the iterator, which frees the worker for queued requests.
+    """
+
+    _ITEM, _END, _ERROR = 0, 1, 2
+
+    def __init__(self, pool: WorkerPool, ticket: Ticket, make_iter: Callable[[], Iterator[T]]):
+        self._pool = pool
+        self._ticket = ticket
+        self._make_iter = make_iter
+        self._stop = threading.Event()
+        self._queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
+        self._loop = asyncio.get_running_loop()
+        self._future = pool.submit(ticket, self._pump)
+
+    def _put(self, kind: int, value: Any) -> bool:
+        try:
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, (kind, value))
+            return True
+        except RuntimeError:  # the loop is closed: the server is shutting down
+            self._stop.set()
+            return False
+
+    def _pump(self) -> None:
+        iterator: Iterator[T] | None = None
+        try:
+            iterator = self._make_iter()
+            for item in iterator:
+                if self._stop.is_set() or not self._put(self._ITEM, item):
+                    return
+            self._put(self._END, None)
+        except BaseException as exc:  # noqa: BLE001 - handed to the event loop, re-raised there
+            self._put(self._ERROR, exc)
+        finally:
+            close = getattr(iterator, "close", None)
+            if close is not None:
+                close()
+
+    async def next(self) -> tuple[bool, T | None]:
+        """(True, item) or (False, None) at the end; re-raises the iterator's exception."""
+        kind, value = await self._queue.get()
+        if kind == self._ITEM:
+            return True, value
+        if kind == self._ERROR:
+            raise value
+        return False, None
+
+    async def items(self) -> AsyncIterator[T]:
+        while True:
+            more, item = await self.next()
+            if not more:
+                return
+            yield item  # type: ignore[misc]
+
+    def cancel(self) -> None:
+        self._stop.set()
+        if self._future.cancel():  # never started: its own finally will not run
+            self._ticket.release()

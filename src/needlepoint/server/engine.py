@@ -1,0 +1,280 @@
+"""The served model and the jobs that run requests on it.
+
+One `Engine` per app: the model is loaded once and its weights are shared read-only by every
+request. Each job builds its own `Needle` (its own session and KV cache) on a worker thread,
+so concurrent requests share nothing mutable. Jobs are prepared on the event loop (message
+mapping, cheap checks) and run on a worker (everything that touches the model).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .conversation import Conversation, from_messages
+from .errors import bad_request, context_exceeded, model_not_found
+from .history import history_ids, stream_ids
+from .schemas import (
+    AssistantMessage,
+    ChatCompletion,
+    ChatCompletionRequest,
+    Choice,
+    FunctionCallOut,
+    ModelCard,
+    NativeCompleteRequest,
+    SamplingOptions,
+    ToolCallOut,
+    Usage,
+)
+
+SEED_MODULUS = 1 << 64  # the sampler takes seeds in [0, 2**64); OpenAI allows negative ones
+
+
+@dataclass
+class Delta:
+    """A piece of the answer as it is decoded (at most one field set per event)."""
+
+    reasoning: str = ""
+    content: str = ""
+    call_text: str = ""  # raw JSON text of the call list, as generated
+
+
+@dataclass
+class ChatResult:
+    content: str | None
+    reasoning: str
+    calls: list[tuple[str, str]]  # (name, arguments as JSON text)
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+    envelope: dict[str, Any]
+
+    def usage(self) -> Usage:
+        return Usage(
+            prompt_tokens=self.prompt_tokens,
+            completion_tokens=self.completion_tokens,
+            total_tokens=self.prompt_tokens + self.completion_tokens,
+        )
+
+
+def _model_name(model: Any, path: Path | None) -> str:
+    if path is not None:
+        return path.stem
+    for attr in ("name", "path"):
+        value = getattr(model, attr, None)
+        if isinstance(value, str | os.PathLike) and str(value):
+            return Path(value).stem
+    archive = getattr(model, "archive", None)
+    if archive is not None and getattr(archive, "path", None) is not None:
+        return Path(archive.path).stem
+    return "needle"
+
+
+def _context_length(model: Any) -> int | None:
+    for owner in (model, getattr(model, "config", None), getattr(model, "cfg", None)):
+        for attr in ("context_length", "max_seq_len"):
+            value = getattr(owner, attr, None)
+            if isinstance(value, int) and value > 0:
+                return value
+    return None
+
+
+class Engine:
+    def __init__(
+        self,
+        model: Any,
+        *,
+        model_name: str | None = None,
+        needle_factory: Callable[..., Any] | None = None,
+    ) -> None:
+        path = Path(model) if isinstance(model, str | os.PathLike) else None
+        if path is not None:
+            from .. import load
+
+            model = load(path)
+        if needle_factory is None:
+            from ..api import Needle
+
+            needle_factory = Needle
+        self.model = model
+        self.factory = needle_factory
+        self.name = model_name or _model_name(model, path)
+        self.context_length = _context_length(model)
+        self.created = int(time.time())
+
+    def needle(self, tools: list[dict[str, Any]], system: str) -> Any:
+        """A fresh `Needle` (own session) over the shared model; bad tools raise here."""
+        return self.factory(tools=tools, model=self.model, system=system or None)
+
+    def check_context(self, prompt_tokens: int, max_new_tokens: int | None) -> None:
+        """Refuse prompts the context cannot hold (with room for at least one new token),
+        and explicit `max_tokens` that do not fit after the prompt, instead of truncating."""
+        ctx = self.context_length
+        if ctx is None:
+            return
+        if prompt_tokens >= ctx:
+            raise context_exceeded(ctx, prompt_tokens, None)
+        if max_new_tokens is not None and prompt_tokens + max_new_tokens > ctx:
+            raise context_exceeded(ctx, prompt_tokens, max_new_tokens)
+
+    def check_model(self, name: str) -> None:
+        if name != self.name:
+            raise model_not_found(name, self.name)
+
+    def card(self) -> ModelCard:
+        return ModelCard(id=self.name, created=self.created, context_length=self.context_length)
+
+    def _max_new_tokens(self, requested: int | None, param: str) -> int | None:
+        ctx = self.context_length
+        if requested is not None and ctx is not None and requested >= ctx:
+            raise bad_request(
+                f"{param} is {requested}, but the model's whole context is {ctx} tokens",
+                param=param,
+                code="invalid_max_tokens",
+            )
+        return requested
+
+    def chat_job(self, req: ChatCompletionRequest) -> ChatJob:
+        conversation = from_messages(req.messages, req.tools, req.tool_choice)
+        limit = self._max_new_tokens(req.token_limit, "max_tokens")
+        return ChatJob(self, conversation, _options(req, limit), limit)
+
+    def native_job(self, req: NativeCompleteRequest) -> Callable[[], dict[str, Any]]:
+        limit = self._max_new_tokens(req.max_new_tokens, "max_new_tokens")
+        conversation = Conversation(system=req.system or "", tools=req.tools)
+        options = _options(req, limit)
+
+        def run() -> dict[str, Any]:
+            needle = self.needle(conversation.tools, conversation.system)
+            self.check_context(len(needle.prompt_ids(req.text)), limit)
+            return needle.complete(req.text, **options)
+
+        return run
+
+
+def _options(req: SamplingOptions, max_new_tokens: int | None) -> dict[str, Any]:
+    """Generation options for `Needle.complete/stream`; unset ones keep Needle's defaults."""
+    options: dict[str, Any] = {}
+    if req.temperature is not None:
+        options["temperature"] = req.temperature
+    if req.top_p is not None:
+        options["top_p"] = req.top_p
+    if req.top_k is not None:
+        options["top_k"] = req.top_k
+    if req.seed is not None:
+        options["seed"] = req.seed % SEED_MODULUS
+    if max_new_tokens is not None:
+        options["max_new_tokens"] = max_new_tokens
+    return options
+
+
+class ChatJob:
+    """One chat-completion request: prepared on the event loop, run on a worker."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        conversation: Conversation,
+        options: dict[str, Any],
+        max_new_tokens: int | None,
+    ) -> None:
+        self.engine = engine
+        self.conversation = conversation
+        self.options = options
+        self.max_new_tokens = max_new_tokens
+        token = secrets.token_hex(12)
+        self.completion_id = f"chatcmpl-{token}"
+        self._call_prefix = f"call_{token[:16]}"
+        self.created = int(time.time())
+        self.model_name = engine.name
+
+    def call_id(self, index: int) -> str:
+        return f"{self._call_prefix}_{index}"
+
+    # -- running (worker thread) ----------------------------------------------------------
+    def stream(self) -> Iterator[Delta | ChatResult]:
+        conv = self.conversation
+        needle = self.engine.needle(conv.tools, conv.system)
+        options = dict(self.options)
+        if conv.force is not None:
+            options["require_call"] = True
+        if len(conv.turns) == 1:
+            ids = needle.prompt_ids(conv.query)
+            self.engine.check_context(len(ids), self.max_new_tokens)
+            events = needle.stream(conv.query, **options)
+        else:
+            ids = history_ids(needle, conv)
+            self.engine.check_context(len(ids), self.max_new_tokens)
+            events = stream_ids(needle, ids, options, conv.turns[0].user)
+        envelope: dict[str, Any] | None = None
+        for event in events:
+            kind = getattr(event, "type", None)
+            if kind == "reasoning":
+                yield Delta(reasoning=event.text)
+            elif kind == "text":
+                yield Delta(content=event.text)
+            elif kind == "tool_call":
+                yield Delta(call_text=event.text)
+            elif kind == "done":
+                envelope = event.envelope
+        if envelope is None:
+            raise RuntimeError("the generator ended without a final envelope")
+        yield self._result(envelope, prompt_tokens=len(ids))
+
+    def run(self) -> ChatResult:
+        for item in self.stream():
+            if isinstance(item, ChatResult):
+                return item
+        raise RuntimeError("the generator ended without a result")  # pragma: no cover
+
+    def _result(self, envelope: dict[str, Any], *, prompt_tokens: int) -> ChatResult:
+        calls = [
+            (
+                call["name"],
+                json.dumps(call.get("arguments", {}), ensure_ascii=False, separators=(",", ":")),
+            )
+            for call in envelope.get("function_calls", [])
+        ]
+        timings = envelope.get("timings", {})
+        stop = envelope.get("stop_reason")
+        if stop == "length":
+            finish = "length"
+        elif calls:
+            finish = "tool_calls"
+        else:
+            finish = "stop"
+        return ChatResult(
+            # A "refuse" (`[]`) or plain answer is text, possibly empty; calls carry none.
+            content=None if calls else envelope.get("text", ""),
+            reasoning=envelope.get("reasoning", ""),
+            calls=calls,
+            finish_reason=finish,
+            prompt_tokens=prompt_tokens,
+            completion_tokens=int(timings.get("decode_tokens", 0)),
+            envelope=envelope,
+        )
+
+    # -- formatting (event loop) ----------------------------------------------------------
+    def completion(self, result: ChatResult) -> ChatCompletion:
+        tool_calls = [
+            ToolCallOut(id=self.call_id(i), function=FunctionCallOut(name=name, arguments=args))
+            for i, (name, args) in enumerate(result.calls)
+        ] or None
+        message = AssistantMessage(
+            content=result.content,
+            tool_calls=tool_calls,
+            reasoning_content=result.reasoning or None,
+        )
+        return ChatCompletion(
+            id=self.completion_id,
+            created=self.created,
+            model=self.model_name,
+            choices=[Choice(message=message, finish_reason=result.finish_reason)],
+            usage=result.usage(),
+        )

@@ -1,0 +1,93 @@
+"""OpenAI-style error objects: every rejection the server makes has the same shape.
+
+`{"error": {"message", "type", "param", "code"}}` with the HTTP status the official client maps
+to its exception classes (400 BadRequestError, 404 NotFoundError, 413/422 APIStatusError,
+429 RateLimitError).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi.responses import JSONResponse
+
+from .schemas import ErrorBody, ErrorResponse
+
+
+class ApiError(Exception):
+    """An error the server answers on purpose (never a 500)."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+        self.headers = headers
+
+    def body(self) -> dict[str, Any]:
+        err = ErrorBody(message=self.message, type=self.type, param=self.param, code=self.code)
+        return ErrorResponse(error=err).model_dump()
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+
+
+def bad_request(message: str, *, param: str | None = None, code: str | None = None) -> ApiError:
+    return ApiError(400, message, param=param, code=code)
+
+
+def model_not_found(name: str, served: str) -> ApiError:
+    return ApiError(
+        404,
+        f"The model {name!r} does not exist; this server serves {served!r}.",
+        param="model",
+        code="model_not_found",
+    )
+
+
+def overloaded(capacity: int) -> ApiError:
+    # `Retry-After` lets the official client's retry loop back off sensibly.
+    return ApiError(
+        429,
+        f"Server busy: {capacity} requests are already running or queued. Retry later.",
+        type="rate_limit_error",
+        code="server_overloaded",
+        headers={"Retry-After": "1"},
+    )
+
+
+def body_too_large(limit: int) -> ApiError:
+    return ApiError(
+        413,
+        f"Request body exceeds the server's limit of {limit} bytes.",
+        code="request_too_large",
+    )
+
+
+def context_exceeded(context: int, prompt: int, requested: int | None) -> ApiError:
+    if requested is None:
+        message = (
+            f"This model's maximum context length is {context} tokens, but the messages "
+            f"and tools take {prompt} tokens. Shorten them; the server does not truncate."
+        )
+        param = "messages"
+    else:
+        message = (
+            f"This model's maximum context length is {context} tokens. However, you "
+            f"requested {prompt + requested} tokens ({prompt} in the messages and tools, "
+            f"{requested} in the completion). Reduce the length of the messages or the "
+            "completion."
+        )
+        param = "max_tokens"
+    return ApiError(400, message, param=param, code="context_length_exceeded")

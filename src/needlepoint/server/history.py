@@ -1,0 +1,77 @@
+"""Replaying a client-supplied conversation as token ids, then decoding the next turn.
+
+`needlepoint.api.Needle` continues conversations it generated itself (`chat`,
+`send_tool_results`); an OpenAI client instead sends the whole history, earlier assistant
+answers included, with every request. The server is stateless, so those answers are *fed*,
+not regenerated, using the library's own multi-turn convention (`needlepoint.prompt`):
+
+    [BOS] first prompt (system, tools, query)
+    encode(answer) <|im_end|>                          an earlier assistant turn
+    \\n<|im_start|>user\\n{content}<|im_end|>\\n<|im_start|>assistant\\n   the next user turn
+
+An answer is encoded on its own, as training encodes targets (so with the dummy prefix it
+starts with a lone U+2581 piece, as a generated answer does); a tool-result turn's content is
+`<tool_result>[{"name", "result"}, ...]</tool_result>`. The sequence equals what `Needle.chat`
+/ `send_tool_results` would have built had the model given those answers itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from ..conversation import Conversation as Session
+from ..generate import TurnVocab
+from ..grammar import TokenVocab, ToolCallGrammar
+from ..prompt import (
+    IM_END,
+    TOOL_CALL_CLOSE,
+    TOOL_CALL_OPEN,
+    compact_json,
+    continuation_ids,
+    render_tool_results,
+    render_user_turn,
+)
+from .conversation import AssistantTurn, Conversation, Turn
+
+
+def _answer_text(answer: AssistantTurn) -> str:
+    if answer.calls is not None:
+        return f"{TOOL_CALL_OPEN}{compact_json(answer.calls)}{TOOL_CALL_CLOSE}"
+    return answer.text
+
+
+def _user_content(turn: Turn) -> str:
+    if turn.tool_results is None:
+        return turn.user
+    results = render_tool_results(turn.tool_results)
+    return f"{results}\n{turn.user}" if turn.user else results
+
+
+def history_ids(needle: Any, conversation: Conversation) -> list[int]:
+    """Token ids of the whole conversation up to the assistant turn to be generated."""
+    tokenizer = needle.tokenizer
+    im_end = tokenizer.marker_id(IM_END)
+    turns = conversation.turns
+    ids = list(needle.prompt_ids(turns[0].user))
+    for previous, turn in zip(turns, turns[1:], strict=False):
+        assert previous.answer is not None  # guaranteed by `from_messages`
+        ids += tokenizer.encode(_answer_text(previous.answer)) + [im_end]
+        ids += continuation_ids(tokenizer, render_user_turn(_user_content(turn)))
+    return ids
+
+
+def stream_ids(
+    needle: Any, ids: list[int], options: dict[str, Any], query: str
+) -> Iterator[Any]:
+    """Decode one assistant turn after `ids` on a fresh session, with the needle's settings
+    and a tool-call grammar for the tools the conversation's first prompt offered (all of
+    them, or the retrieved top k on a model with a contrastive head), so the model can only
+    call a tool it was shown (events as `Needle.stream` yields them)."""
+    tokenizer = needle.tokenizer
+    grammar = ToolCallGrammar(
+        TokenVocab.from_tokenizer(tokenizer),
+        [spec.schema() for spec in needle.offered_tools(query)],
+    )
+    session = Session(needle.model, TurnVocab.from_tokenizer(tokenizer), kv_window=needle.kv_window)
+    return session.turn(ids, needle.config(**options), grammar)
