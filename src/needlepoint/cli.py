@@ -32,6 +32,7 @@ COMMANDS: dict[str, str] = {
     "eval": ".cli_eval",
     "download": ".cli_download",
     "serve": ".server.cli",
+    "bench": ".cli_bench",
 }
 
 EXIT_USAGE = 2  # bad input of any kind, as argparse uses for usage errors

@@ -1,0 +1,530 @@
+"""Orchestration: `python -m bench [--quick] ...` (also `bench.main(argv)`).
+
+The parent process never loads an engine. It builds the prompts (token ids), then starts
+child processes (`bench.worker`), each with its thread environment fixed before start:
+
+1. `load` jobs: fresh process per sample, engines alternating (rs, np, np-float, rs, ...):
+   load time and first-call overhead (archive -> first-token-ready).
+2. `rss` jobs: one fresh process per engine running the RSS workload (longest prompt +
+   new tokens); peak RSS is per process, so engines cannot share one.
+3. `timing` jobs: one process per thread count; all engines loaded side by side and every
+   workload repeated with the engines interleaved (rotating order), plus the memory
+   bandwidth measured at the start and end of the same process.
+
+Then it summarises (median and spread), writes the JSON under `bench/results/`, and
+regenerates `docs/benchmarks.md` and `docs/benchmarks_prefill.png`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from . import paths
+from .engines import ALL_ENGINES, NEEDLE_RS, NP_DEPLOY, NP_FLOAT
+from .prompts import TOOL_PROMPT_NAME, build_prompts
+
+FULL = {
+    "reps": 5,
+    "lengths": [16, 64, 128, 256, 512],
+    "new_tokens": 128,
+    "threads": [1, 2],
+    "load_reps": 5,
+    "headline_lengths": [64, 512],
+    "budget_s": 420.0,
+}
+QUICK = {
+    "reps": 3,
+    "lengths": [16, 64],
+    "new_tokens": 32,
+    "threads": [1],
+    "load_reps": 3,
+    "headline_lengths": [64],
+    "budget_s": 90.0,
+}
+# Engines at thread counts above 1: the headline pair only (float is a side figure).
+MULTI_THREAD_ENGINES = (NEEDLE_RS, NP_DEPLOY)
+TARGETS = {  # figure -> (ratio direction, target); ratios are needlepoint / needle-rs
+    "load": ("time", 2.0),
+    "prefill:len512": ("speed", 5.0),
+    f"prefill:{TOOL_PROMPT_NAME}": ("speed", 5.0),
+    "decode": ("speed", 2.0),
+    "peak_rss": ("size", 2.0),
+}
+
+
+def child_env(threads: int) -> dict:
+    env = dict(os.environ)
+    for var in (
+        "OMP_NUM_THREADS",
+        "OPENBLAS_NUM_THREADS",
+        "MKL_NUM_THREADS",
+        "NUMEXPR_NUM_THREADS",
+        "RAYON_NUM_THREADS",
+    ):
+        env[var] = str(threads)
+    env["OMP_WAIT_POLICY"] = "passive"
+    src = str(paths.REPO_ROOT / "src")
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(paths.REPO_ROOT), src] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
+    )
+    return env
+
+
+def run_child(spec: dict, threads: int, timeout: float, log) -> dict:
+    with tempfile.TemporaryDirectory(prefix="needlepoint-bench-") as tmp:
+        spec = dict(spec, out=str(Path(tmp) / "result.json"))
+        spec_path = Path(tmp) / "spec.json"
+        spec_path.write_text(json.dumps(spec))
+        t0 = time.perf_counter()
+        try:
+            proc = subprocess.run(
+                [sys.executable, "-m", "bench.worker", str(spec_path)],
+                cwd=paths.REPO_ROOT,
+                env=child_env(threads),
+                timeout=timeout,
+                capture_output=True,
+                text=True,
+            )
+        except subprocess.TimeoutExpired:
+            return {"job_error": f"timed out after {timeout:.0f}s"}
+        wall = time.perf_counter() - t0
+        out = Path(spec["out"])
+        if not out.is_file():
+            tail = (proc.stderr or proc.stdout or "")[-2000:]
+            return {"job_error": f"worker exited {proc.returncode} without a result: {tail}"}
+        res = json.loads(out.read_text())
+        res["child_wall_s"] = wall
+        if proc.returncode != 0 or res.get("job_error"):
+            log(f"  child problem: {res.get('job_error') or proc.returncode}")
+        return res
+
+
+# ----------------------------------------------------------------------------- statistics
+def describe_samples(values: list[float]) -> dict:
+    a = np.asarray(values, dtype=np.float64)
+    if a.size == 0:
+        return {"n": 0}
+    med = float(np.median(a))
+    return {
+        "n": int(a.size),
+        "median": med,
+        "min": float(a.min()),
+        "max": float(a.max()),
+        "p25": float(np.percentile(a, 25)),
+        "p75": float(np.percentile(a, 75)),
+        "spread_pct": float((a.max() - a.min()) / med * 100) if med else None,
+    }
+
+
+def summarise_timing(res: dict) -> dict:
+    """Per engine and workload: seconds and tokens/s (per-sample rates, then median)."""
+    out = {}
+    for name, rec in res.get("engines", {}).items():
+        e = {
+            "available": rec.get("available", False),
+            "error": rec.get("error"),
+            "notes": rec.get("notes", []),
+            "workloads": {},
+        }
+        for key, s in rec.get("samples", {}).items():
+            rates = [t / sec for t, sec in zip(s["tokens"], s["seconds"], strict=True) if sec > 0]
+            cpu = s.get("cpu_seconds", [])
+            cpu_rates = [t / c for t, c in zip(s["tokens"], cpu, strict=False) if c > 0]
+            e["workloads"][key] = {
+                "seconds": describe_samples(s["seconds"]),
+                "tok_s": describe_samples(rates),
+                "cpu_seconds": describe_samples(cpu),
+                "cpu_tok_s": describe_samples(cpu_rates),
+                "tokens": describe_samples(s["tokens"]),
+                "per_sample_tok_s": rates,
+                "per_sample_cpu_tok_s": cpu_rates,
+            }
+        out[name] = e
+    return out
+
+
+def paired_ratio(num: list[float], den: list[float]) -> dict | None:
+    """Per-repetition ratios of two interleaved sample lists (same rep index)."""
+    k = min(len(num), len(den))
+    if k == 0:
+        return None
+    r = [a / b for a, b in zip(num[:k], den[:k], strict=True) if b > 0]
+    return {"median": float(np.median(r)), "min": float(min(r)), "max": float(max(r)), "n": len(r)}
+
+
+def ratios(threads_results: dict, load: dict, rss: dict, floor: dict) -> dict:
+    """needlepoint / needle-rs for each figure, per thread count and needlepoint numerics."""
+    table: dict = {}
+    for np_name in (NP_DEPLOY, NP_FLOAT):
+        rows = {}
+        for threads, summ in threads_results.items():
+            rs, mine = summ.get(NEEDLE_RS, {}), summ.get(np_name, {})
+            for key in sorted(set(rs.get("workloads", {})) | set(mine.get("workloads", {}))):
+                a, b = mine.get("workloads", {}).get(key), rs.get("workloads", {}).get(key)
+                fig = "decode" if key.startswith("decode:") else key
+                ca, cb = (a or {}).get("cpu_tok_s", {}), (b or {}).get("cpu_tok_s", {})
+                rows.setdefault(fig, {})[f"t{threads}"] = {
+                    "ratio_cpu": ca["median"] / cb["median"]
+                    if ca.get("n") and cb.get("n")
+                    else None,
+                    "needlepoint": a["tok_s"] if a else None,
+                    "needle_rs": b["tok_s"] if b else None,
+                    "ratio": (a["tok_s"]["median"] / b["tok_s"]["median"]) if a and b else None,
+                    "paired": paired_ratio(a["per_sample_tok_s"], b["per_sample_tok_s"])
+                    if a and b
+                    else None,
+                }
+        la, lb = load.get(np_name), load.get(NEEDLE_RS)
+        rows["load"] = {
+            "t1": {
+                "needlepoint": la["load_to_ready_s"] if la else None,
+                "needle_rs": lb["load_to_ready_s"] if lb else None,
+                "ratio": la["load_to_ready_s"]["median"] / lb["load_to_ready_s"]["median"]
+                if la and lb and lb["load_to_ready_s"]["median"] > 0
+                else None,
+            }
+        }
+        ra, rb = rss.get(np_name, {}), rss.get(NEEDLE_RS, {})
+        rows["peak_rss"] = {
+            "t1": {
+                "needlepoint": ra.get("peak_rss_bytes"),
+                "needle_rs": rb.get("peak_rss_bytes"),
+                "ratio": ra["peak_rss_bytes"] / rb["peak_rss_bytes"]
+                if ra.get("available") and rb.get("available")
+                else None,
+            }
+        }
+        bpt_np = engine_weight_bytes(np_name, rss, floor["weights"])
+        bpt_rs = (
+            engine_weight_bytes(NEEDLE_RS, rss, floor["weights"]) if rb.get("available") else None
+        )
+        rows["bytes_per_token"] = {
+            "t1": {
+                "needlepoint": bpt_np,
+                "needle_rs": bpt_rs,
+                "ratio": bpt_np / bpt_rs if bpt_np and bpt_rs else None,
+            }
+        }
+        table[np_name] = rows
+    return table
+
+
+def floor_figures(weights: dict, timing: dict) -> dict:
+    """Bandwidth floor: decode-weight bytes / measured read bandwidth, per thread count."""
+    out = {"weights": weights, "per_threads": {}}
+    for threads, res in timing.items():
+        bws = [b for b in (res.get("bandwidth_before"), res.get("bandwidth_after")) if b]
+        if not bws:
+            continue
+        dram = [x for b in bws for x in b["read_GBps"]["all"]]
+        cache = [x for b in bws for x in b["read_cache_GBps"]["all"]]
+        copy = [x for b in bws for x in b["copy_GBps"]["all"]]
+        best_dram, med_dram = max(dram), float(np.median(dram))
+        cq = weights["decode_cq_bytes"]
+        out["per_threads"][f"t{threads}"] = {
+            "read_GBps_median": med_dram,
+            "read_GBps_best": best_dram,
+            "copy_GBps_median": float(np.median(copy)),
+            "cache_read_GBps_median": float(np.median(cache)),
+            "cache_read_GBps_best": max(cache),
+            "floor_decode_ms_dram": cq / (best_dram * 1e9) * 1e3,
+            "floor_decode_ms_dram_median_bw": cq / (med_dram * 1e9) * 1e3,
+            "floor_decode_ms_cache": cq / (max(cache) * 1e9) * 1e3,
+            "floor_decode_tok_s_dram": best_dram * 1e9 / cq,
+        }
+    return out
+
+
+def engine_weight_bytes(name: str, rss: dict, weights: dict) -> int | None:
+    """Weight bytes one decode step of this engine reads (see `weights.py`)."""
+    if name == NEEDLE_RS:
+        return weights["decode_total_bytes"]  # runs from the packed archive
+    w = rss.get(name, {}).get("weights") or {}
+    return w.get("declared_decode_weight_bytes") or w.get("estimated_decode_weight_bytes")
+
+
+def decode_vs_floor(threads_results: dict, floor: dict, rss: dict) -> dict:
+    """Decode time per token as a multiple of the floor: the archive's packed decode bytes
+    over the best measured read bandwidth (DRAM, and an L3-resident buffer); and the floor
+    implied by the bytes the engine itself holds and reads per token."""
+    out = {}
+    for threads, summ in threads_results.items():
+        f = floor["per_threads"].get(f"t{threads}")
+        if not f:
+            continue
+        for name, e in summ.items():
+            for key, w in e.get("workloads", {}).items():
+                if key.startswith("decode:"):
+                    ms = 1e3 / w["tok_s"]["median"]
+                    own = engine_weight_bytes(name, rss, floor["weights"])
+                    own_ms = own / (f["read_GBps_best"] * 1e9) * 1e3 if own else None
+                    out.setdefault(name, {})[f"t{threads}"] = {
+                        "decode_ms_per_token": ms,
+                        "decode_ms_per_token_best": 1e3 / w["tok_s"]["max"],
+                        "floor_ms_dram": f["floor_decode_ms_dram"],
+                        "multiple_of_dram_floor": ms / f["floor_decode_ms_dram"],
+                        "multiple_of_cache_floor": ms / f["floor_decode_ms_cache"],
+                        "engine_weight_bytes": own,
+                        "floor_ms_engine_bytes": own_ms,
+                    }
+    return out
+
+
+# ----------------------------------------------------------------------------- main
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(
+        prog="python -m bench",
+        description="Benchmark needlepoint against needle-rs on the same .cact archive.",
+    )
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke run: 3 reps, prompts of 16/64 tokens + the tool prompt, "
+        "32 new tokens, 1 thread; writes bench/results/<fixture>-quick.json "
+        "and leaves docs/ alone unless --docs",
+    )
+    ap.add_argument(
+        "--fixture",
+        default=paths.DEFAULT_FIXTURE,
+        help="needle3 fixture name under shared/fixtures/needle3 (default shipped)",
+    )
+    ap.add_argument("--archive", type=Path, help="benchmark this .cact instead of a fixture")
+    ap.add_argument("--reps", type=int, help="interleaved repetitions (default 5; quick 3)")
+    ap.add_argument("--threads", help="comma list of thread counts (default 1,2; quick 1)")
+    ap.add_argument("--lengths", help="comma list of prefill prompt lengths")
+    ap.add_argument("--new-tokens", type=int, help="decode steps (default 128; quick 32)")
+    ap.add_argument(
+        "--engines", default=",".join(ALL_ENGINES), help=f"comma list from {', '.join(ALL_ENGINES)}"
+    )
+    ap.add_argument(
+        "--max-call-s",
+        type=float,
+        default=120.0,
+        help="stop repeating a workload for an engine once one call exceeds this",
+    )
+    ap.add_argument("--timeout", type=float, default=1500.0, help="per child process, seconds")
+    ap.add_argument(
+        "--budget-s",
+        type=float,
+        help="soft time budget of the timing phase, shared over the thread counts: no new "
+        "repetition starts (beyond the first 3) once it would overrun (default 420; quick 90)",
+    )
+    ap.add_argument("--out", type=Path, help="results JSON path")
+    docs = ap.add_mutually_exclusive_group()
+    docs.add_argument(
+        "--docs",
+        dest="docs",
+        action="store_true",
+        default=None,
+        help="write docs/benchmarks.md and the plot (default for full runs)",
+    )
+    docs.add_argument("--no-docs", dest="docs", action="store_false")
+    ap.add_argument(
+        "--report-only",
+        type=Path,
+        metavar="JSON",
+        help="regenerate docs/benchmarks.md + plot from an existing results JSON",
+    )
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from . import report
+
+    if args.report_only:
+        results = json.loads(args.report_only.read_text())
+        report.write_docs(results, paths.DOCS_MD, paths.DOCS_PLOT)
+        print(f"wrote {paths.rel(paths.DOCS_MD)} and {paths.rel(paths.DOCS_PLOT)}")
+        return 0
+
+    paths.ensure_src_on_path()
+    cfg = dict(QUICK if args.quick else FULL)
+    if args.reps:
+        cfg["reps"] = cfg["load_reps"] = max(1, args.reps)
+    if args.threads:
+        cfg["threads"] = [int(x) for x in args.threads.split(",")]
+    if args.lengths:
+        cfg["lengths"] = [int(x) for x in args.lengths.split(",")]
+        cfg["headline_lengths"] = [n for n in cfg["headline_lengths"] if n in cfg["lengths"]]
+    if args.new_tokens:
+        cfg["new_tokens"] = args.new_tokens
+    if args.budget_s:
+        cfg["budget_s"] = args.budget_s
+    engines = [e.strip() for e in args.engines.split(",") if e.strip()]
+    for e in engines:
+        if e not in ALL_ENGINES:
+            print(f"unknown engine {e!r}", file=sys.stderr)
+            return 2
+    archive = args.archive or paths.fixture_archive(args.fixture)
+    tag = (args.archive.stem if args.archive else args.fixture) + ("-quick" if args.quick else "")
+    out_json = args.out or paths.RESULTS_DIR / f"{tag}.json"
+    write_docs = (not args.quick) if args.docs is None else args.docs
+
+    def log(msg: str) -> None:
+        print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+    t_start = time.perf_counter()
+    from .machine import machine_info
+    from .weights import decode_weight_bytes
+
+    prompts, tok_source = build_prompts(archive, cfg["lengths"])
+    by_name = {p.name: p for p in prompts}
+    pj = [p.to_json() for p in prompts]
+    tool = by_name[TOOL_PROMPT_NAME]
+    longest = max(prompts, key=lambda p: p.length)
+    shortest = min(prompts, key=lambda p: p.length)
+    weights = decode_weight_bytes(archive)
+    log(
+        f"archive {archive} ({weights['file_bytes'] / 1e6:.1f} MB); prompts "
+        + ", ".join(f"{p.name}={p.length}" for p in prompts)
+        + f" via {tok_source}"
+    )
+    results: dict = {
+        "schema": 1,
+        "quick": args.quick,
+        "archive": paths.rel(archive),
+        "config": cfg,
+        "engines": engines,
+        "tokenizer_source": tok_source,
+        "started": time.strftime("%Y-%m-%d %H:%M:%S %z"),
+        "machine": machine_info(),
+        "loadavg_start": os.getloadavg(),
+        "prompts": [{k: v for k, v in p.items() if k != "ids"} for p in pj],
+        "command": "python -m bench"
+        + (
+            " " + " ".join(argv if argv is not None else sys.argv[1:])
+            if (argv if argv is not None else sys.argv[1:])
+            else ""
+        ),
+    }
+
+    # needlepoint's tokenizer cost, which its prefill figures exclude (needle-rs's include it)
+    try:
+        from .prompts import make_encoder, render
+
+        enc, _ = make_encoder(archive)  # a fresh tokenizer: its chunk cache is empty
+        text = render(longest.query, longest.tools_json, longest.system)
+        t0 = time.perf_counter()
+        enc(text)
+        results["tokenize_s_longest"] = time.perf_counter() - t0
+    except Exception as exc:  # noqa: BLE001
+        results["tokenize_s_longest"] = f"{type(exc).__name__}: {exc}"
+
+    # 1. load jobs: fresh process per sample, engines alternating
+    log(f"load: {cfg['load_reps']} fresh processes per engine, prompt {shortest.name}")
+    load_raw: dict = {e: [] for e in engines}
+    for rep in range(cfg["load_reps"]):
+        for e in engines[rep % len(engines) :] + engines[: rep % len(engines)]:
+            spec = {
+                "job": "load",
+                "engine": e,
+                "archive": str(archive),
+                "threads": 1,
+                "prompt": shortest.to_json(),
+            }
+            load_raw[e].append(run_child(spec, 1, args.timeout, log))
+    load_sum = {}
+    for e, rs in load_raw.items():
+        ok = [r for r in rs if r.get("available")]
+        if ok:
+            load_sum[e] = {
+                k: describe_samples([r[k] for r in ok])
+                for k in ("load_s", "cold_first_call_s", "warm_call_s", "load_to_ready_s")
+            }
+        else:
+            load_sum[e] = None
+            err = next((r.get("error") or r.get("job_error") for r in rs), None)
+            log(f"  {e}: unavailable ({err})")
+    results["load"] = {"summary": load_sum, "raw": load_raw}
+
+    # 2. rss jobs: one fresh process per engine
+    log(f"rss: {longest.name} + {cfg['new_tokens']} new tokens, one process per engine")
+    rss = {}
+    for e in engines:
+        spec = {
+            "job": "rss",
+            "engine": e,
+            "archive": str(archive),
+            "threads": 1,
+            "prompt": longest.to_json(),
+            "new_tokens": cfg["new_tokens"],
+        }
+        rss[e] = run_child(spec, 1, args.timeout, log)
+        if rss[e].get("available"):
+            log(f"  {e}: peak RSS {rss[e]['peak_rss_bytes'] / 2**20:.1f} MiB")
+    results["rss"] = rss
+
+    # 3. timing jobs, one per thread count
+    timing_raw, timing_sum = {}, {}
+    t_timing = time.perf_counter()
+    headline = [f"len{n}" for n in cfg["headline_lengths"]] + [TOOL_PROMPT_NAME]
+    for i, threads in enumerate(cfg["threads"]):
+        left = cfg["budget_s"] - (time.perf_counter() - t_timing)
+        # the 1-thread phase runs more engines and workloads: it gets twice the share
+        shares = [2 if t == 1 else 1 for t in cfg["threads"][i:]]
+        budget = max(left, 0.0) * shares[0] / sum(shares)
+        eng_t = engines if threads == 1 else [e for e in engines if e in MULTI_THREAD_ENGINES]
+        prefill = [p.name for p in prompts] if threads == 1 else headline
+        log(
+            f"timing, {threads} thread(s): {', '.join(eng_t)}; {cfg['reps']} reps of prefill "
+            f"{', '.join(prefill)} and decode {cfg['new_tokens']} after {tool.name}"
+        )
+        spec = {
+            "job": "timing",
+            "archive": str(archive),
+            "threads": threads,
+            "engines": eng_t,
+            "prompts": pj,
+            "prefill": prefill,
+            "decode_prompt": tool.name,
+            "new_tokens": cfg["new_tokens"],
+            "reps": cfg["reps"],
+            "bandwidth": True,
+            "max_call_s": args.max_call_s,
+            "budget_s": budget,
+            "min_reps": min(3, cfg["reps"]),
+        }
+        res = run_child(spec, threads, args.timeout, log)
+        timing_raw[threads] = res
+        if res.get("stopped_early"):
+            log(f"  {res['stopped_early']}")
+        timing_sum[threads] = summarise_timing(res)
+        for name, e in timing_sum[threads].items():
+            if not e["available"]:
+                log(f"  {name}: unavailable ({e['error']})")
+            for key, w in e["workloads"].items():
+                log(
+                    f"  {name:20s} {key:16s} {w['tok_s']['median']:9.1f} tok/s "
+                    f"(spread {w['tok_s']['spread_pct']:.0f}%, n={w['tok_s']['n']})"
+                )
+    results["timing"] = {
+        "raw": {str(k): v for k, v in timing_raw.items()},
+        "summary": {str(k): v for k, v in timing_sum.items()},
+    }
+    floor = floor_figures(weights, timing_raw)
+    results["floor"] = floor
+    results["decode_vs_floor"] = decode_vs_floor(timing_sum, floor, rss)
+    results["ratios"] = ratios(timing_sum, load_sum, rss, floor)
+    results["targets"] = {k: {"direction": d, "target": t} for k, (d, t) in TARGETS.items()}
+    results["checks"] = report.consistency_checks(results)
+    results["loadavg_end"] = os.getloadavg()
+    results["wall_s"] = time.perf_counter() - t_start
+
+    out_json.parent.mkdir(parents=True, exist_ok=True)
+    out_json.write_text(json.dumps(results, indent=1, default=str) + "\n")
+    log(f"wrote {paths.rel(out_json)} ({results['wall_s']:.0f}s)")
+    if write_docs:
+        report.write_docs(results, paths.DOCS_MD, paths.DOCS_PLOT)
+        log(f"wrote {paths.rel(paths.DOCS_MD)} and {paths.rel(paths.DOCS_PLOT)}")
+    print(report.headline_text(results))
+    return 0
