@@ -75,31 +75,40 @@ def test_kv_window(name, index, mode):
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("name,index", CASES)
 def test_prefill_then_step_equals_stepping(name, index, mode):
-    """Not bit-identical (OpenBLAS computes one row with gemv and a chunk with gemm, in a
-    different float32 order): float logits agree to 2e-5 of their range (measured <= 1.0e-5);
-    in deploy A8 turns such 1-ulp differences into whole int8 steps now and then, so deploy is
-    held to the fixture's deploy floor (README: 2x the oracle's worst self-consistency rms)."""
+    """Batched prefill (64-position chunks, GEMM) against stepping every token (one-token
+    decode path), at every prompt position and 8 decode steps beyond.
+
+    Not bit-identical: the two paths multiply in a different float32 summation order (BLAS
+    gemm over a chunk vs a streamed one-row product). In float numerics the logits agree to
+    2e-5 of their range (measured <= 1.0e-5). In deploy numerics A8 turns such 1-ulp
+    differences into whole int8 steps now and then (fixture README "How strictly to
+    compare"), so deploy is held, over all positions, to the same statistical bound as the
+    oracle comparison: rms <= 2x the oracle's worst self-consistency rms + 0.01, argmax
+    agreement >= the oracle's worst agreement - 0.05."""
     arrays = get_fixture("needle3", name).arrays
     net = model(name, mode)
     prompt = arrays[f"p{index}_tokens"]
-    batched = net.session()
+    batched_rows = net.forward(prompt)
     stepped = net.session()
-    first = batched.prefill(prompt)
-    for token in prompt[:-1]:
-        stepped.prefill([int(token)], logits=False)
-    last = stepped.step(int(prompt[-1]))
+    stepped_rows = [stepped.step(int(token)) for token in prompt]
+    batched = net.session()
+    batched.prefill(prompt, logits=False)
     assert batched.position == stepped.position == len(prompt)
+    continuation = arrays[f"p{index}_greedy_{mode}"][:8]
+    batched_rows = np.concatenate(
+        [batched_rows, np.stack([batched.step(int(t)) for t in continuation])])
+    stepped_rows += [stepped.step(int(t)) for t in continuation]
+    stepped_rows = np.stack(stepped_rows)
     if mode == "float":
-        scale = max(1.0, float(np.abs(first).max()))
-        assert np.abs(first - last).max() <= 2e-5 * scale
-        ref = arrays[f"p{index}_greedy_float"]
-        for token in ref[:8]:
-            a, b = batched.step(int(token)), stepped.step(int(token))
-            assert np.abs(a - b).max() <= 2e-5 * scale
+        scale = max(1.0, float(np.abs(batched_rows).max()))
+        assert np.abs(batched_rows - stepped_rows).max() <= 2e-5 * scale
     else:
-        worst = max(r["rms"] for r in get_fixture("needle3", name).meta[
-            "oracle_self_consistency"]["deploy"])
-        assert rms(first - last) <= 2 * worst + 0.01
+        consistency = get_fixture("needle3", name).meta["oracle_self_consistency"]["deploy"]
+        worst_rms = max(r["rms"] for r in consistency)
+        worst_agreement = min(r["argmax_agree"] for r in consistency)
+        assert rms(batched_rows - stepped_rows) <= 2 * worst_rms + 0.01
+        agreement = np.mean(batched_rows.argmax(-1) == stepped_rows.argmax(-1))
+        assert agreement >= worst_agreement - 0.05
 
 
 @pytest.mark.parametrize("name", NEEDLE3_FIXTURES)

@@ -44,11 +44,16 @@ def rotated_weights(
     cq: CQTensor, rows: np.ndarray | slice | None = None, pad: bool = True
 ) -> np.ndarray:
     """`codebook[idx] * norm` as float32 [rows, in_pad]: the weights in the Hadamard domain."""
-    idx = unpack_indices(cq, rows)
     norms = (cq.norms if rows is None else cq.norms[rows]).astype(np.float32)
-    values = cq.codebook[idx].reshape(idx.shape[0], -1, cq.group)
+    lut = byte_lut(cq)
+    if lut is not None:  # one gather per packed byte: the same floats as codebook[idx]
+        packed = cq.packed if rows is None else cq.packed[rows]
+        values = lut[packed].reshape(packed.shape[0], -1, cq.group)
+    else:
+        idx = unpack_indices(cq, rows)
+        values = cq.codebook[idx].reshape(idx.shape[0], -1, cq.group)
     values *= norms[:, :, None]
-    return values.reshape(idx.shape[0], -1)
+    return values.reshape(values.shape[0], -1)
 
 
 def dequantize_rows(cq: CQTensor, rows: np.ndarray | slice | None = None) -> np.ndarray:
@@ -83,3 +88,48 @@ def matmul(cq: CQTensor, x: np.ndarray) -> np.ndarray:
 def matvec(cq: CQTensor, x: np.ndarray) -> np.ndarray:
     """`W @ x` for a single vector x [cols] -> [rows]."""
     return matmul(cq, np.asarray(x, np.float32)[None, :])[0]
+
+
+# Byte lookup tables: one uint8 of packed indices -> its 8 / storage_bits codebook values.
+_BYTE_LUTS: dict[tuple[int, bytes], np.ndarray] = {}
+
+
+def byte_lut(cq: CQTensor) -> np.ndarray | None:
+    """[256, 8 // storage_bits] float32 codebook values of every packed byte (LSB-first
+    indices), for 2- and 4-bit storage; None for other widths. `byte_lut(cq)[packed]` is
+    `cq.codebook[unpack_indices(cq)]` in one gather instead of several shift/mask passes."""
+    width = cq.storage_bits
+    if width not in (2, 4):
+        return None
+    key = (width, cq.codebook.astype(np.float32).tobytes())
+    table = _BYTE_LUTS.get(key)
+    if table is None:
+        per = 8 // width
+        codes = np.arange(256)[:, None] >> (width * np.arange(per))[None, :]
+        table = np.asarray(cq.codebook, np.float32)[codes & ((1 << width) - 1)]
+        table.setflags(write=False)
+        _BYTE_LUTS[key] = table
+    return table
+
+
+def gather_rows(tensors: list[CQTensor], rows: np.ndarray | list[int]) -> np.ndarray:
+    """`dequantize_rows(t, rows)` of several same-format tensors, as [len(tensors), len(rows),
+    cols] (the same floats, in a few calls for all of them: engram lookups per decode step)."""
+    index = np.asarray(rows, np.intp)
+    first = tensors[0]
+    lut = byte_lut(first)
+    same = all(
+        t.bits == first.bits and t.group == first.group and t.cols == first.cols
+        and t.packed.shape[1] == first.packed.shape[1]
+        and np.array_equal(t.codebook, first.codebook)
+        for t in tensors
+    )
+    if lut is None or not same:
+        return np.stack([dequantize_rows(t, index) for t in tensors])
+    packed = np.concatenate([t.packed[index] for t in tensors])
+    norms = np.concatenate([t.norms[index] for t in tensors]).astype(np.float32)
+    count = packed.shape[0]
+    values = lut[packed].reshape(count, -1, first.group)
+    values *= norms[:, :, None]
+    groups = values @ hadamard_matrix(first.group)
+    return groups.reshape(len(tensors), len(index), -1)[:, :, : first.cols]

@@ -78,6 +78,30 @@ class LayerCache:
         self.keys[:, slots] = keys[count - keep :].transpose(1, 0, 2)
         self.values[:, slots] = values[count - keep :].transpose(1, 0, 2)
 
+    def write_one(self, position: int, keys: np.ndarray, values: np.ndarray) -> None:
+        """Store one position's keys [KV, qk] and values [KV, v] (the decode step)."""
+        if not self.window:
+            if position + 1 > self.capacity:
+                self._grow(position + 1)
+            slot = position
+        else:
+            slot = position % self.capacity
+        self.keys[:, slot] = keys
+        self.values[:, slot] = values
+
+    def conv_step(self, raw: np.ndarray, taps: np.ndarray) -> np.ndarray:
+        """Causal depthwise taps of one position's raw q|k|v [width] (`attention.project_qkv`
+        for a chunk of one): `taps[0] raw + taps[1] raw_-1 + ...`, summed in that order;
+        advances the conv tail in place."""
+        lag = self.conv_tail.shape[0]
+        mixed = taps[0] * raw
+        for back in range(1, lag + 1):
+            mixed += taps[back] * self.conv_tail[lag - back]
+        if lag:
+            self.conv_tail[:-1] = self.conv_tail[1:]
+            self.conv_tail[-1] = raw
+        return mixed
+
     def visible(self, position: int) -> tuple[np.ndarray, np.ndarray]:
         """After writing `position`: every stored key/value its query sees (views, ring order;
         attention is order-free, so the ring is never unrolled on the decode path)."""

@@ -20,6 +20,7 @@ from ..ops import rope_tables
 from .config import V3Config
 from .ladder import ladder_config, ladder_layer_indices
 from .session import Trace, V3Session
+from .step import StepPlan, build_plan
 from .weights import V3Weights, load_weights
 
 NUMERICS = ("deploy", "float")
@@ -60,6 +61,11 @@ class V3Model:
         kept = ladder_layer_indices(full.num_layers, depth)
         config = ladder_config(full, kept)
         return cls(archive, config, load_weights(archive, config, kept), kept, numerics)
+
+    @cached_property
+    def step_plan(self) -> StepPlan:
+        """Constants of the one-token decode step (`step.py`), folded on first use."""
+        return build_plan(self)
 
     @cached_property
     def tokenizer(self) -> Any:

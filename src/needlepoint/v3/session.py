@@ -23,12 +23,16 @@ from .heads import ConfidencePool
 from .mhc import route, scatter
 from .mlp import hadamard_mlp
 from .norms import zc_norm
+from .step import decode_step
 
 if TYPE_CHECKING:  # pragma: no cover
     from .model import V3Model
 
 F32 = np.float32
 CHUNK = 64
+# Decode steps keep their confidence cells and fold them into the pool this many at a time
+# (one batched online-softmax update, as a prefill chunk does) or when the logit is asked.
+POOL_BATCH = 64
 Trace = Callable[[str, np.ndarray], None]
 
 
@@ -80,12 +84,39 @@ class V3Session:
         self.engram_tail = new_tail(cfg, len(weights.engram))
         head = weights.confidence
         self.pool = ConfidencePool.empty(head) if head is not None else None
+        self.pending: list[np.ndarray] = []  # decode-step cells not yet in the pool
         self.tokens = np.zeros(0, np.int64)
+        self._history: list[int] = []  # decode-step tokens not yet appended to `tokens`
 
     @property
     def position(self) -> int:
         """Tokens consumed so far (the position the next token takes)."""
-        return len(self.tokens)
+        return len(self.tokens) + len(self._history)
+
+    def consumed(self) -> np.ndarray:
+        """Every token consumed so far (int64)."""
+        if self._history:
+            self.tokens = np.concatenate([self.tokens, np.asarray(self._history, np.int64)])
+            self._history = []
+        return self.tokens
+
+    def push_token(self, token: int) -> None:
+        self._history.append(token)
+
+    def pending_cells_row(self, cells: int, width: int) -> np.ndarray | None:
+        """A fresh [cells, width] row for a decode step's confidence cells (None: no head)."""
+        if self.pool is None:
+            return None
+        if len(self.pending) >= POOL_BATCH:
+            self._flush_pool()
+        row = np.empty((cells, width), np.float32)
+        self.pending.append(row)
+        return row
+
+    def _flush_pool(self) -> None:
+        if self.pending:
+            self.pool.update(self.model.weights.confidence, np.stack(self.pending))
+            self.pending = []
 
     def fork(self) -> V3Session:
         """An independent copy of this state (both may continue differently)."""
@@ -94,7 +125,9 @@ class V3Session:
         other.caches = [cache.copy() for cache in self.caches]
         other.engram_tail = self.engram_tail.copy()
         other.pool = self.pool.copy() if self.pool is not None else None
-        other.tokens = self.tokens.copy()
+        other.pending = [row.copy() for row in self.pending]
+        other.tokens = self.consumed().copy()
+        other._history = []
         return other
 
     __copy__ = fork
@@ -124,7 +157,8 @@ class V3Session:
         if not self.position:
             raise ModelInputError("confidence_logit: the session has consumed no tokens")
         if self._bounded_differs():
-            return self.model.confidence_logit(self.tokens)
+            return self.model.confidence_logit(self.consumed())
+        self._flush_pool()
         return self.pool.logit(self.model.weights.confidence)
 
     def _bounded_differs(self) -> bool:
@@ -138,6 +172,11 @@ class V3Session:
         tokens = self.model.check_ids(ids, self.position)
         trace = trace or self.trace
         collect = _Collector() if trace is not None else None
+        if len(tokens) == 1 and collect is None and want != "all":
+            return decode_step(self, int(tokens[0]), want == "last")
+        self.consumed()
+        if self.pending:
+            self._flush_pool()
         outputs = []
         for first in range(0, len(tokens), CHUNK):
             chunk = tokens[first : first + CHUNK]

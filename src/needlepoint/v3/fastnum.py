@@ -1,0 +1,138 @@
+"""Few-call float32 helpers for the one-token decode step (`step.py`).
+
+At one position per step every array is tiny, so numpy's per-call overhead (~1 µs) and not
+arithmetic is the cost: these do the same float32 operations as `ops`/`norms` in fewer calls.
+Matrix-vector products go through `gemv` (`np.einsum`, no BLAS): it streams a C-contiguous
+`[in, out]` matrix at memory bandwidth single-threaded, faster than OpenBLAS's sgemv here, and
+it never wakes BLAS worker threads (a threaded sgemv per matrix costs milliseconds when the
+other core is busy).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..ops import fake_quant_a8
+
+F32 = np.float32
+EPS = F32(1e-6)
+ONE = F32(1.0)
+LEVEL = F32(127.0)
+# Below this peak `peak / 127` is subnormal and the clip in `fake_quant_a8` can matter.
+TINY_PEAK = 1e-30
+
+
+def gemv(x: np.ndarray, matrix: np.ndarray) -> np.ndarray:
+    """`x @ matrix` for x [in] and matrix [in, out] (C-contiguous) -> [out]."""
+    return np.einsum("i,ij->j", x, matrix)
+
+
+def a8(x: np.ndarray) -> np.ndarray:
+    """`ops.fake_quant_a8` of a 1-D vector. The clip is dropped: with `step = peak / 127`
+    (float32), `|x / step| <= 127 (1 + 2^-23)` rounds to at most 127, so it never binds."""
+    peak = max(float(x.max()), -float(x.min()))
+    if peak < TINY_PEAK:
+        return fake_quant_a8(x)
+    step = F32(peak) / LEVEL
+    out = np.divide(x, step)
+    np.rint(out, out=out)
+    out *= step
+    return out
+
+
+def a8_rows(x: np.ndarray) -> np.ndarray:
+    """`ops.fake_quant_a8` over the last axis of a 2-D array (same exactness as `a8`)."""
+    peak = np.abs(x).max(axis=-1, keepdims=True)
+    if float(peak.min()) < TINY_PEAK:
+        return fake_quant_a8(x)
+    step = peak / LEVEL
+    out = np.divide(x, step)
+    np.rint(out, out=out)
+    out *= step
+    return out
+
+
+# Mean squares use numpy's own (pairwise) float32 mean, exactly as `norms` does on a chunk:
+# deploy numerics turn any 1-ulp difference between stepping and prefill into A8 flips.
+
+
+def inv_rms(x: np.ndarray) -> np.float32:
+    """`1 / sqrt(mean(x^2) + 1e-6)` of a 1-D vector, as a float32 scalar."""
+    return ONE / np.sqrt(np.mean(np.square(x), dtype=F32) + EPS)
+
+
+def rms_denominator(x: np.ndarray) -> np.float32:
+    """`sqrt(mean(x^2) + 1e-6)` of a 1-D vector (ZC norm divides by it)."""
+    return np.sqrt(np.mean(np.square(x), dtype=F32) + EPS)
+
+
+def zc(x: np.ndarray, one_plus_scale: np.ndarray) -> np.ndarray:
+    """`((1 + scale) * x) / sqrt(mean(x^2) + 1e-6)` of a 1-D vector (`norms.zc_norm`)."""
+    out = one_plus_scale * x
+    out /= rms_denominator(x)
+    return out
+
+
+def zc_rows(x: np.ndarray, one_plus_scale: np.ndarray) -> np.ndarray:
+    """`norms.zc_norm` over the last axis of x [rows, k] with a [rows, k] scale table."""
+    mean_square = np.mean(np.square(x), axis=-1, dtype=F32)
+    mean_square += EPS
+    np.sqrt(mean_square, out=mean_square)
+    out = one_plus_scale * x
+    out /= mean_square[:, None]
+    return out
+
+
+def sigmoid(x: np.ndarray) -> np.ndarray:
+    """`1 / (1 + exp(-x))` in float32, in place on a fresh array."""
+    out = np.negative(x)
+    np.exp(out, out=out)
+    out += ONE
+    np.divide(ONE, out, out=out)
+    return out
+
+
+def softmax_rows(x: np.ndarray) -> np.ndarray:
+    """`ops.softmax` over the last axis, in place on x (x must be a scratch array)."""
+    x -= x.max(axis=-1, keepdims=True)
+    np.exp(x, out=x)
+    x /= x.sum(axis=-1, keepdims=True)
+    return x
+
+
+def sinkhorn4(logits: np.ndarray, rounds: int = 20) -> np.ndarray:
+    """Sinkhorn of one 4 x 4 matrix (`mhc.sinkhorn`: `rounds` of subtracting the row then the
+    column log-sum-exp, then exp) on Python floats (float64). Subtracting log-sum-exps is
+    dividing by sums, so the result is `diag(r) K diag(c)` with `K = exp(z - max z)`,
+    `r = 1 / (K c)` and `c = 1 / (K^T r)` alternated: ~1300 unrolled scalar operations, far
+    cheaper than the ~280 numpy calls of the log-domain form. The float64 result is within
+    float32 rounding of upstream's; an underflowing row or column falls back to that form."""
+    (a, b, c, d), (e, f, g, h), (i, j, k, m), (n, o, p, q) = (
+        [math.exp(v) for v in row] for row in (logits - logits.max()).tolist()
+    )
+    c0 = c1 = c2 = c3 = 1.0
+    try:
+        for _ in range(rounds):
+            r0 = 1.0 / (a * c0 + b * c1 + c * c2 + d * c3)
+            r1 = 1.0 / (e * c0 + f * c1 + g * c2 + h * c3)
+            r2 = 1.0 / (i * c0 + j * c1 + k * c2 + m * c3)
+            r3 = 1.0 / (n * c0 + o * c1 + p * c2 + q * c3)
+            c0 = 1.0 / (a * r0 + e * r1 + i * r2 + n * r3)
+            c1 = 1.0 / (b * r0 + f * r1 + j * r2 + o * r3)
+            c2 = 1.0 / (c * r0 + g * r1 + k * r2 + p * r3)
+            c3 = 1.0 / (d * r0 + h * r1 + m * r2 + q * r3)
+    except ZeroDivisionError:
+        from .mhc import sinkhorn
+
+        return sinkhorn(logits[None])[0]
+    return np.array(
+        [
+            [r0 * a * c0, r0 * b * c1, r0 * c * c2, r0 * d * c3],
+            [r1 * e * c0, r1 * f * c1, r1 * g * c2, r1 * h * c3],
+            [r2 * i * c0, r2 * j * c1, r2 * k * c2, r2 * m * c3],
+            [r3 * n * c0, r3 * o * c1, r3 * p * c2, r3 * q * c3],
+        ],
+        F32,
+    )
