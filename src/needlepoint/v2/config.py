@@ -8,6 +8,8 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass, replace
 
+from ..ladder import ladder_layer_indices  # noqa: F401  (re-exported)
+
 FORMAT_TAG = 0x05E12A83
 HEADER_U32 = 29
 HEADER_BYTES = HEADER_U32 * 4 + 4
@@ -139,29 +141,7 @@ HEAD_RECORDS = ("probes", "proj", "bias")
 
 # Depth ladder ----------------------------------------------------------------------------
 # The Needle 2 fixtures carry no rung references, so the rule is the one the needle3
-# README "Ladder" section documents for upstream's `ladder_layer_indices`.
-
-
-def ladder_layer_indices(num_layers: int, depth: int) -> tuple[int, ...]:
-    """Blocks a `depth`-layer rung keeps: start with {0, L-1}, then repeatedly add the
-    midpoint `(left + right) // 2` of the widest gap (leftmost on ties).
-
-    Valid depths are 2..L (and 1 for a one-layer model); anything else is a ValueError.
-    """
-    if isinstance(depth, bool) or not isinstance(depth, int):
-        raise ValueError(f"layers must be an int, got {depth!r}")
-    lowest = 1 if num_layers == 1 else 2
-    if not lowest <= depth <= num_layers:
-        raise ValueError(
-            f"layers={depth} is not a rung of this {num_layers}-layer model "
-            f"(valid: {lowest}..{num_layers})"
-        )
-    kept = sorted({0, num_layers - 1})
-    while len(kept) < depth:
-        gaps = [(kept[i + 1] - kept[i], i) for i in range(len(kept) - 1)]
-        width, at = max(gaps, key=lambda gap: (gap[0], -gap[1]))
-        kept.insert(at + 1, (kept[at] + kept[at + 1]) // 2)
-    return tuple(kept)
+# README "Ladder" section documents for upstream's `ladder_layer_indices` (shared module).
 
 
 def ladder_config(cfg: V2Config, kept: tuple[int, ...]) -> V2Config:

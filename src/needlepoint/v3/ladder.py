@@ -10,27 +10,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..errors import ModelInputError
+from ..ladder import ladder_layer_indices
 from .config import V3Config
 
-
-def ladder_layer_indices(num_layers: int, depth: int) -> tuple[int, ...]:
-    """Block indices (of the full model, ascending) kept by the `depth`-layer rung."""
-    if depth == num_layers:
-        return tuple(range(num_layers))
-    if not 2 <= depth <= num_layers:  # upstream: every rung keeps both endpoint blocks
-        raise ModelInputError(f"layers={depth}: a rung needs 2..{num_layers} layers")
-    kept = {0, num_layers - 1}
-    while len(kept) < depth:
-        ordered = sorted(kept)
-        pairs = zip(ordered, ordered[1:], strict=False)
-        gaps = [(right - left, left, right) for left, right in pairs]
-        widest = max(width for width, _, _ in gaps)
-        left, right = next((lo, hi) for width, lo, hi in gaps if width == widest)
-        if right - left < 2:  # pragma: no cover - depth <= num_layers rules this out
-            break
-        kept.add((left + right) // 2)
-    return tuple(sorted(kept))
+__all__ = ["ladder_config", "ladder_layer_indices"]
 
 
 def ladder_config(cfg: V3Config, kept: tuple[int, ...]) -> V3Config:
