@@ -76,10 +76,6 @@ class TensorRecord:
     group: int
     bits: int
 
-    @property
-    def record_offset(self) -> int:
-        return -1  # filled by the reader's error messages, not stored
-
 
 @dataclass(frozen=True)
 class CQTensor:
