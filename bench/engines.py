@@ -30,6 +30,13 @@ NEEDLE_RS = "needle-rs"
 NP_DEPLOY = "needlepoint-deploy"
 NP_FLOAT = "needlepoint-float"
 ALL_ENGINES = (NEEDLE_RS, NP_DEPLOY, NP_FLOAT)
+# Load and RSS samples of a needlepoint engine with its weight cache present (warm) are kept
+# under the engine's name + this suffix; the plain name is the cold load (no cache file yet).
+CACHED = "+cache"
+
+
+def cached(name: str) -> str:
+    return name + CACHED
 
 
 class Clock:

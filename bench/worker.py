@@ -8,6 +8,11 @@ Each job runs in a fresh interpreter whose thread environment the parent set bef
 * `load`: one fresh-process load, a cold first call and a warm second call.
 * `rss`: one engine loads and runs the RSS workload; reports peak RSS (`ru_maxrss`).
 
+needlepoint's prepared-weight cache (`needlepoint.weight_cache`) is set per job from the spec
+(`cache_dir`: on, in that folder; absent: off), so a benchmark never writes into ~/.cache
+and a `load`/`rss` job measures either a cold load (empty folder: weights built, the cache
+file written in the background) or a warm one (the file a previous job wrote).
+
 The result is written as JSON to the spec's `out` path (stdout is left to the libraries).
 """
 
@@ -68,6 +73,14 @@ def _error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}{where}"
 
 
+def _cache_env(spec: dict) -> None:
+    """needlepoint's weight cache for this process: on in `spec["cache_dir"]`, else off."""
+    folder = spec.get("cache_dir")
+    os.environ["NEEDLEPOINT_CACHE"] = "1" if folder else "0"
+    if folder:
+        os.environ["NEEDLEPOINT_CACHE_DIR"] = folder
+
+
 def _import_all() -> dict:
     """Import both engines' modules in every child, so every child starts from the same
     baseline RSS whichever engine it measures."""
@@ -86,6 +99,7 @@ def job_timing(spec: dict) -> dict:
 
     archive = Path(spec["archive"])
     threads = spec["threads"]
+    _cache_env(spec)  # off: timing runs on weights built in this process
     prompts = {p["name"]: Prompt.from_json(p) for p in spec["prompts"]}
     prefill_names = spec["prefill"]
     decode_name = spec["decode_prompt"]
@@ -173,6 +187,7 @@ def job_timing(spec: dict) -> dict:
 
 def job_load(spec: dict) -> dict:
     env = _limit_threads(spec["threads"])
+    _cache_env(spec)
     imports = _import_all()
     p = Prompt.from_json(spec["prompt"])
     eng = make_engine(spec["engine"], Path(spec["archive"]))
@@ -204,6 +219,7 @@ def job_load(spec: dict) -> dict:
 
 def job_rss(spec: dict) -> dict:
     env = _limit_threads(spec["threads"])
+    _cache_env(spec)
     imports = _import_all()
     p = Prompt.from_json(spec["prompt"])
     base_rss, base_peak = _vm("VmRSS"), _maxrss()

@@ -15,6 +15,9 @@ import os
 for _name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_name, "1")
 os.environ.setdefault("OMP_WAIT_POLICY", "passive")
+# The prepared-weight cache (needlepoint.weight_cache) stays off for the suite, so no test
+# writes into ~/.cache; the cache tests switch it on with NEEDLEPOINT_CACHE_DIR in tmp_path.
+os.environ.setdefault("NEEDLEPOINT_CACHE", "0")
 
 import json  # noqa: E402
 from pathlib import Path  # noqa: E402

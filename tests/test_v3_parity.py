@@ -11,6 +11,8 @@ import pytest
 from conftest import NEEDLE3_FIXTURES, get_fixture
 from v3_helpers import model, prompt_count, rms
 
+from needlepoint.kernels import hadamard_matrix
+
 CASES = [(name, i) for name in NEEDLE3_FIXTURES for i in range(prompt_count(name))]
 MODES = ("float", "deploy")
 
@@ -88,10 +90,15 @@ def test_intermediates(name, index, mode):
 
 @pytest.mark.parametrize("name", NEEDLE3_FIXTURES)
 def test_dequantised_samples(name):
-    """The decoded weights equal the fixture's stored `deq_*` samples."""
+    """The decoded weights equal the fixture's stored `deq_*` samples (embedding rows as
+    gathered per token; the LM head is the same rows in the rotated domain, `W = R H`)."""
     arrays = get_fixture("needle3", name).arrays
     weights = model(name, "float").weights
-    np.testing.assert_array_equal(weights.embedding[:8], arrays["deq_embedding_rows0to7"])
+    rows = weights.embedding_rows(np.arange(8))
+    np.testing.assert_array_equal(rows, arrays["deq_embedding_rows0to7"])
+    head = np.ascontiguousarray(weights.lm_head[:, :8].T)  # rotated rows [8, pad(d)]
+    unrotated = (head.reshape(8, -1, 128) @ hadamard_matrix(128)).reshape(8, -1)
+    np.testing.assert_array_equal(unrotated[:, : rows.shape[1]], rows)
     np.testing.assert_array_equal(
         weights.final_norm, np.float32(1.0) + arrays["deq_final_norm"])
     if "deq_layer00__q_proj" in arrays:

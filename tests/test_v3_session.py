@@ -66,10 +66,14 @@ def test_kv_window(name, index, mode):
         rows += [stepped.step(int(t)) for t in prompt[half:]]
         logits = np.stack(rows)
         ref_logits = arrays[f"p{index}_logits_deploy_kvwin"][half - 1 :]
-        worst = max(r["rms"] for r in get_fixture("needle3", name).meta[
-            "oracle_self_consistency"]["deploy"])
-        assert rms(logits - ref_logits) <= 2 * worst + 0.01
-        assert np.mean(logits.argmax(-1) == ref_logits.argmax(-1)) >= 0.9
+        # the same statistical bound as every deploy comparison (fixture README "How
+        # strictly to compare"): the oracle's worst self-consistency on this fixture
+        consistency = get_fixture("needle3", name).meta["oracle_self_consistency"]["deploy"]
+        worst_rms = max(r["rms"] for r in consistency)
+        worst_agreement = min(r["argmax_agree"] for r in consistency)
+        assert rms(logits - ref_logits) <= 2 * worst_rms + 0.01
+        agreement = np.mean(logits.argmax(-1) == ref_logits.argmax(-1))
+        assert agreement >= worst_agreement - 0.05
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -27,12 +27,15 @@ def load(
     *,
     layers: int | None = None,
     numerics: str = "deploy",
+    cache: bool | None = None,
 ) -> Any:
     """Load a `.cact` model; the generation (Needle 3 or 2) comes from the archive's tag.
 
     `layers=N` selects the N-layer rung of the depth ladder as upstream selects it;
     `numerics="deploy"` (A8 activations, int8 KV: what the archive is meant to run at) or
-    `"float"` (the stored weights with no activation or KV quantisation).
+    `"float"` (the stored weights with no activation or KV quantisation). `cache` (Needle 3):
+    reuse/write the prepared weights in the on-disk cache (`needlepoint.weight_cache`; None =
+    on unless the environment sets NEEDLEPOINT_CACHE=0).
     """
     if numerics not in NUMERICS:
         raise ValueError(f"numerics must be one of {NUMERICS}, got {numerics!r}")
@@ -40,7 +43,7 @@ def load(
     if archive.generation == 3:
         from .v3.model import V3Model
 
-        return V3Model.from_archive(archive, layers=layers, numerics=numerics)
+        return V3Model.from_archive(archive, layers=layers, numerics=numerics, cache=cache)
     from .v2.model import V2Model
 
     return V2Model.from_archive(archive, layers=layers, numerics=numerics)

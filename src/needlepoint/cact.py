@@ -414,6 +414,29 @@ class CactArchive:
         )
 
     @property
+    def directory_end(self) -> int:
+        """Offset of the first byte after the header, codebooks and directory."""
+        return self.header_bytes + 4 * self.config.codebook_len + RECORD_BYTES * len(self.records)
+
+    def span(self, start: int, end: int) -> bytes:
+        """A copy of the archive's bytes [start, end) (clipped to the file)."""
+        return bytes(self._buffer[max(0, start) : min(self.size, end)])
+
+    def release(self, names: list[str]) -> None:
+        """Drop the named records' pages from this process's resident set (they stay in the
+        page cache and fault back in if read again): for blobs only read while building
+        weights. A no-op for archives held as bytes, or where madvise is unavailable."""
+        if not isinstance(self._buffer, mmap.mmap) or not hasattr(mmap, "MADV_DONTNEED"):
+            return
+        page = mmap.PAGESIZE
+        for name in names:
+            record = self.record(name)
+            start = -(-record.offset // page) * page  # whole pages inside the blob only
+            end = (record.offset + record.nbytes) // page * page
+            if end > start:
+                self._buffer.madvise(mmap.MADV_DONTNEED, start, end - start)
+
+    @property
     def tokenizer_blob(self) -> memoryview:
         record = self.records[-1]
         return memoryview(self._buffer)[record.offset : record.offset + record.nbytes]

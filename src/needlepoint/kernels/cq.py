@@ -17,6 +17,9 @@ import numpy as np
 from ..cact import CQTensor
 from .fwht import fwht_groups, hadamard_matrix
 
+# Scratch for `rotated_into`: a few groups of gathered values, sized to stay in L2.
+SCRATCH_BYTES = 1 << 20
+
 
 def unpack_indices(cq: CQTensor, rows: np.ndarray | slice | None = None) -> np.ndarray:
     """Codebook indices as uint8 [rows, in_pad], from the LSB-first per-row bit stream."""
@@ -54,6 +57,48 @@ def rotated_weights(
         values = cq.codebook[idx].reshape(idx.shape[0], -1, cq.group)
     values *= norms[:, :, None]
     return values.reshape(values.shape[0], -1)
+
+
+def rotated_into(
+    cq: CQTensor, out: np.ndarray, rows: np.ndarray | slice | None = None
+) -> np.ndarray:
+    """Write `rotated_weights(cq, rows).T` into `out` [in_pad, len(rows)], bit for bit, with no
+    full-size float temporary: `out` may be a column slice of a larger C-contiguous matrix (a
+    fused weight built in place). The transpose is done on the packed bytes (1/16 of the floats
+    at 2 bits); then, a few groups at a time (an L2-sized scratch), each index slot of a byte
+    is one byte-LUT gather and one multiply by the group norms straight into `out`."""
+    packed = cq.packed if rows is None else cq.packed[rows]
+    count = packed.shape[0]
+    if out.shape != (cq.in_pad, count):
+        raise ValueError(f"{cq.name}: out shape {out.shape} != {(cq.in_pad, count)}")
+    lut = byte_lut(cq)
+    if lut is None or count == 0:
+        out[...] = rotated_weights(cq, rows).T
+        return out
+    per = lut.shape[1]
+    per_group = cq.group // per  # packed bytes per group
+    groups = packed.shape[1] // per_group
+    columns = np.ascontiguousarray(packed.T).reshape(groups, per_group, count)
+    norms = cq.norms if rows is None else cq.norms[rows]
+    scale = norms.T.astype(np.float32)[:, None, :]  # [groups, 1, count]
+    slots = out.reshape(groups, per_group, per, count)  # in-column = byte * per + slot
+    step = max(1, SCRATCH_BYTES // (4 * per_group * count))
+    scratch = np.empty((min(step, groups), per_group, count), np.float32)
+    for first in range(0, groups, step):
+        last = min(groups, first + step)
+        values = scratch[: last - first]
+        for slot in range(per):
+            # mode="clip": uint8 indices are always in range, and clip skips the checked copy
+            np.take(_lut_column(lut, slot), columns[first:last], out=values, mode="clip")
+            np.multiply(values, scale[first:last], out=slots[first:last, :, slot, :])
+    return out
+
+
+def table_rows(table: CQTensor | np.ndarray, rows: np.ndarray | list[int]) -> np.ndarray:
+    """Rows of a row-gathered table as float32: dequantised CQ rows, or FP16/FP32 rows cast."""
+    if isinstance(table, np.ndarray):
+        return table[np.asarray(rows, np.intp)].astype(np.float32)
+    return dequantize_rows(table, np.asarray(rows, np.intp))
 
 
 def dequantize_rows(cq: CQTensor, rows: np.ndarray | slice | None = None) -> np.ndarray:
@@ -110,6 +155,18 @@ def byte_lut(cq: CQTensor) -> np.ndarray | None:
         table.setflags(write=False)
         _BYTE_LUTS[key] = table
     return table
+
+
+_LUT_COLUMNS: dict[tuple[int, int], np.ndarray] = {}
+
+
+def _lut_column(lut: np.ndarray, slot: int) -> np.ndarray:
+    """Column `slot` of a byte LUT, contiguous (a 256-entry gather table)."""
+    key = (id(lut), slot)
+    column = _LUT_COLUMNS.get(key)
+    if column is None:
+        column = _LUT_COLUMNS[key] = np.ascontiguousarray(lut[:, slot])
+    return column
 
 
 def gather_rows(tensors: list[CQTensor], rows: np.ndarray | list[int]) -> np.ndarray:

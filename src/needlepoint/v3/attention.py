@@ -7,128 +7,180 @@ upstream's fused attention (`flash=True`) pads q/k/v to `hd = max(qk, v)`, so th
 computed as `((q * sqrt(hd/qk)) . k) * (1/sqrt(hd))`, reproduced literally (A8 boundaries);
 `o *= sigmoid(gate_proj h)` (A8); `o = out_proj o`.
 
-Heads are laid out `[KV, group, positions, dim]` so every product is one batched matmul over
-kv heads: no Python loop over heads or positions.
+Queries are laid out `[KV, positions * group, dim]` so every product is one batched BLAS matmul
+over the kv heads, and a run of positions is a contiguous run of rows: a long chunk is scored
+in blocks of `ATTN_BLOCK` positions, each against only the keys its rows can see (a chunk of
+256 does the attention work of four chunks of 64 while its weight GEMMs run at M = 256).
+What every layer of a chunk shares (RoPE rows, additive masks) is built once per chunk in a
+`ChunkFrame`. The chunk's keys/values are written to the cache first and attended as a view
+of it whenever position p sits in slot p (no per-layer copy of the context).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..ops import apply_rope, fake_quant_a8, sigmoid, softmax
 from .cache import LayerCache
 from .config import V3Config
+from .fastnum import a8_rows, sigmoid
 from .norms import zc_norm
+from .step import LayerPlan, StepPlan
 from .weights import LayerWeights
 
 F32 = np.float32
+ATTN_BLOCK = 64  # query positions scored together (bounds the causal waste and score memory)
 
 
-def project_qkv(
-    cfg: V3Config,
-    layer: LayerWeights,
-    h: np.ndarray,
-    cache: LayerCache,
-    cos: np.ndarray,
-    sin: np.ndarray,
-    quantized: bool,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """q [C, H, qk], k [C, KV, qk], v [C, KV, v] and the gate logits [C, H*v] of a chunk whose
-    normed input is h [C, d]; advances the cache's conv tail."""
-    count = h.shape[0]
-    heads, kv_heads, qk, vd = cfg.num_heads, cfg.num_kv_heads, cfg.qk_head_dim, cfg.v_head_dim
-    q_end = heads * qk
-    k_end = q_end + kv_heads * qk
-    v_end = k_end + kv_heads * vd
-    fused = h @ layer.qkvg
-    raw = fused[:, :v_end]
-    if layer.qkv_taps is not None:
-        taps = layer.qkv_taps
-        lag = taps.shape[0] - 1
-        history = np.concatenate([cache.conv_tail, raw]) if lag else raw
-        mixed = taps[0] * raw
-        for back in range(1, taps.shape[0]):
-            mixed = mixed + taps[back] * history[lag - back : lag - back + count]
-        if lag:
-            cache.conv_tail = history[-lag:].copy()
-        raw = mixed
-    rope_cos, rope_sin = cos[:, None, :], sin[:, None, :]
-    q = apply_rope(zc_norm(raw[:, :q_end].reshape(count, heads, qk), layer.q_norm),
-                   rope_cos, rope_sin)
-    k = apply_rope(zc_norm(raw[:, q_end:k_end].reshape(count, kv_heads, qk), layer.k_norm),
-                   rope_cos, rope_sin)
-    v = raw[:, k_end:v_end].reshape(count, kv_heads, vd)
-    if quantized:
-        q, k, v = fake_quant_a8(q), fake_quant_a8(k), fake_quant_a8(v)
-    return q, k, v, fused[:, v_end:]
+@dataclass
+class ChunkFrame:
+    """Per-chunk constants every layer shares: positions, RoPE rows, additive masks."""
+
+    start: int
+    count: int
+    cos: np.ndarray  # [C, 1, qk]: cos | cos
+    sin: np.ndarray  # [C, 1, qk]: -sin | sin (rotate-half as one multiply-add)
+    masks: dict[tuple[int, int], np.ndarray] = field(default_factory=dict)
+
+    @classmethod
+    def build(cls, plan: StepPlan, start: int, count: int) -> ChunkFrame:
+        rows = slice(start, start + count)
+        return cls(start, count, plan.rope_cos[rows, None, :], plan.rope_sin[rows, None, :])
+
+    def mask(self, first: int, window: int) -> np.ndarray:
+        """[C, start + C - first]: 0 where the query (row) may see the key (column, positions
+        from `first`), -inf elsewhere. Adding it is exact (x + 0 = x), like upstream's
+        `where`. Layers whose window cannot bind inside this chunk share one mask."""
+        end = self.start + self.count
+        if window and end - 1 - first < window:
+            window = 0
+        key = (first, window)
+        mask = self.masks.get(key)
+        if mask is None:
+            query = np.arange(self.start, end)[:, None]
+            keys = np.arange(first, end)[None, :]
+            allowed = keys <= query
+            if window:
+                allowed &= query - keys < window
+            mask = np.where(allowed, F32(0.0), F32(-np.inf))
+            self.masks[key] = mask
+        return mask
 
 
-def _scores(qh: np.ndarray, keys: np.ndarray, v_dim: int) -> np.ndarray:
-    """Scaled scores [KV, rows, n] as upstream's fused attention computes them."""
-    qk = qh.shape[-1]
-    fused = max(qk, v_dim)
-    raw = (qh * F32(math.sqrt(fused / qk))) @ keys.transpose(0, 2, 1)
-    return raw * F32(1.0 / math.sqrt(fused))
+def _conv(raw: np.ndarray, taps: np.ndarray | None, cache: LayerCache) -> np.ndarray:
+    """Causal depthwise taps over raw q|k|v [C, width] (`taps[0] raw + taps[1] raw_-1 + ...`,
+    summed in that order); advances the cache's conv tail. The lagged rows are read from raw
+    and the tail in place (no concatenated copy of the chunk)."""
+    if taps is None:
+        return raw
+    count = raw.shape[0]
+    lag = taps.shape[0] - 1
+    tail = cache.conv_tail  # [lag, width], oldest first
+    mixed = taps[0] * raw
+    term = np.empty_like(mixed)
+    for back in range(1, lag + 1):
+        split = min(back, count)  # rows before `split` reach back into the tail
+        np.multiply(taps[back], tail[lag - back : lag - back + split], out=term[:split])
+        np.multiply(taps[back], raw[: count - split], out=term[split:])
+        mixed += term
+    if lag:
+        recent = raw if count >= lag else np.concatenate([tail, raw])
+        cache.conv_tail = recent[-lag:].copy()
+    return mixed
 
 
-def attend_chunk(
-    q: np.ndarray, keys: np.ndarray, values: np.ndarray, start: int, first: int, window: int
+def _context(
+    cache: LayerCache, start: int, keys: np.ndarray, values: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """Writes the chunk's keys [C, KV, qk] / values [C, KV, v] into the cache and returns the
+    keys [KV, n, qk] / values [KV, n, v] of positions `first .. start+C-1` (oldest first)."""
+    first = cache.context_start(start)
+    end = start + keys.shape[0]
+    if not cache.window or end <= cache.capacity:
+        cache.write(start, keys, values)  # position p is in slot p: attend the store itself
+        return cache.keys[:, first:end], cache.values[:, first:end], first
+    old_keys, old_values = cache.context(start)  # a wrapping ring: unroll it
+    keys_all = np.concatenate([old_keys, keys.transpose(1, 0, 2)], axis=1)
+    values_all = np.concatenate([old_values, values.transpose(1, 0, 2)], axis=1)
+    cache.write(start, keys, values)
+    return keys_all, values_all, first
+
+
+def attend(
+    q: np.ndarray, keys: np.ndarray, values: np.ndarray, frame: ChunkFrame, first: int,
+    window: int,
 ) -> np.ndarray:
-    """Attention of queries at positions start .. start+C-1 (q [C, H, qk]) over the keys/values
-    of positions first .. (keys [KV, n, qk], values [KV, n, v], oldest first) -> [C, H*v]."""
+    """Attention of the chunk's queries q [C, H, qk] over keys [KV, n, qk] / values [KV, n, v]
+    of positions `first ..` -> [KV, C * group, v] (rows: position-major, head in group)."""
     count, heads, qk = q.shape
-    kv_heads, length, vd = values.shape
+    kv_heads, _, vd = values.shape
     group = heads // kv_heads
-    qh = q.reshape(count, kv_heads, group, qk).transpose(1, 2, 0, 3).reshape(kv_heads, -1, qk)
-    scores = _scores(qh, keys, vd)  # [KV, G*C, n]
-    query_pos = np.arange(start, start + count)[:, None]
-    key_pos = np.arange(first, first + length)[None, :]
-    allowed = key_pos <= query_pos
-    if window:
-        allowed &= query_pos - key_pos < window
-    scores = np.where(np.tile(allowed, (group, 1))[None], scores, F32(-np.inf))
-    out = softmax(scores, axis=-1) @ values  # [KV, G*C, v]
-    return out.reshape(kv_heads, group, count, vd).transpose(2, 0, 1, 3).reshape(count, -1)
-
-
-def attend_step(q: np.ndarray, keys: np.ndarray, values: np.ndarray) -> np.ndarray:
-    """One query q [1, H, qk] over every visible key (keys [KV, n, qk]) -> [1, H*v]."""
-    _, heads, qk = q.shape
-    kv_heads = keys.shape[0]
-    qh = q.reshape(kv_heads, heads // kv_heads, qk)
-    scores = _scores(qh, keys, values.shape[-1])  # [KV, G, n]
-    return (softmax(scores, axis=-1) @ values).reshape(1, -1)
+    fused = max(qk, vd)
+    qh = np.empty((kv_heads, count, group, qk), F32)
+    np.multiply(q.reshape(count, kv_heads, group, qk).transpose(1, 0, 2, 3),
+                F32(math.sqrt(fused / qk)), out=qh)
+    qh = qh.reshape(kv_heads, count * group, qk)
+    score_scale = F32(1.0 / math.sqrt(fused))
+    keys_t = keys.transpose(0, 2, 1)
+    mask = frame.mask(first, window)
+    out = np.empty((kv_heads, count * group, vd), F32)
+    start = frame.start
+    for b0 in range(0, count, ATTN_BLOCK):
+        b1 = min(count, b0 + ATTN_BLOCK)
+        lo = max(0, start + b0 - window + 1 - first) if window else 0  # first key any row sees
+        hi = start + b1 - first  # one past the last key any row sees
+        rows = slice(b0 * group, b1 * group)
+        scores = qh[:, rows] @ keys_t[:, :, lo:hi]  # [KV, rows, keys]
+        scores *= score_scale
+        by_position = scores.reshape(kv_heads, b1 - b0, group, hi - lo)
+        by_position += mask[b0:b1, None, lo:hi]
+        scores -= scores.max(axis=-1, keepdims=True)
+        np.exp(scores, out=scores)
+        scores /= scores.sum(axis=-1, keepdims=True)
+        np.matmul(scores, values[:, lo:hi], out=out[:, rows])
+    return out
 
 
 def attention(
     cfg: V3Config,
     layer: LayerWeights,
+    plan: LayerPlan,
     u: np.ndarray,
     cache: LayerCache,
-    start: int,
-    cos: np.ndarray,
-    sin: np.ndarray,
+    frame: ChunkFrame,
     quantized: bool,
 ) -> np.ndarray:
-    """`out_proj(A8(sigmoid(gate) * attn))` for the chunk u [C, d] at positions start..;
-    writes the chunk's keys/values into the cache."""
+    """`out_proj(A8(sigmoid(gate) * attn))` for the chunk u [C, d] at positions frame.start..;
+    writes the chunk's keys/values into the cache. `plan` is the block's `StepPlan` entry."""
+    count = u.shape[0]
+    heads, kv_heads, qk, vd = cfg.num_heads, cfg.num_kv_heads, cfg.qk_head_dim, cfg.v_head_dim
+    k_end = (heads + kv_heads) * qk
+    v_end = k_end + kv_heads * vd
     h = zc_norm(u, layer.norm_in)
     if quantized:
-        h = fake_quant_a8(h)
-    q, k, v, gate = project_qkv(cfg, layer, h, cache, cos, sin, quantized)
-    if q.shape[0] == 1:
-        cache.write(start, k, v)
-        out = attend_step(q, *cache.visible(start))
-    else:
-        first = cache.context_start(start)
-        old_keys, old_values = cache.context(start)
-        keys = np.concatenate([old_keys, k.transpose(1, 0, 2)], axis=1)
-        values = np.concatenate([old_values, v.transpose(1, 0, 2)], axis=1)
-        out = attend_chunk(q, keys, values, start, first, cache.window)
-        cache.write(start, k, v)
-    out = out * sigmoid(gate)
+        h = a8_rows(h)
+    fused = h @ layer.qkvg
+    raw = _conv(fused[:, :v_end], layer.qkv_taps, cache)
+    # ZC(q_norm) / ZC(k_norm) of every head row at once, then rotate-half RoPE as
+    # `x cos2 + swap(x) sin2` (x1 cos - x2 sin == x1 cos + x2 (-sin) exactly)
+    rows = zc_norm(raw[:, :k_end].reshape(count, heads + kv_heads, qk), plan.qk_scale)
+    half = qk // 2
+    swapped = np.empty_like(rows)
+    swapped[..., :half] = rows[..., half:]
+    swapped[..., half:] = rows[..., :half]
+    rows *= frame.cos
+    swapped *= frame.sin
+    rows += swapped
+    values = raw[:, k_end:v_end].reshape(count, kv_heads, vd)
     if quantized:
-        out = fake_quant_a8(out)
-    return out @ layer.out_proj
+        rows, values = a8_rows(rows), a8_rows(values)
+    keys, stored, first = _context(cache, frame.start, rows[:, heads:], values)
+    out = attend(rows[:, :heads], keys, stored, frame, first, cache.window)
+    gate = sigmoid(fused[:, v_end:])  # [C, H*v], then times the attention in place
+    gate4 = gate.reshape(count, kv_heads, heads // kv_heads, vd)
+    np.multiply(out.reshape(kv_heads, count, -1, vd).transpose(1, 0, 2, 3), gate4, out=gate4)
+    if quantized:
+        gate = a8_rows(gate)
+    return gate @ layer.out_proj

@@ -17,9 +17,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..kernels.cq import dequantize_rows
-from ..ops import engram_slots, fake_quant_a8, sigmoid
+from ..cact import CQTensor
+from ..kernels.cq import dequantize_rows, gather_rows
+from ..ops import engram_slots, sigmoid
 from .config import V3Config
+from .fastnum import a8_rows
 from .norms import rms_unit
 from .weights import EngramSite
 
@@ -56,10 +58,16 @@ def engram_indices(cfg: V3Config, tokens: np.ndarray, tail: EngramTail) -> np.nd
     return np.stack(columns, axis=1)
 
 
-def _gather(tables, rows: np.ndarray) -> np.ndarray:
-    if isinstance(tables, np.ndarray):
-        return tables[rows].astype(F32)
-    return dequantize_rows(tables, rows)
+def _gather(sites: tuple[EngramSite, ...], rows: np.ndarray) -> list[np.ndarray]:
+    """Dequantised table rows [len(rows), sub] of every site: one batched gather for CQ
+    tables (`gather_rows`, the same floats as `dequantize_rows` per site)."""
+    tables = [site.tables for site in sites]
+    if tables and all(isinstance(table, CQTensor) for table in tables):
+        return list(gather_rows(tables, rows))
+    return [
+        table[rows].astype(F32) if isinstance(table, np.ndarray) else dequantize_rows(table, rows)
+        for table in tables
+    ]
 
 
 def engram_chunk(
@@ -69,36 +77,41 @@ def engram_chunk(
     start: int,
     tail: EngramTail,
     quantized: bool,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, EngramTail]:
-    """Indices [C, tables], keys [S, C, d] and tapped values [S, C, d] for positions
+) -> tuple[np.ndarray, list[np.ndarray], list[np.ndarray], EngramTail]:
+    """Indices [C, tables], keys and tapped values (one [C, d] per site) for positions
     `start .. start+C-1`, plus the tail for the next chunk."""
     count = len(tokens)
     d, tables, slots = cfg.d_model, cfg.num_engram_tables, cfg.engram_slots
     idx = engram_indices(cfg, tokens, tail)
-    positions = np.arange(start, start + count)
     orders = np.repeat(np.asarray(cfg.engram_orders), cfg.engram_heads)  # order of each table
-    valid = positions[:, None] >= (orders[None, :] - 1)  # [C, tables]
+    # rows of tables whose n-gram reaches before position 0 are zero (only at the start)
+    valid = None
+    if start < int(orders.max(initial=1)) - 1:
+        positions = np.arange(start, start + count)
+        valid = positions[:, None] >= (orders[None, :] - 1)  # [C, tables]
     rows = (idx + np.arange(tables)[None, :] * slots).reshape(-1)
-    keys = np.empty((len(sites), count, d), F32)
-    values = np.empty((len(sites), count, d), F32)
+    keys, values = [], []
     new_values = tail.values.copy()
     taps_count, dilation = cfg.engram_conv_taps, cfg.engram_conv_dilation
     reach = tail.values.shape[1]
-    for site_index, site in enumerate(sites):
-        lookup = _gather(site.tables, rows).reshape(count, tables, -1)
-        lookup *= valid[:, :, None]
+    for site_index, (site, lookup) in enumerate(zip(sites, _gather(sites, rows), strict=True)):
+        lookup = lookup.reshape(count, tables, -1)
+        if valid is not None:
+            lookup *= valid[:, :, None]
         lookup = lookup.reshape(count, -1)
         if quantized:
-            lookup = fake_quant_a8(lookup)
+            lookup = a8_rows(lookup)
         projected = lookup @ site.key_value
-        keys[site_index] = projected[:, :d]
+        keys.append(projected[:, :d])
         raw = projected[:, d:]
         history = np.concatenate([tail.values[site_index], raw])  # [reach + C, d]
         tapped = site.taps[0] * raw
+        term = np.empty_like(tapped)
         for tap in range(1, taps_count):
             back = tap * dilation
-            tapped = tapped + site.taps[tap] * history[reach - back : reach - back + count]
-        values[site_index] = tapped
+            tapped += np.multiply(site.taps[tap], history[reach - back : reach - back + count],
+                                  out=term)
+        values.append(tapped)
         if reach:
             new_values[site_index] = history[-reach:]
     keep = max(cfg.engram_orders, default=1) - 1

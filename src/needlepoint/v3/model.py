@@ -1,7 +1,8 @@
 """Needle 3 model: weights decoded once, shared read-only by any number of sessions.
 
-`V3Model.from_archive(archive, layers=None, numerics="deploy")` is what `needlepoint.load`
-calls. Numerics (fixture README "Deploy quantization"): `"deploy"` applies upstream's A8 fake
+`V3Model.from_archive(archive, layers=None, numerics="deploy", cache=None)` is what
+`needlepoint.load` calls; `cache` switches the prepared-weight cache (`weight_cache`).
+Numerics (fixture README "Deploy quantization"): `"deploy"` applies upstream's A8 fake
 quantisation at the CQ-matmul inputs and on q/k/v (int8 KV); `"float"` runs the stored weights
 with no activation quantisation.
 """
@@ -51,16 +52,23 @@ class V3Model:
 
     @classmethod
     def from_archive(
-        cls, archive: CactArchive, *, layers: int | None = None, numerics: str = "deploy"
+        cls,
+        archive: CactArchive,
+        *,
+        layers: int | None = None,
+        numerics: str = "deploy",
+        cache: bool | None = None,
     ) -> V3Model:
-        """Decode the weights of `archive` (the `layers`-deep ladder rung if given)."""
+        """Prepare the weights of `archive` (the `layers`-deep ladder rung if given), from the
+        weight cache when one is valid (`cache=None`: unless NEEDLEPOINT_CACHE=0)."""
         if numerics not in NUMERICS:
             raise ValueError(f"numerics must be one of {NUMERICS}, got {numerics!r}")
         full = archive.config
         depth = full.num_layers if layers is None else int(layers)
         kept = ladder_layer_indices(full.num_layers, depth)
         config = ladder_config(full, kept)
-        return cls(archive, config, load_weights(archive, config, kept), kept, numerics)
+        weights = load_weights(archive, config, kept, cache=cache)
+        return cls(archive, config, weights, kept, numerics)
 
     @cached_property
     def step_plan(self) -> StepPlan:

@@ -13,16 +13,23 @@ F32 = np.float32
 EPS = F32(1e-6)
 
 
-def _mean_square(x: np.ndarray) -> np.ndarray:
-    return np.mean(np.square(x), axis=-1, keepdims=True, dtype=F32)
+def _rms_denominator(x: np.ndarray) -> np.ndarray:
+    """`sqrt(mean(x^2) + 1e-6)` over the last axis (keepdims), in place on the mean."""
+    out = np.mean(np.square(x), axis=-1, keepdims=True, dtype=F32)
+    out += EPS
+    return np.sqrt(out, out=out)
 
 
 def rms_unit(x: np.ndarray) -> np.ndarray:
     """`x * rsqrt(mean(x^2) + 1e-6)` over the last axis (upstream `_rms_unit`)."""
-    return x * (F32(1.0) / np.sqrt(_mean_square(x) + EPS))
+    inverse = _rms_denominator(x)
+    np.divide(F32(1.0), inverse, out=inverse)
+    return x * inverse
 
 
 def zc_norm(x: np.ndarray, one_plus_scale: np.ndarray) -> np.ndarray:
     """`((1 + scale) * x) / sqrt(mean(x^2) + 1e-6)` (upstream `ZCRMSNorm`); the caller passes
     `1 + scale` precomputed."""
-    return (one_plus_scale * x) / np.sqrt(_mean_square(x) + EPS)
+    out = one_plus_scale * x
+    out /= _rms_denominator(x)
+    return out

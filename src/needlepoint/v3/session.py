@@ -16,7 +16,7 @@ import numpy as np
 
 from ..errors import ModelInputError
 from ..ops import fake_quant_a8
-from .attention import attention
+from .attention import ChunkFrame, attention
 from .cache import LayerCache
 from .engram import engram_chunk, engram_gate, new_tail
 from .heads import ConfidencePool
@@ -24,12 +24,18 @@ from .mhc import route, scatter
 from .mlp import hadamard_mlp
 from .norms import zc_norm
 from .step import decode_step
+from .weights import rotate
 
 if TYPE_CHECKING:  # pragma: no cover
     from .model import V3Model
 
 F32 = np.float32
-CHUNK = 64
+# Positions per prefill chunk: larger chunks run the weight GEMMs at a better M (~100 vs
+# ~80 GFLOP/s at 64); memory stays bounded (cells [CHUNK, L+1, d], 16 MB at 256). A
+# multiple of `attention.ATTN_BLOCK`, so attention blocks fall on the same positions
+# whatever the chunk size. The caches left are the same up to float32 rounding: only
+# BLAS's choice of kernel for the small-N products (cond_v, phi) depends on the row count.
+CHUNK = 256
 # Decode steps keep their confidence cells and fold them into the pool this many at a time
 # (one batched online-softmax update, as a prefill chunk does) or when the logit is asked.
 POOL_BATCH = 64
@@ -196,33 +202,39 @@ class V3Session:
         cfg, weights, quantized = model.config, model.weights, model.quantized
         start, count = self.position, len(tokens)
         d, lanes_n = cfg.d_model, cfg.mhc_lanes
-        emb = weights.embedding[tokens]
+        emb = weights.embedding_rows(tokens)
         x0 = emb * np.sqrt(F32(d))
         idx, engram_k, engram_v, tail = engram_chunk(
             cfg, weights.engram, tokens, start, self.engram_tail, quantized
         )
         self.engram_tail = tail
-        cos = model.rope_cos[start : start + count]
-        sin = model.rope_sin[start : start + count]
+        frame = ChunkFrame.build(model.step_plan, start, count)
         lanes = np.repeat(x0[:, None, :], lanes_n, axis=1)
         keep_cells = self.pool is not None or collect is not None
         cells = np.empty((count, len(weights.layers) + 1, d), F32) if keep_cells else None
         if cells is not None:
             cells[:, 0] = x0
+        plans = model.step_plan.layers
         for index, (layer, cache) in enumerate(zip(weights.layers, self.caches, strict=True)):
             u, hpost, hres = route(lanes, layer.mhc, quantized)
             block = u
             if layer.engram_site is not None:
                 site = layer.engram_site
                 block = engram_gate(u, engram_k[site], engram_v[site])
-            attn = attention(cfg, layer, block, cache, start, cos, sin, quantized)
-            block = block + layer.attn_gate * zc_norm(attn, layer.post_norm)
-            mlp_in = zc_norm(block, layer.pre_hada)
-            block = block + hadamard_mlp(mlp_in, layer.mlp, weights.hada_p1, weights.hada_p2,
-                                         cfg.hada_n)
-            lanes = scatter(lanes, block - u, hpost, hres)
-            if cells is not None:
-                cells[:, index + 1] = lanes.mean(axis=1)
+            attn = attention(cfg, layer, plans[index], block, cache, frame, quantized)
+            # block + gate * ZC(attn), block + MLP(ZC(block)), block - u: in place, same sums
+            attn = zc_norm(attn, layer.post_norm)
+            attn *= layer.attn_gate
+            attn += block
+            block = attn
+            update = hadamard_mlp(zc_norm(block, layer.pre_hada), layer.mlp, weights.hada_p1,
+                                  weights.hada_p2, cfg.hada_n)
+            update += block
+            update -= u
+            lanes = scatter(lanes, update, hpost, hres)
+            if cells is not None:  # lanes.mean(axis=1), bit for bit, in two cheaper calls
+                mean = np.add.reduce(lanes, axis=1, out=cells[:, index + 1])
+                mean /= F32(lanes_n)
         self.tokens = np.concatenate([self.tokens, tokens])
         if self.pool is not None:
             self.pool.update(weights.confidence, cells)
@@ -234,14 +246,15 @@ class V3Session:
             rows = hidden if want == "all" else hidden[-1:]
             if quantized:
                 rows = fake_quant_a8(rows)
-            logits = rows @ weights.lm_head
+            logits = rotate(rows) @ weights.lm_head  # rotated domain (weights.py)
         if collect is not None:
             collect("tokens", tokens)
             collect("emb_row", emb)
             collect("emb_row_scaled", x0)
             collect("engram_idx", idx)
-            collect("engram_k", engram_k, axis=1)
-            collect("engram_v", engram_v, axis=1)
+            empty = np.zeros((0, count, d), F32)
+            collect("engram_k", np.stack(engram_k) if engram_k else empty, axis=1)
+            collect("engram_v", np.stack(engram_v) if engram_v else empty, axis=1)
             collect("cells", cells)
             collect("final_hidden", hidden)
             if logits is not None:

@@ -34,6 +34,7 @@ from .fastnum import (
     zc_rows,
 )
 from .mhc import sinkhorn
+from .weights import rotate
 
 if TYPE_CHECKING:  # pragma: no cover
     from .model import V3Model
@@ -162,7 +163,7 @@ def decode_step(session: V3Session, token: int, want_logits: bool) -> np.ndarray
     half = qk // 2
     small_sinkhorn = n == 4
 
-    x0 = weights.embedding[token] * plan.embed_scale
+    x0 = weights.embedding_rows([token])[0] * plan.embed_scale
     engram_k, engram_v = _engram_step(session, plan, token, position)
     lanes = np.empty((n, d), F32)
     lanes[:] = x0
@@ -234,7 +235,7 @@ def decode_step(session: V3Session, token: int, want_logits: bool) -> np.ndarray
     hidden = zc(mean, weights.final_norm)
     if quantized:
         hidden = a8(hidden)
-    return gemv(hidden, weights.lm_head)[None]
+    return gemv(rotate(hidden), weights.lm_head)[None]  # rotated domain (weights.py)
 
 
 def _mlp_step(x: np.ndarray, mlp, weights, hada_n: int) -> np.ndarray:
