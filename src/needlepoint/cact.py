@@ -30,7 +30,8 @@ from .cact_checks import (
     expected_nbytes,
     validate_header,
 )
-from .errors import CactFormatError, TokenizerError
+from .cact_checks import header_error as _fail
+from .errors import TokenizerError
 from .v2 import config as v2config
 from .v3 import config as v3config
 
@@ -89,10 +90,6 @@ class CQTensor:
     @property
     def nbytes(self) -> int:
         return self.packed.nbytes + self.norms.nbytes
-
-
-def _fail(field: str, offset: int, message: str) -> CactFormatError:
-    return CactFormatError(f"{field} (byte offset {offset}): {message}")
 
 
 class CactArchive:
