@@ -14,7 +14,7 @@ import jsonschema
 import openai
 import pytest
 from conftest import REPO_ROOT, get_fixture
-from test_server import ServerThread
+from server_helpers import ServerThread
 
 import needlepoint
 from needlepoint.cli import main
