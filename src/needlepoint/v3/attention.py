@@ -160,7 +160,7 @@ def attention(
     v_end = k_end + kv_heads * vd
     h = zc_norm(u, layer.norm_in)
     if quantized:
-        h = a8_rows(h)
+        h = a8_rows(h, out=h)  # h is a fresh array: quantised in place
     fused = h @ layer.qkvg
     raw = _conv(fused[:, :v_end], layer.qkv_taps, cache)
     # ZC(q_norm) / ZC(k_norm) of every head row at once, then rotate-half RoPE as
@@ -175,12 +175,12 @@ def attention(
     rows += swapped
     values = raw[:, k_end:v_end].reshape(count, kv_heads, vd)
     if quantized:
-        rows, values = a8_rows(rows), a8_rows(values)
+        rows, values = a8_rows(rows, out=rows), a8_rows(values)
     keys, stored, first = _context(cache, frame.start, rows[:, heads:], values)
     out = attend(rows[:, :heads], keys, stored, frame, first, cache.window)
     gate = sigmoid(fused[:, v_end:])  # [C, H*v], then times the attention in place
     gate4 = gate.reshape(count, kv_heads, heads // kv_heads, vd)
     np.multiply(out.reshape(kv_heads, count, -1, vd).transpose(1, 0, 2, 3), gate4, out=gate4)
     if quantized:
-        gate = a8_rows(gate)
+        gate = a8_rows(gate, out=gate)
     return gate @ layer.out_proj

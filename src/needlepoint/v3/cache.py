@@ -2,18 +2,34 @@
 
 A layer whose attention is bounded to `window` positions keeps a ring of exactly `window`
 slots (position p lives in slot `p % window`); an unbounded (global, full-causal) layer keeps a
-linear store that grows by doubling. Keys are stored after k_norm and RoPE, values after their
-taps; in deploy numerics both are stored already fake-quantised (A8 per head row), i.e. the
-exact float32 values `codes * step` that upstream's int8 KV attends with, so no dequantisation
-happens per step.
+linear store of `max_len` slots. Both are mapped lazily (`lazy_zeros`): a page becomes
+resident when a position on it is first written, so a short sequence costs only what it
+fills, and no store is ever regrown and copied (peak RSS). Keys are stored after k_norm and
+RoPE, values after their taps; in deploy numerics both are stored already fake-quantised
+(A8 per head row), i.e. the exact float32 values `codes * step` that upstream's int8 KV
+attends with, so no dequantisation happens per step.
 """
 
 from __future__ import annotations
 
+import math
+import mmap
+
 import numpy as np
 
 F32 = np.float32
-INITIAL_CAPACITY = 64
+# Stores smaller than this come from malloc (not worth a mapping of their own).
+LAZY_BYTES = 1 << 16
+
+
+def lazy_zeros(shape: tuple[int, ...]) -> np.ndarray:
+    """A float32 array of zeros in its own anonymous mapping: untouched pages stay
+    unallocated (np.zeros from a reused heap block would write, so hold, every page), and
+    the memory goes back to the system when the array is freed."""
+    nbytes = math.prod(shape) * 4
+    if nbytes < LAZY_BYTES:
+        return np.zeros(shape, F32)
+    return np.frombuffer(mmap.mmap(-1, nbytes), F32).reshape(shape)
 
 
 class LayerCache:
@@ -25,15 +41,19 @@ class LayerCache:
     ) -> None:
         self.window = window
         self.max_len = max_len
-        capacity = window if window else min(INITIAL_CAPACITY, max_len)
-        self.keys = np.zeros((kv_heads, capacity, qk_dim), F32)
-        self.values = np.zeros((kv_heads, capacity, v_dim), F32)
+        capacity = window if window else max_len
+        self.keys = lazy_zeros((kv_heads, capacity, qk_dim))
+        self.values = lazy_zeros((kv_heads, capacity, v_dim))
+        self.filled = 0  # slots written so far (all of them once a ring has wrapped)
         self.conv_tail = np.zeros((conv_rows, conv_width), F32)  # raw q|k|v, oldest first
 
     def copy(self) -> LayerCache:
         other = LayerCache.__new__(LayerCache)
-        other.window, other.max_len = self.window, self.max_len
-        other.keys, other.values = self.keys.copy(), self.values.copy()
+        other.window, other.max_len, other.filled = self.window, self.max_len, self.filled
+        other.keys = lazy_zeros(self.keys.shape)
+        other.values = lazy_zeros(self.values.shape)
+        other.keys[:, : self.filled] = self.keys[:, : self.filled]
+        other.values[:, : self.filled] = self.values[:, : self.filled]
         other.conv_tail = self.conv_tail.copy()
         return other
 
@@ -53,23 +73,11 @@ class LayerCache:
         slots = np.arange(first, start) % self.capacity
         return self.keys[:, slots], self.values[:, slots]
 
-    def _grow(self, needed: int) -> None:
-        capacity = self.capacity
-        while capacity < needed:
-            capacity *= 2
-        capacity = min(capacity, max(needed, self.max_len))
-        for name in ("keys", "values"):
-            old = getattr(self, name)
-            grown = np.zeros((old.shape[0], capacity, old.shape[2]), F32)
-            grown[:, : old.shape[1]] = old
-            setattr(self, name, grown)
-
     def write(self, start: int, keys: np.ndarray, values: np.ndarray) -> None:
         """Store keys [C, KV, qk] and values [C, KV, v] of positions start .. start+C-1."""
         count = keys.shape[0]
+        self.filled = min(self.capacity, max(self.filled, start + count))
         if not self.window:
-            if start + count > self.capacity:
-                self._grow(start + count)
             self.keys[:, start : start + count] = keys.transpose(1, 0, 2)
             self.values[:, start : start + count] = values.transpose(1, 0, 2)
             return
@@ -80,12 +88,8 @@ class LayerCache:
 
     def write_one(self, position: int, keys: np.ndarray, values: np.ndarray) -> None:
         """Store one position's keys [KV, qk] and values [KV, v] (the decode step)."""
-        if not self.window:
-            if position + 1 > self.capacity:
-                self._grow(position + 1)
-            slot = position
-        else:
-            slot = position % self.capacity
+        self.filled = min(self.capacity, max(self.filled, position + 1))
+        slot = position % self.capacity if self.window else position
         self.keys[:, slot] = keys
         self.values[:, slot] = values
 

@@ -58,65 +58,85 @@ def engram_indices(cfg: V3Config, tokens: np.ndarray, tail: EngramTail) -> np.nd
     return np.stack(columns, axis=1)
 
 
-def _gather(sites: tuple[EngramSite, ...], rows: np.ndarray) -> list[np.ndarray]:
-    """Dequantised table rows [len(rows), sub] of every site: one batched gather for CQ
-    tables (`gather_rows`, the same floats as `dequantize_rows` per site)."""
-    tables = [site.tables for site in sites]
-    if tables and all(isinstance(table, CQTensor) for table in tables):
-        return list(gather_rows(tables, rows))
-    return [
-        table[rows].astype(F32) if isinstance(table, np.ndarray) else dequantize_rows(table, rows)
-        for table in tables
-    ]
+def _site_rows(site: EngramSite, rows: np.ndarray) -> np.ndarray:
+    """Dequantised table rows [len(rows), sub] of one site (`gather_rows` for a CQ table: the
+    same floats as `dequantize_rows`, and as a gather batched over several sites)."""
+    table = site.tables
+    if isinstance(table, CQTensor):
+        return gather_rows([table], rows)[0]
+    if isinstance(table, np.ndarray):
+        return table[rows].astype(F32)
+    return dequantize_rows(table, rows)
 
 
-def engram_chunk(
-    cfg: V3Config,
-    sites: tuple[EngramSite, ...],
-    tokens: np.ndarray,
-    start: int,
-    tail: EngramTail,
-    quantized: bool,
-) -> tuple[np.ndarray, list[np.ndarray], list[np.ndarray], EngramTail]:
-    """Indices [C, tables], keys and tapped values (one [C, d] per site) for positions
-    `start .. start+C-1`, plus the tail for the next chunk."""
-    count = len(tokens)
-    d, tables, slots = cfg.d_model, cfg.num_engram_tables, cfg.engram_slots
-    idx = engram_indices(cfg, tokens, tail)
-    orders = np.repeat(np.asarray(cfg.engram_orders), cfg.engram_heads)  # order of each table
-    # rows of tables whose n-gram reaches before position 0 are zero (only at the start)
-    valid = None
-    if start < int(orders.max(initial=1)) - 1:
-        positions = np.arange(start, start + count)
-        valid = positions[:, None] >= (orders[None, :] - 1)  # [C, tables]
-    rows = (idx + np.arange(tables)[None, :] * slots).reshape(-1)
-    keys, values = [], []
-    new_values = tail.values.copy()
-    taps_count, dilation = cfg.engram_conv_taps, cfg.engram_conv_dilation
-    reach = tail.values.shape[1]
-    for site_index, (site, lookup) in enumerate(zip(sites, _gather(sites, rows), strict=True)):
-        lookup = lookup.reshape(count, tables, -1)
-        if valid is not None:
-            lookup *= valid[:, :, None]
+class EngramChunk:
+    """The engram lookups of a chunk of positions `start .. start+C-1`: indices [C, tables] up
+    front, each site's key and tapped value [C, d] when its block asks (`site`). Projecting
+    site by site keeps one site's pair alive instead of all of them (the sites' tables are
+    gathered per site: each row's floats are the same as a gather of all sites at once).
+
+    `tail` is the state for the next chunk; its values are complete once every site has been
+    asked for (the forward asks for each site exactly once, in block order)."""
+
+    def __init__(
+        self,
+        cfg: V3Config,
+        sites: tuple[EngramSite, ...],
+        tokens: np.ndarray,
+        start: int,
+        tail: EngramTail,
+        quantized: bool,
+        keep: bool = False,
+    ) -> None:
+        self.cfg, self.sites, self.quantized = cfg, sites, quantized
+        self.count = count = len(tokens)
+        tables, slots = cfg.num_engram_tables, cfg.engram_slots
+        self.idx = engram_indices(cfg, tokens, tail)
+        orders = np.repeat(np.asarray(cfg.engram_orders), cfg.engram_heads)  # per table
+        # rows of tables whose n-gram reaches before position 0 are zero (only at the start)
+        self.valid = None
+        if start < int(orders.max(initial=1)) - 1:
+            positions = np.arange(start, start + count)
+            self.valid = positions[:, None] >= (orders[None, :] - 1)  # [C, tables]
+        self.rows = (self.idx + np.arange(tables)[None, :] * slots).reshape(-1)
+        self.old_values = tail.values
+        keep_tokens = max(cfg.engram_orders, default=1) - 1
+        history = np.concatenate([tail.tokens, tokens])
+        new_tokens = history[-keep_tokens:] if keep_tokens else tail.tokens[:0]
+        self.tail = EngramTail(new_tokens.astype(np.int64), tail.values.copy())
+        # with `keep` (tracing), every site's key / value is kept for the trace
+        self.keys: list[np.ndarray] | None = [] if keep else None
+        self.values: list[np.ndarray] | None = [] if keep else None
+
+    def site(self, index: int) -> tuple[np.ndarray, np.ndarray]:
+        """Key [C, d] and tapped value [C, d] of site `index`; records its tail values."""
+        cfg, site, count = self.cfg, self.sites[index], self.count
+        d = cfg.d_model
+        lookup = _site_rows(site, self.rows).reshape(count, cfg.num_engram_tables, -1)
+        if self.valid is not None:
+            lookup *= self.valid[:, :, None]
         lookup = lookup.reshape(count, -1)
-        if quantized:
-            lookup = a8_rows(lookup)
+        if self.quantized:
+            lookup = a8_rows(lookup, out=lookup)
         projected = lookup @ site.key_value
-        keys.append(projected[:, :d])
+        del lookup
+        key = projected[:, :d]
         raw = projected[:, d:]
-        history = np.concatenate([tail.values[site_index], raw])  # [reach + C, d]
+        old = self.old_values[index]
+        reach = old.shape[0]
+        history = np.concatenate([old, raw])  # [reach + C, d]
         tapped = site.taps[0] * raw
         term = np.empty_like(tapped)
-        for tap in range(1, taps_count):
-            back = tap * dilation
+        for tap in range(1, cfg.engram_conv_taps):
+            back = tap * cfg.engram_conv_dilation
             tapped += np.multiply(site.taps[tap], history[reach - back : reach - back + count],
                                   out=term)
-        values.append(tapped)
         if reach:
-            new_values[site_index] = history[-reach:]
-    keep = max(cfg.engram_orders, default=1) - 1
-    new_tokens = np.concatenate([tail.tokens, tokens])[-keep:] if keep else tail.tokens[:0]
-    return idx, keys, values, EngramTail(new_tokens.astype(np.int64), new_values)
+            self.tail.values[index] = history[-reach:]
+        if self.keys is not None and self.values is not None:
+            self.keys.append(key)
+            self.values.append(tapped)
+        return key, tapped
 
 
 def engram_gate(u: np.ndarray, key: np.ndarray, value: np.ndarray) -> np.ndarray:

@@ -15,11 +15,16 @@ import math
 import numpy as np
 
 from ..ops import fake_quant_a8
+from .norms import mean_into
 
 F32 = np.float32
 EPS = F32(1e-6)
 ONE = F32(1.0)
 LEVEL = F32(127.0)
+# `abs_peak` takes its two-reduction form on arrays of at least LARGE elements in rows of
+# at least WIDE_ROW (below either, numpy's per-call and per-row overheads favour |x|.max).
+LARGE = 1 << 18
+WIDE_ROW = 1024
 # Below this peak `peak / 127` is subnormal and the clip in `fake_quant_a8` can matter.
 TINY_PEAK = 1e-30
 
@@ -42,30 +47,51 @@ def a8(x: np.ndarray) -> np.ndarray:
     return out
 
 
-def a8_rows(x: np.ndarray) -> np.ndarray:
-    """`ops.fake_quant_a8` over the last axis of a 2-D array (same exactness as `a8`)."""
-    peak = np.abs(x).max(axis=-1, keepdims=True)
+def a8_rows(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """`ops.fake_quant_a8` over the last axis of x [rows, ...] (same exactness as `a8`);
+    `out=x` quantises a scratch array in place (no second full-size array)."""
+    peak = abs_peak(x)
     if float(peak.min()) < TINY_PEAK:
-        return fake_quant_a8(x)
+        if out is None:
+            return fake_quant_a8(x)
+        out[...] = fake_quant_a8(x)
+        return out
     step = peak / LEVEL
-    out = np.divide(x, step)
+    out = np.divide(x, step, out=out)
     np.rint(out, out=out)
     out *= step
     return out
+
+
+def abs_peak(x: np.ndarray) -> np.ndarray:
+    """`max |x|` over the last axis (keepdims). A max is exact in any order: large arrays of
+    wide rows (a chunk's mHC input, [T, n*d]) take `max(max x, -min x)`, two read-only passes
+    as fast as `|x|` then max but with no full-size temporary (peak RSS)."""
+    if x.size < LARGE or x.shape[-1] < WIDE_ROW:
+        return np.abs(x).max(axis=-1, keepdims=True)
+    high = np.maximum.reduce(x, axis=-1, keepdims=True)
+    low = np.minimum.reduce(x, axis=-1, keepdims=True)
+    return np.maximum(high, np.negative(low, out=low), out=high)
 
 
 # Mean squares use numpy's own (pairwise) float32 mean, exactly as `norms` does on a chunk:
 # deploy numerics turn any 1-ulp difference between stepping and prefill into A8 flips.
 
 
+def mean_scalar(x: np.ndarray) -> np.float32:
+    """`np.mean(x, dtype=float32)` of a 1-D float32 vector, bit for bit (numpy's `_mean`
+    divides the float32 sum by an intp count: float64 inside, then cast back)."""
+    return F32(np.add.reduce(x) / np.intp(x.shape[0]))
+
+
 def inv_rms(x: np.ndarray) -> np.float32:
     """`1 / sqrt(mean(x^2) + 1e-6)` of a 1-D vector, as a float32 scalar."""
-    return ONE / np.sqrt(np.mean(np.square(x), dtype=F32) + EPS)
+    return ONE / np.sqrt(mean_scalar(np.square(x)) + EPS)
 
 
 def rms_denominator(x: np.ndarray) -> np.float32:
     """`sqrt(mean(x^2) + 1e-6)` of a 1-D vector (ZC norm divides by it)."""
-    return np.sqrt(np.mean(np.square(x), dtype=F32) + EPS)
+    return np.sqrt(mean_scalar(np.square(x)) + EPS)
 
 
 def zc(x: np.ndarray, one_plus_scale: np.ndarray) -> np.ndarray:
@@ -77,7 +103,7 @@ def zc(x: np.ndarray, one_plus_scale: np.ndarray) -> np.ndarray:
 
 def zc_rows(x: np.ndarray, one_plus_scale: np.ndarray) -> np.ndarray:
     """`norms.zc_norm` over the last axis of x [rows, k] with a [rows, k] scale table."""
-    mean_square = np.mean(np.square(x), axis=-1, dtype=F32)
+    mean_square = mean_into(np.square(x))[..., 0]
     mean_square += EPS
     np.sqrt(mean_square, out=mean_square)
     out = one_plus_scale * x

@@ -42,20 +42,27 @@ class ConfidencePool:
     def copy(self) -> ConfidencePool:
         return ConfidencePool(self.peak.copy(), self.total.copy(), self.pooled.copy())
 
-    def update(self, head: ConfidenceWeights, cells: np.ndarray) -> None:
-        """Fold in the cells [C, L+1, d] of the next positions."""
+    def update(self, head: ConfidenceWeights, cells: np.ndarray, first: int = 0) -> None:
+        """Fold in the cells [C, R, d] of the next positions for cell rows `first .. first+R`.
+
+        Each row's softmax over t is independent of the others, so a prefill chunk folds in
+        one row per block as soon as it is computed (R = 1: no [C, L+1, d] cells array); the
+        per-row products and sums are the same whatever R is."""
         width = cells.shape[-1]
+        rows = slice(first, first + cells.shape[1])
         # scores[t, r, k] = C[t, r] . probes[r, k] / sqrt(d)
-        scores = (cells.transpose(1, 0, 2) @ head.probes.transpose(0, 2, 1)).transpose(1, 0, 2)
+        probes = head.probes[rows]
+        scores = (cells.transpose(1, 0, 2) @ probes.transpose(0, 2, 1)).transpose(1, 0, 2)
         scores = scores / np.sqrt(F32(width))
-        peak = np.maximum(self.peak, scores.max(axis=0))
-        rescale = np.exp(self.peak - peak)
-        weights = np.exp(scores - peak)  # [C, cells, k]
-        self.total = self.total * rescale + weights.sum(axis=0)
-        # sum_t w[t, r, k] C[t, r] -> [cells, k, d]
+        old_peak = self.peak[rows]
+        peak = np.maximum(old_peak, scores.max(axis=0))
+        rescale = np.exp(old_peak - peak)
+        weights = np.exp(scores - peak)  # [C, R, k]
+        self.total[rows] = self.total[rows] * rescale + weights.sum(axis=0)
+        # sum_t w[t, r, k] C[t, r] -> [R, k, d]
         added = weights.transpose(1, 2, 0) @ cells.transpose(1, 0, 2)
-        self.pooled = self.pooled * rescale[:, :, None] + added
-        self.peak = peak
+        self.pooled[rows] = self.pooled[rows] * rescale[:, :, None] + added
+        self.peak[rows] = peak
 
     def logit(self, head: ConfidenceWeights) -> float:
         width = head.probes.shape[-1]

@@ -71,7 +71,7 @@ def route(lanes: np.ndarray, mhc: MhcWeights, quantized: bool):
     rows, n, width = lanes.shape
     normed = rms_unit(lanes.reshape(rows, n * width))
     if quantized:
-        normed = a8_rows(normed)
+        normed = a8_rows(normed, out=normed)  # our own array: quantised in place
     mixed = normed @ mhc.phi  # [T, n + n + n*n]
     hpre = sigmoid(mhc.a_pre * mixed[:, :n] + mhc.b_pre + mhc.pre_offset)
     hpost = sigmoid(mhc.a_post * mixed[:, n : 2 * n] + mhc.b_post + mhc.post_offset)
@@ -81,8 +81,22 @@ def route(lanes: np.ndarray, mhc: MhcWeights, quantized: bool):
     return u, hpost, hres
 
 
-def scatter(lanes: np.ndarray, update: np.ndarray, hpost: np.ndarray, hres: np.ndarray):
-    """New lanes `hres X + hpost y` for lanes [T, n, d] and the block update y [T, d]."""
-    out = hres @ lanes
-    out += hpost[:, :, None] * update[:, None, :]
-    return out
+# Positions per block of `scatter`'s in-place update: a block's new lanes are a small
+# temporary, so a prefill chunk never holds two lanes-sized arrays at once.
+SCATTER_BLOCK = 32
+
+
+def scatter(
+    lanes: np.ndarray, update: np.ndarray, hpost: np.ndarray, hres: np.ndarray
+) -> np.ndarray:
+    """New lanes `hres X + hpost y` for lanes [T, n, d] and the block update y [T, d], written
+    back into `lanes` a block of positions at a time (a position's new lanes depend only on
+    its own old lanes; every product and sum is the same as on the whole array)."""
+    rows = lanes.shape[0]
+    out = np.empty((min(rows, SCATTER_BLOCK),) + lanes.shape[1:], F32)
+    for first in range(0, rows, SCATTER_BLOCK):
+        block = slice(first, first + SCATTER_BLOCK)
+        new = np.matmul(hres[block], lanes[block], out=out[: min(rows - first, SCATTER_BLOCK)])
+        new += hpost[block, :, None] * update[block, None, :]
+        lanes[block] = new
+    return lanes

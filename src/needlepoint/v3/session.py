@@ -18,7 +18,7 @@ from ..errors import ModelInputError
 from ..ops import fake_quant_a8
 from .attention import ChunkFrame, attention
 from .cache import LayerCache
-from .engram import engram_chunk, engram_gate, new_tail
+from .engram import EngramChunk, engram_gate, new_tail
 from .heads import ConfidencePool
 from .mhc import route, scatter
 from .mlp import hadamard_mlp
@@ -31,11 +31,13 @@ if TYPE_CHECKING:  # pragma: no cover
 
 F32 = np.float32
 # Positions per prefill chunk: larger chunks run the weight GEMMs at a better M (~100 vs
-# ~80 GFLOP/s at 64); memory stays bounded (cells [CHUNK, L+1, d], 16 MB at 256). A
-# multiple of `attention.ATTN_BLOCK`, so attention blocks fall on the same positions
-# whatever the chunk size. The caches left are the same up to float32 rounding: only
-# BLAS's choice of kernel for the small-N products (cond_v, phi) depends on the row count.
-CHUNK = 256
+# ~80 GFLOP/s at 64), but every [CHUNK, ...] temporary grows with it and the heap they churn
+# through stays resident: 128 costs ~3% of 512-token prefill speed against 256 and ~7 MB
+# less peak RSS. A multiple of `attention.ATTN_BLOCK`, so attention blocks fall on the same
+# positions whatever the chunk size. The caches left are the same up to float32 rounding:
+# only BLAS's choice of kernel for the small-N products (cond_v, phi) depends on the row
+# count.
+CHUNK = 128
 # Decode steps keep their confidence cells and fold them into the pool this many at a time
 # (one batched online-softmax update, as a prefill chunk does) or when the logit is asked.
 POOL_BATCH = 64
@@ -90,7 +92,10 @@ class V3Session:
         self.engram_tail = new_tail(cfg, len(weights.engram))
         head = weights.confidence
         self.pool = ConfidencePool.empty(head) if head is not None else None
-        self.pending: list[np.ndarray] = []  # decode-step cells not yet in the pool
+        # decode-step cells not yet in the pool: rows [:pending] of one [POOL_BATCH, L+1, d]
+        # buffer (allocated on the first step; a list of rows would need a stacked copy)
+        self.cell_rows: np.ndarray | None = None
+        self.pending = 0
         self.tokens = np.zeros(0, np.int64)
         self._history: list[int] = []  # decode-step tokens not yet appended to `tokens`
 
@@ -113,16 +118,18 @@ class V3Session:
         """A fresh [cells, width] row for a decode step's confidence cells (None: no head)."""
         if self.pool is None:
             return None
-        if len(self.pending) >= POOL_BATCH:
+        if self.pending >= POOL_BATCH:
             self._flush_pool()
-        row = np.empty((cells, width), np.float32)
-        self.pending.append(row)
+        if self.cell_rows is None:
+            self.cell_rows = np.empty((POOL_BATCH, cells, width), F32)
+        row = self.cell_rows[self.pending]
+        self.pending += 1
         return row
 
     def _flush_pool(self) -> None:
         if self.pending:
-            self.pool.update(self.model.weights.confidence, np.stack(self.pending))
-            self.pending = []
+            self.pool.update(self.model.weights.confidence, self.cell_rows[: self.pending])
+            self.pending = 0
 
     def fork(self) -> V3Session:
         """An independent copy of this state (both may continue differently)."""
@@ -131,7 +138,8 @@ class V3Session:
         other.caches = [cache.copy() for cache in self.caches]
         other.engram_tail = self.engram_tail.copy()
         other.pool = self.pool.copy() if self.pool is not None else None
-        other.pending = [row.copy() for row in self.pending]
+        other.cell_rows = None if self.cell_rows is None else self.cell_rows.copy()
+        other.pending = self.pending
         other.tokens = self.consumed().copy()
         other._history = []
         return other
@@ -204,23 +212,26 @@ class V3Session:
         d, lanes_n = cfg.d_model, cfg.mhc_lanes
         emb = weights.embedding_rows(tokens)
         x0 = emb * np.sqrt(F32(d))
-        idx, engram_k, engram_v, tail = engram_chunk(
-            cfg, weights.engram, tokens, start, self.engram_tail, quantized
-        )
-        self.engram_tail = tail
+        engram = EngramChunk(cfg, weights.engram, tokens, start, self.engram_tail, quantized,
+                             keep=collect is not None)
+        self.engram_tail = engram.tail
         frame = ChunkFrame.build(model.step_plan, start, count)
         lanes = np.repeat(x0[:, None, :], lanes_n, axis=1)
-        keep_cells = self.pool is not None or collect is not None
-        cells = np.empty((count, len(weights.layers) + 1, d), F32) if keep_cells else None
+        # Cell rows (lane means after each block) are folded into the confidence pool as soon
+        # as they exist, one row at a time; only a trace keeps all [C, L+1, d] of them.
+        head = weights.confidence if self.pool is not None else None
+        cells = np.empty((count, len(weights.layers) + 1, d), F32) if collect is not None else None
+        mean = np.empty((count, d), F32) if cells is None and head is not None else None
         if cells is not None:
             cells[:, 0] = x0
+        if head is not None:
+            self.pool.update(head, x0[:, None, :], 0)
         plans = model.step_plan.layers
         for index, (layer, cache) in enumerate(zip(weights.layers, self.caches, strict=True)):
             u, hpost, hres = route(lanes, layer.mhc, quantized)
             block = u
             if layer.engram_site is not None:
-                site = layer.engram_site
-                block = engram_gate(u, engram_k[site], engram_v[site])
+                block = engram_gate(u, *engram.site(layer.engram_site))
             attn = attention(cfg, layer, plans[index], block, cache, frame, quantized)
             # block + gate * ZC(attn), block + MLP(ZC(block)), block - u: in place, same sums
             attn = zc_norm(attn, layer.post_norm)
@@ -231,13 +242,17 @@ class V3Session:
                                   weights.hada_p2, cfg.hada_n)
             update += block
             update -= u
+            del block, attn, u
             lanes = scatter(lanes, update, hpost, hres)
-            if cells is not None:  # lanes.mean(axis=1), bit for bit, in two cheaper calls
-                mean = np.add.reduce(lanes, axis=1, out=cells[:, index + 1])
-                mean /= F32(lanes_n)
+            del update
+            if head is not None or cells is not None:
+                # lanes.mean(axis=1), bit for bit, in two cheaper calls
+                row = cells[:, index + 1] if cells is not None else mean
+                np.add.reduce(lanes, axis=1, out=row)
+                row /= F32(lanes_n)
+                if head is not None:
+                    self.pool.update(head, row[:, None, :], index + 1)
         self.tokens = np.concatenate([self.tokens, tokens])
-        if self.pool is not None:
-            self.pool.update(weights.confidence, cells)
         hidden = None
         if want or collect is not None:
             hidden = zc_norm(lanes.mean(axis=1), weights.final_norm)
@@ -251,10 +266,11 @@ class V3Session:
             collect("tokens", tokens)
             collect("emb_row", emb)
             collect("emb_row_scaled", x0)
-            collect("engram_idx", idx)
+            collect("engram_idx", engram.idx)
             empty = np.zeros((0, count, d), F32)
-            collect("engram_k", np.stack(engram_k) if engram_k else empty, axis=1)
-            collect("engram_v", np.stack(engram_v) if engram_v else empty, axis=1)
+            keys, values = engram.keys, engram.values
+            collect("engram_k", np.stack(keys) if keys else empty, axis=1)
+            collect("engram_v", np.stack(values) if values else empty, axis=1)
             collect("cells", cells)
             collect("final_hidden", hidden)
             if logits is not None:

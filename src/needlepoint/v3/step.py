@@ -27,6 +27,7 @@ from .fastnum import (
     a8_rows,
     gemv,
     inv_rms,
+    mean_into,
     sigmoid,
     sinkhorn4,
     softmax_rows,
@@ -98,7 +99,7 @@ def build_plan(model: V3Model) -> StepPlan:
 
 def _engram_step(session: V3Session, plan: StepPlan, token: int, position: int):
     """Keys [S, d] and tapped values [S, d] of the engram sites at this position; advances
-    the engram tail in place (README step 2, as `engram.engram_chunk`)."""
+    the engram tail in place (README step 2, as `engram.EngramChunk`)."""
     model = session.model
     cfg, sites, quantized = model.config, model.weights.engram, model.quantized
     tail = session.engram_tail
@@ -227,11 +228,11 @@ def decode_step(session: V3Session, token: int, want_logits: bool) -> np.ndarray
         lanes = hres @ lanes
         lanes += hpost[:, None] * block
         if cells is not None:
-            cells[index + 1] = lanes.mean(axis=0)
+            mean_into(lanes, axis=0, out=cells[index + 1 : index + 2])  # lanes.mean(axis=0)
     session.push_token(token)
     if not want_logits:
         return None
-    mean = lanes.mean(axis=0)
+    mean = mean_into(lanes, axis=0)[0]
     hidden = zc(mean, weights.final_norm)
     if quantized:
         hidden = a8(hidden)
