@@ -47,3 +47,15 @@ def oracle_row(name: str, mode: str, index: int) -> dict:
 
 def rms(delta: np.ndarray) -> float:
     return float(np.sqrt(np.mean(np.square(delta, dtype=np.float64))))
+
+
+def assert_within_deploy_floor(name: str, logits: np.ndarray, reference: np.ndarray) -> None:
+    """The statistical bound every deploy comparison uses (fixture README "How strictly to
+    compare"): over all rows, rms <= 2x the oracle's worst self-consistency rms on this
+    fixture + 0.01, and argmax agreement >= the oracle's worst agreement - 0.05."""
+    consistency = get_fixture("needle3", name).meta["oracle_self_consistency"]["deploy"]
+    worst_rms = max(row["rms"] for row in consistency)
+    worst_agreement = min(row["argmax_agree"] for row in consistency)
+    assert rms(logits - reference) <= 2 * worst_rms + 0.01
+    agreement = np.mean(logits.argmax(-1) == reference.argmax(-1))
+    assert agreement >= worst_agreement - 0.05
