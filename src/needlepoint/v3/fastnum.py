@@ -17,6 +17,11 @@ import numpy as np
 from ..ops import fake_quant_a8
 from .norms import mean_into
 
+try:  # `np.einsum` without `optimize` is exactly this call, minus ~1 µs of Python wrapping
+    from numpy._core.multiarray import c_einsum as einsum
+except ImportError:  # pragma: no cover
+    einsum = np.einsum
+
 F32 = np.float32
 EPS = F32(1e-6)
 ONE = F32(1.0)
@@ -27,20 +32,22 @@ LARGE = 1 << 18
 WIDE_ROW = 1024
 # Below this peak `peak / 127` is subnormal and the clip in `fake_quant_a8` can matter.
 TINY_PEAK = 1e-30
+add_reduce, square, sqrt = np.add.reduce, np.square, math.sqrt
+maximum_reduce, minimum_reduce = np.maximum.reduce, np.minimum.reduce
 
 
 def gemv(x: np.ndarray, matrix: np.ndarray) -> np.ndarray:
     """`x @ matrix` for x [in] and matrix [in, out] (C-contiguous) -> [out]."""
-    return np.einsum("i,ij->j", x, matrix)
+    return einsum("i,ij->j", x, matrix)
 
 
 def a8(x: np.ndarray) -> np.ndarray:
     """`ops.fake_quant_a8` of a 1-D vector. The clip is dropped: with `step = peak / 127`
     (float32), `|x / step| <= 127 (1 + 2^-23)` rounds to at most 127, so it never binds."""
-    peak = max(float(x.max()), -float(x.min()))
+    peak = max(float(maximum_reduce(x)), -float(minimum_reduce(x)))
     if peak < TINY_PEAK:
         return fake_quant_a8(x)
-    step = F32(peak) / LEVEL
+    step = F32(peak / 127.0)  # float64 then float32: innocuous double rounding, as sqrt
     out = np.divide(x, step)
     np.rint(out, out=out)
     out *= step
@@ -51,7 +58,7 @@ def a8_rows(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """`ops.fake_quant_a8` over the last axis of x [rows, ...] (same exactness as `a8`);
     `out=x` quantises a scratch array in place (no second full-size array)."""
     peak = abs_peak(x)
-    if float(peak.min()) < TINY_PEAK:
+    if float(minimum_reduce(peak, axis=None)) < TINY_PEAK:
         if out is None:
             return fake_quant_a8(x)
         out[...] = fake_quant_a8(x)
@@ -68,7 +75,7 @@ def abs_peak(x: np.ndarray) -> np.ndarray:
     wide rows (a chunk's mHC input, [T, n*d]) take `max(max x, -min x)`, two read-only passes
     as fast as `|x|` then max but with no full-size temporary (peak RSS)."""
     if x.size < LARGE or x.shape[-1] < WIDE_ROW:
-        return np.abs(x).max(axis=-1, keepdims=True)
+        return maximum_reduce(np.abs(x), axis=-1, keepdims=True)
     high = np.maximum.reduce(x, axis=-1, keepdims=True)
     low = np.minimum.reduce(x, axis=-1, keepdims=True)
     return np.maximum(high, np.negative(low, out=low), out=high)
@@ -81,17 +88,22 @@ def abs_peak(x: np.ndarray) -> np.ndarray:
 def mean_scalar(x: np.ndarray) -> np.float32:
     """`np.mean(x, dtype=float32)` of a 1-D float32 vector, bit for bit (numpy's `_mean`
     divides the float32 sum by an intp count: float64 inside, then cast back)."""
-    return F32(np.add.reduce(x) / np.intp(x.shape[0]))
+    return F32(float(add_reduce(x)) / x.shape[0])  # the same float64 division
+
+
+# The square root is taken in float64 and rounded to float32: for sqrt (and +, -, *, /) that
+# double rounding is innocuous (53 >= 2 * 24 + 2), so it equals float32 `np.sqrt` bit for bit
+# at a fraction of a scalar ufunc call's cost.
 
 
 def inv_rms(x: np.ndarray) -> np.float32:
     """`1 / sqrt(mean(x^2) + 1e-6)` of a 1-D vector, as a float32 scalar."""
-    return ONE / np.sqrt(mean_scalar(np.square(x)) + EPS)
+    return ONE / F32(sqrt(mean_scalar(square(x)) + EPS))
 
 
 def rms_denominator(x: np.ndarray) -> np.float32:
     """`sqrt(mean(x^2) + 1e-6)` of a 1-D vector (ZC norm divides by it)."""
-    return np.sqrt(mean_scalar(np.square(x)) + EPS)
+    return F32(sqrt(mean_scalar(square(x)) + EPS))
 
 
 def zc(x: np.ndarray, one_plus_scale: np.ndarray) -> np.ndarray:
@@ -111,9 +123,9 @@ def zc_rows(x: np.ndarray, one_plus_scale: np.ndarray) -> np.ndarray:
     return out
 
 
-def sigmoid(x: np.ndarray) -> np.ndarray:
-    """`1 / (1 + exp(-x))` in float32, in place on a fresh array."""
-    out = np.negative(x)
+def sigmoid(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """`1 / (1 + exp(-x))` in float32, in place on a fresh array (or `out`, which may be x)."""
+    out = np.negative(x, out=out)
     np.exp(out, out=out)
     out += ONE
     np.divide(ONE, out, out=out)
@@ -122,9 +134,9 @@ def sigmoid(x: np.ndarray) -> np.ndarray:
 
 def softmax_rows(x: np.ndarray) -> np.ndarray:
     """`ops.softmax` over the last axis, in place on x (x must be a scratch array)."""
-    x -= x.max(axis=-1, keepdims=True)
+    x -= maximum_reduce(x, axis=-1, keepdims=True)
     np.exp(x, out=x)
-    x /= x.sum(axis=-1, keepdims=True)
+    x /= add_reduce(x, axis=-1, keepdims=True)
     return x
 
 
@@ -135,8 +147,8 @@ def sinkhorn4(logits: np.ndarray, rounds: int = 20) -> np.ndarray:
     `r = 1 / (K c)` and `c = 1 / (K^T r)` alternated: ~1300 unrolled scalar operations, far
     cheaper than the ~280 numpy calls of the log-domain form. The float64 result is within
     float32 rounding of upstream's; an underflowing row or column falls back to that form."""
-    (a, b, c, d), (e, f, g, h), (i, j, k, m), (n, o, p, q) = (
-        [math.exp(v) for v in row] for row in (logits - logits.max()).tolist()
+    a, b, c, d, e, f, g, h, i, j, k, m, n, o, p, q = map(
+        math.exp, (logits - maximum_reduce(logits, axis=None)).ravel().tolist()
     )
     c0 = c1 = c2 = c3 = 1.0
     try:

@@ -25,6 +25,7 @@ from .fastnum import (
     F32,
     a8,
     a8_rows,
+    einsum,
     gemv,
     inv_rms,
     mean_into,
@@ -42,6 +43,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .session import V3Session
 
 MASK32 = 0xFFFFFFFF
+TWO = F32(2.0)
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,7 @@ class StepPlan:
     layers: tuple[LayerPlan, ...]
     rope_cos: np.ndarray  # [max_seq, qk]: cos | cos
     rope_sin: np.ndarray  # [max_seq, qk]: -sin | sin
+    rope_swap: np.ndarray  # [qk]: column order of rotate-half's swap (second half first)
     table_seeds: tuple[tuple[int, int], ...]  # (order, seed) of each engram table
     embed_scale: np.float32
 
@@ -92,6 +95,7 @@ def build_plan(model: V3Model) -> StepPlan:
         layers=tuple(layers),
         rope_cos=np.concatenate([cos, cos], axis=1),
         rope_sin=np.concatenate([-sin, sin], axis=1),
+        rope_swap=np.roll(np.arange(cfg.qk_head_dim), cfg.qk_head_dim // 2),
         table_seeds=seeds,
         embed_scale=np.sqrt(F32(cfg.d_model)),
     )
@@ -161,8 +165,9 @@ def decode_step(session: V3Session, token: int, want_logits: bool) -> np.ndarray
     hd = max(qk, vd)
     q_scale, score_scale = F32(math.sqrt(hd / qk)), F32(1.0 / math.sqrt(hd))
     cos, sin = plan.rope_cos[position], plan.rope_sin[position]
-    half = qk // 2
+    swap = plan.rope_swap
     small_sinkhorn = n == 4
+    n2 = 2 * n
 
     x0 = weights.embedding_rows([token])[0] * plan.embed_scale
     engram_k, engram_v = _engram_step(session, plan, token, position)
@@ -179,17 +184,21 @@ def decode_step(session: V3Session, token: int, want_logits: bool) -> np.ndarray
         normed = flat * inv_rms(flat)
         if quantized:
             normed = a8(normed)
-        mixed = gemv(normed, layer.mhc.phi)
-        gates = sigmoid(lp.gate_scale * mixed[: 2 * n] + lp.gate_bias + lp.gate_offset)
-        hpost = gates[n:] * F32(2.0)
-        res = layer.mhc.a_res * mixed[2 * n :].reshape(n, n) + layer.mhc.b_res
+        mhc = layer.mhc
+        mixed = gemv(normed, mhc.phi)
+        gates = lp.gate_scale * mixed[:n2]  # (a m + b) + offset, in place
+        gates += lp.gate_bias
+        gates += lp.gate_offset
+        sigmoid(gates, out=gates)
+        hpost = gates[n:] * TWO
+        res = mhc.a_res * mixed[n2:].reshape(n, n) + mhc.b_res
         hres = sinkhorn4(res) if small_sinkhorn else sinkhorn(res[None])[0]
         u = gemv(gates[:n], lanes)
         block = u
         if layer.engram_site is not None:  # engram.engram_gate
             site = layer.engram_site
             key = engram_k[site]
-            affinity = np.einsum("i,i->", u * inv_rms(u), key * inv_rms(key))
+            affinity = einsum("i,i->", u * inv_rms(u), key * inv_rms(key))
             weight = F32(1.0) / (F32(1.0) + np.exp(-(F32(affinity) / F32(math.sqrt(d)))))
             block = u + weight * engram_v[site]
         # -- attention (attention.attention)
@@ -201,9 +210,7 @@ def decode_step(session: V3Session, token: int, want_logits: bool) -> np.ndarray
         if lp.taps is not None:
             raw = cache.conv_step(raw, lp.taps)
         qk_rows = zc_rows(raw[:k_end].reshape(heads + kv, qk), lp.qk_scale)
-        swapped = np.empty_like(qk_rows)
-        swapped[:, :half] = qk_rows[:, half:]
-        swapped[:, half:] = qk_rows[:, :half]
+        swapped = qk_rows.take(swap, axis=1)  # rotate-half: second half first
         qk_rows *= cos
         swapped *= sin
         qk_rows += swapped
@@ -213,9 +220,9 @@ def decode_step(session: V3Session, token: int, want_logits: bool) -> np.ndarray
         cache.write_one(position, qk_rows[heads:], values)
         keys, stored = cache.visible(position)
         query = qk_rows[:heads].reshape(kv, group, qk) * q_scale
-        scores = np.einsum("kgd,knd->kgn", query, keys)
+        scores = einsum("kgd,knd->kgn", query, keys)
         scores *= score_scale
-        attn = np.einsum("kgn,knv->kgv", softmax_rows(scores), stored).reshape(-1)
+        attn = einsum("kgn,knv->kgv", softmax_rows(scores), stored).reshape(-1)
         attn *= sigmoid(fused[v_end:])
         if quantized:
             attn = a8(attn)
@@ -245,16 +252,15 @@ def _mlp_step(x: np.ndarray, mlp, weights, hada_n: int) -> np.ndarray:
     logits = x @ mlp.cond_v
     cond = softmax_rows(logits) @ mlp.cond_u
     cond += F32(1.0)
-    z = np.zeros(hada_n, F32)
-    z[:width] = x
+    z = np.zeros(hada_n, F32)  # d1 * pad(x): the padding stays zero
+    np.multiply(mlp.d1[:width], x, out=z[:width])
     (w1a, w1b), (w2a, w2b), (w3a, w3b) = mlp.stages
     ba, bb = w1a.shape[0], w1b.shape[0]
-    z *= mlp.d1
-    z = (w1a.T @ (z.reshape(ba, bb) @ w1b)).reshape(-1)[weights.hada_p1]
+    z = (w1a.T @ (z.reshape(ba, bb) @ w1b)).reshape(-1).take(weights.hada_p1)  # take: > [p]
     z *= mlp.d2 * cond  # upstream's order: (d2 * cond) * z
     z += mlp.b2
     z *= sigmoid(z)
-    z = (w2a.T @ (z.reshape(ba, bb) @ w2b)).reshape(-1)[weights.hada_p2]
+    z = (w2a.T @ (z.reshape(ba, bb) @ w2b)).reshape(-1).take(weights.hada_p2)
     z *= mlp.d3
     z = (w3a.T @ (z.reshape(ba, bb) @ w3b)).reshape(-1)
     out = z[:width]
