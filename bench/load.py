@@ -18,7 +18,6 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import socket
 import subprocess
 import sys
@@ -29,10 +28,16 @@ from typing import Any
 
 import openai
 
-REPO = Path(__file__).resolve().parent.parent
-MODEL = REPO.parent / "shared" / "models" / "needle3-toy.cact"
-EVAL = MODEL.with_name("needle3-toy.eval.jsonl")
+from .machine import machine_info
+from .paths import REPO_ROOT, shared_dir
+
+REPO = REPO_ROOT
 OUT = REPO / "docs" / "benchmarks_server.md"
+
+
+def toy_model() -> Path:
+    """The trained demo model and its evaluation set, found as the tests find the fixtures."""
+    return shared_dir() / "models" / "needle3-toy.cact"
 HOST = "127.0.0.1"  # loopback only, by design
 
 
@@ -61,7 +66,8 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def load_requests(limit: int) -> list[dict[str, Any]]:
-    rows = [json.loads(line) for line in EVAL.read_text().splitlines()[:limit]]
+    eval_set = toy_model().with_name("needle3-toy.eval.jsonl")
+    rows = [json.loads(line) for line in eval_set.read_text().splitlines()[:limit]]
     return [
         {
             "messages": [{"role": "user", "content": row["query"]}],
@@ -249,15 +255,8 @@ async def run_load(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{cpu}, {os.cpu_count()} CPUs, Python {platform.python_version()}"
+    info = machine_info()  # the same description the speed benchmark records
+    return f"{info['cpu']}, {info['logical_cpus']} CPUs, Python {info['python']}"
 
 
 def write_report(result: dict[str, Any], args: argparse.Namespace, path: Path) -> None:
@@ -319,9 +318,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-queue", type=int, default=64)
     parser.add_argument("--requests", type=int, default=48, help="distinct eval requests used")
     parser.add_argument("--timeout", type=float, default=120.0, help="per-request timeout (s)")
-    parser.add_argument("--model", type=Path, default=MODEL)
+    parser.add_argument("--model", type=Path, default=None,
+                        help="archive to serve (default: the shared toy model)")
     parser.add_argument("--out", type=Path, default=OUT, help="report file ('-': none)")
     args = parser.parse_args(argv)
+    args.model = args.model or toy_model()
     result = asyncio.run(run_load(args))
     print(json.dumps(result, indent=2))
     if str(args.out) != "-":
