@@ -96,3 +96,18 @@ def toy_model_path() -> Path:
     if not path.is_file():
         pytest.fail(f"toy model missing: {path}")
     return path
+
+
+def model_loader(generation: str, **load_options):
+    """A loader that loads each fixture model once (`loader(name)`); return it from a
+    module-scoped pytest fixture so the models are freed with the module."""
+    import needlepoint
+
+    loaded: dict[str, object] = {}
+
+    def load(name: str):
+        if name not in loaded:
+            loaded[name] = needlepoint.load(get_fixture(generation, name).cact, **load_options)
+        return loaded[name]
+
+    return load

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import NEEDLE2_FIXTURES, NEEDLE3_FIXTURES, get_fixture
+from conftest import NEEDLE2_FIXTURES, NEEDLE3_FIXTURES, get_fixture, model_loader
 
 import needlepoint
 from needlepoint.v2.config import ladder_layer_indices
@@ -17,14 +17,7 @@ from needlepoint.v2.config import ladder_layer_indices
 
 @pytest.fixture(scope="module")
 def full_model():
-    cache: dict[str, object] = {}
-
-    def get(name: str):
-        if name not in cache:
-            cache[name] = needlepoint.load(get_fixture("needle2", name).cact)
-        return cache[name]
-
-    return get
+    return model_loader("needle2")
 
 
 @pytest.mark.parametrize("name", [n for n in NEEDLE3_FIXTURES if n != "shipped"])

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import NEEDLE2_FIXTURES, get_fixture
+from conftest import NEEDLE2_FIXTURES, get_fixture, model_loader
 
-import needlepoint
 from needlepoint.v2.trace import LadderRecorder
 
 # Tolerances shared with Needle 3 (README "Tolerances": a float32 engine lands near 1e-4).
@@ -43,14 +42,7 @@ LADDER_CASES = [
 
 @pytest.fixture(scope="module")
 def model_of():
-    cache: dict[str, object] = {}
-
-    def get(name: str):
-        if name not in cache:
-            cache[name] = needlepoint.load(get_fixture("needle2", name).cact)
-        return cache[name]
-
-    return get
+    return model_loader("needle2")
 
 
 @pytest.fixture(scope="module")
