@@ -12,7 +12,7 @@ import pytest
 from conftest import NEEDLE2_FIXTURES, NEEDLE3_FIXTURES, get_fixture
 
 from needlepoint import CactFormatError, open_archive
-from needlepoint.cact import RECORD_BYTES, CactArchive
+from needlepoint.formats.cact import RECORD_BYTES, CactArchive
 
 ALL_FIXTURES = [("needle3", name) for name in NEEDLE3_FIXTURES] + [
     ("needle2", name) for name in NEEDLE2_FIXTURES

@@ -15,7 +15,7 @@ import pytest
 import sentencepiece as spm
 from conftest import fixtures_dir
 
-from needlepoint.grammar import TokenVocab, ToolCallGrammar
+from needlepoint.generation.grammar import TokenVocab, ToolCallGrammar
 
 EOS, OPEN, CLOSE, IM_END = 1, 10, 11, 5  # needle3 ids (fixture README "Tokenizer")
 

@@ -14,7 +14,7 @@ import sentencepiece as spm
 from conftest import get_fixture, toy_model_path
 from tokenizer_corpus import make_corpus
 
-from needlepoint.tokenizer import Tokenizer
+from needlepoint.formats.tokenizer import Tokenizer
 
 FIXTURES = [(g, n) for g in ("needle3", "needle2") for n in ("tiny", "small", "shipped")]
 ALL = [*FIXTURES, ("toy", "needle3-toy")]

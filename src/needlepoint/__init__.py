@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
-from .cact import CactArchive, open_archive
 from .errors import (
     CactFormatError,
     ModelInputError,
@@ -13,9 +12,10 @@ from .errors import (
     TokenizerError,
     ToolSchemaError,
 )
+from .formats.cact import CactArchive, open_archive
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .api import Needle, tool
+    from .api.needle import Needle, tool
 
 __version__ = "0.1.0"
 
@@ -41,10 +41,10 @@ def load(
         raise ValueError(f"numerics must be one of {NUMERICS}, got {numerics!r}")
     archive = open_archive(path)
     if archive.generation == 3:
-        from .v3.model import V3Model
+        from .models.needle3.model import V3Model
 
         return V3Model.from_archive(archive, layers=layers, numerics=numerics, cache=cache)
-    from .v2.model import V2Model
+    from .models.needle2.model import V2Model
 
     return V2Model.from_archive(archive, layers=layers, numerics=numerics)
 
@@ -52,7 +52,7 @@ def load(
 def __getattr__(name: str) -> Any:
     # The API layer sits above the models; import it only when asked for.
     if name in ("Needle", "tool"):
-        from . import api
+        from .api import needle as api
 
         return getattr(api, name)
     raise AttributeError(f"module 'needlepoint' has no attribute {name!r}")

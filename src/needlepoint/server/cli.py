@@ -48,7 +48,7 @@ def serve(
             f"the server needs FastAPI and uvicorn ({error.name} is missing): "
             "pip install 'needlepoint[server]'"
         ) from None
-    from ..hub import resolve_model_path
+    from ..models.hub import resolve_model_path
 
     if model is None or isinstance(model, str | os.PathLike):
         model = resolve_model_path(model)

@@ -99,7 +99,7 @@ class Engine:
 
             model = load(path)
         if needle_factory is None:
-            from ..api import Needle
+            from ..api.needle import Needle
 
             needle_factory = Needle
         self.model = model

@@ -20,10 +20,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from ..conversation import Conversation as Session
-from ..generate import TurnVocab
-from ..grammar import TokenVocab, ToolCallGrammar
-from ..prompt import (
+from ..api.conversation import Conversation as Session
+from ..generation.grammar import TokenVocab, ToolCallGrammar
+from ..generation.prompt import (
     IM_END,
     TOOL_CALL_CLOSE,
     TOOL_CALL_OPEN,
@@ -32,6 +31,7 @@ from ..prompt import (
     render_tool_results,
     render_user_turn,
 )
+from ..generation.turn import TurnVocab
 from .conversation import AssistantTurn, Conversation, Turn
 
 

@@ -1,0 +1,1 @@
+"""The user-facing Python API: `Needle`, tool schemas, the result envelope, evaluation."""

@@ -1,0 +1,101 @@
+"""One conversation on one model session: turns appended to a single KV cache.
+
+The first turn prefills `[BOS] + prompt`; each later turn prefills only what is new (the
+previous turn's unfed stop token, then the next user turn), so earlier tokens are never
+recomputed. The confidence head, when the archive has one, runs on the whole conversation so
+far (prompt + generated turn) after each turn.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from ..generation.events import DeltaEvent, Done, TurnComplete
+from ..generation.prompt import continuation_ids, render_user_turn
+from ..generation.turn import Constraint, GenerationConfig, TurnResult, TurnVocab, generate_turn
+from .envelope import combine_confidence, turn_envelope
+
+
+class Conversation:
+    """Token history and session of one conversation. Not thread-safe (one per `Needle`)."""
+
+    def __init__(self, model: Any, vocab: TurnVocab, *, kv_window: int | None = None) -> None:
+        self.model = model
+        self.vocab = vocab
+        self.session = model.session(kv_window=kv_window)
+        self.ids: list[int] = []  # every token of the conversation, fed or pending
+        self.pending: list[int] = []  # generated but not yet fed to the session
+        self.turns = 0
+
+    @property
+    def context_limit(self) -> int | None:
+        config = getattr(self.model, "config", None)
+        return getattr(config, "max_seq_len", None)
+
+    def _closing_ids(self) -> list[int]:
+        """What must precede the next user turn: the last turn's unfed stop token, as an
+        `<|im_end|>` (an EOS stop or a cut-off turn is closed the same way)."""
+        m = self.vocab.markers
+        tokens = [t for t in self.pending if t != m.eos]
+        if not tokens or tokens[-1] != m.im_end:
+            tokens.append(m.im_end)
+        return tokens
+
+    def user_turn_ids(self, content: str, tokenizer: Any) -> list[int]:
+        """Ids that close the previous turn and open a user turn with `content`."""
+        if self.turns == 0:
+            raise ValueError("the first turn needs a full prompt (tools and query)")
+        return self._closing_ids() + continuation_ids(tokenizer, render_user_turn(content))
+
+    def turn(
+        self,
+        new_ids: Sequence[int],
+        config: GenerationConfig,
+        constraint: Constraint | None = None,
+    ) -> Iterator[DeltaEvent | Done]:
+        """Feed `new_ids`, decode one assistant turn; stream deltas, then `Done(envelope)`."""
+        # new_ids starts with the pending stop token (see `user_turn_ids`): count it once.
+        del self.ids[len(self.ids) - len(self.pending) :]
+        self.pending = []
+        self.ids.extend(new_ids)
+        result: TurnResult | None = None
+        for event in generate_turn(self.session, self.vocab, new_ids, config, constraint,
+                                   context_limit=self.context_limit):
+            if isinstance(event, TurnComplete):
+                result = event.result
+            else:
+                yield event
+        assert result is not None
+        self.ids.extend(result.tokens)
+        self.pending = list(result.pending)
+        self.turns += 1
+        head_logit, confidence_s = self.confidence_logit()
+        confidence = combine_confidence(head_logit, result.call_token_probs)
+        envelope = turn_envelope(result, confidence=confidence, confidence_s=confidence_s)
+        envelope["seed"] = result.seed
+        yield Done(envelope)
+
+    def confidence_logit(self) -> tuple[float | None, float]:
+        """The confidence head's logit over the conversation so far (a trailing EOS left out),
+        and the seconds it took; (None, 0) when the model has no head.
+
+        A session that pools the head online (`fork` + `confidence_logit`) is forked and fed
+        only the unfed stop token; otherwise the model recomputes it over all the ids."""
+        if not getattr(self.model, "has_confidence_head", True):
+            return None, 0.0
+        eos = self.vocab.markers.eos
+        start = time.perf_counter()
+        if hasattr(self.session, "fork") and hasattr(self.session, "confidence_logit"):
+            branch = self.session.fork()
+            tail = [t for t in self.pending if t != eos]
+            if tail:
+                branch.prefill(tail, logits=False)
+            logit = branch.confidence_logit()
+        else:
+            head = getattr(self.model, "confidence_logit", None)
+            if head is None:
+                return None, 0.0
+            logit = head(self.ids[:-1] if self.ids and self.ids[-1] == eos else list(self.ids))
+        return (None if logit is None else float(logit)), time.perf_counter() - start

@@ -1,0 +1,95 @@
+"""The result envelope of a turn, in the shape users of `cactus-needle` know.
+
+    {"type": "call" | "refuse" | "respond",
+     "function_calls": [{"name": ..., "arguments": {...}}, ...],
+     "text": str,            # the plain answer of a "respond" turn ("" otherwise)
+     "reasoning": str,       # the think block, "" when there is none
+     "confidence": float | None,
+     "timings": {...}}
+
+"call" = a non-empty call list, "refuse" = `<tool_call>[]</tool_call>`, "respond" = the turn
+ended without a call (or its call text was not a well-formed list of calls, which only happens
+with the grammar off: then "error" says why and "text" holds the raw call text).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from ..generation.turn import TurnResult
+
+
+def parse_calls(call_text: str) -> list[dict[str, Any]]:
+    """The calls of a `<tool_call>` body: a JSON list of `{"name": str, "arguments": object}`.
+    Raises ValueError (json.JSONDecodeError included) when it is anything else."""
+    value = json.loads(call_text)
+    if not isinstance(value, list):
+        raise ValueError(f"tool call is a JSON {type(value).__name__}, not a list")
+    calls = []
+    for k, item in enumerate(value):
+        if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+            raise ValueError(f"call {k} has no string 'name'")
+        arguments = item.get("arguments", {})
+        if not isinstance(arguments, dict):
+            raise ValueError(f"call {k} arguments are not an object")
+        calls.append({"name": item["name"], "arguments": arguments})
+    return calls
+
+
+def sigmoid(x: float) -> float:
+    if x >= 0:
+        return 1.0 / (1.0 + math.exp(-x))
+    e = math.exp(x)
+    return e / (1.0 + e)
+
+
+def combine_confidence(head_logit: float | None, call_token_probs: Sequence[float]) -> float | None:
+    """min(sigmoid(head logit), lowest chosen-token probability in the call); None when the
+    archive has no confidence head."""
+    if head_logit is None:
+        return None
+    return min([sigmoid(float(head_logit)), *map(float, call_token_probs)])
+
+
+def timings(result: TurnResult, confidence_s: float = 0.0) -> dict[str, float | int]:
+    """Throughput figures of one turn (tokens per second are 0 when nothing was timed)."""
+    decode_tokens = result.decode_tokens
+    return {
+        "prefill_tokens": result.prefill_tokens,
+        "decode_tokens": decode_tokens,
+        "prefill_s": result.prefill_s,
+        "decode_s": result.decode_s,
+        "confidence_s": confidence_s,
+        "prefill_tps": result.prefill_tokens / result.prefill_s if result.prefill_s > 0 else 0.0,
+        "decode_tps": decode_tokens / result.decode_s if result.decode_s > 0 else 0.0,
+        "total_s": result.prefill_s + result.decode_s + confidence_s,
+    }
+
+
+def turn_envelope(
+    result: TurnResult,
+    *,
+    confidence: float | None = None,
+    confidence_s: float = 0.0,
+) -> dict[str, Any]:
+    """The envelope of one decoded turn."""
+    envelope: dict[str, Any] = {"type": "respond", "function_calls": [], "text": result.text,
+                                "reasoning": result.reasoning}
+    if result.call_text is not None:
+        try:
+            if not result.call_closed:
+                raise ValueError(f"tool call not closed (stopped: {result.stop_reason})")
+            calls = parse_calls(result.call_text)
+        except ValueError as error:
+            envelope["text"] = result.call_text
+            envelope["error"] = f"malformed tool call: {error}"
+        else:
+            envelope["type"] = "call" if calls else "refuse"
+            envelope["function_calls"] = calls
+    envelope["confidence"] = confidence
+    envelope["timings"] = timings(result, confidence_s)
+    envelope["stop_reason"] = result.stop_reason
+    return envelope

@@ -1,0 +1,152 @@
+"""Exact-match evaluation on a JSONL of `{"query", "tools", "answers"}` examples.
+
+A prediction is right when its parsed calls equal `answers`: same calls, same order, same
+argument values (a malformed or missing call block is wrong; `[]` matches `[]`). Decoding is
+greedy, stops at `<|im_end|>`/EOS or `max_new_tokens`, with no system turn (as the toy model
+was trained). Each example's prompt is prefilled once; every decoding mode (grammar on, off)
+continues from a fork of that state when the session can fork.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..generation.grammar import TokenVocab, ToolCallGrammar
+from ..generation.prompt import prompt_ids, render_prompt
+from ..generation.turn import GenerationConfig, TurnVocab, run_turn
+from .envelope import turn_envelope
+
+MODES = ("grammar", "free")
+
+
+@dataclass
+class ModeScore:
+    """Exact-match counts of one decoding mode, overall and by number of expected calls."""
+
+    correct: int = 0
+    total: int = 0
+    by_calls: dict[int, list[int]] = field(default_factory=dict)  # n -> [correct, total]
+    malformed: int = 0
+    decode_tokens: int = 0
+    seconds: float = 0.0
+
+    def add(self, right: bool, expected_calls: int, malformed: bool) -> None:
+        self.correct += right
+        self.total += 1
+        self.malformed += malformed
+        tally = self.by_calls.setdefault(expected_calls, [0, 0])
+        tally[0] += right
+        tally[1] += 1
+
+    @property
+    def accuracy(self) -> float:
+        return self.correct / self.total if self.total else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"correct": self.correct, "total": self.total, "accuracy": self.accuracy,
+                "malformed": self.malformed,
+                "by_expected_calls": {str(n): {"correct": c, "total": t}
+                                      for n, (c, t) in sorted(self.by_calls.items())},
+                "decode_tokens": self.decode_tokens, "seconds": self.seconds}
+
+
+def load_examples(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """The examples of a JSONL file (blank lines skipped); ValueError names a bad line."""
+    examples = []
+    with open(path, encoding="utf-8") as handle:
+        for number, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            try:
+                example = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise ValueError(f"{path}:{number}: not JSON ({error})") from None
+            missing = {"query", "tools", "answers"} - set(example)
+            if missing:
+                raise ValueError(f"{path}:{number}: missing {sorted(missing)}")
+            examples.append(example)
+    return examples
+
+
+def exact_match(predicted: Sequence[dict[str, Any]] | None, answers: Sequence[dict]) -> bool:
+    """Same calls, same order, same argument values."""
+    if predicted is None:
+        return False
+    normal = [{"name": a["name"], "arguments": a.get("arguments", {})} for a in answers]
+    return list(predicted) == normal
+
+
+class Evaluator:
+    """Decodes examples on one model; the tokenizer-derived tables are built once."""
+
+    def __init__(self, model: Any, *, max_new_tokens: int = 80, modes: Iterable[str] = MODES):
+        self.model = model
+        self.modes = tuple(modes)
+        unknown = set(self.modes) - set(MODES)
+        if unknown:
+            raise ValueError(f"unknown eval modes {sorted(unknown)}; choose from {MODES}")
+        tokenizer = model.tokenizer
+        self.tokenizer = tokenizer
+        self.vocab = TurnVocab.from_tokenizer(tokenizer)
+        self.grammar_vocab = TokenVocab.from_tokenizer(tokenizer) if "grammar" in self.modes \
+            else None
+        self.config = GenerationConfig(max_new_tokens=max_new_tokens, reasoning_budget=None)
+        self.scores = {mode: ModeScore() for mode in self.modes}
+        self.limit = getattr(getattr(model, "config", None), "max_seq_len", None)
+
+    def predict(self, example: dict[str, Any]) -> dict[str, dict[str, Any]]:
+        """Each mode's envelope for one example."""
+        ids = prompt_ids(self.tokenizer, render_prompt(example["tools"], example["query"]))
+        base = self.model.session()
+        can_fork = hasattr(base, "fork")
+        if can_fork:
+            base.prefill(ids[:-1], logits=False)
+        envelopes = {}
+        for mode in self.modes:
+            if can_fork:
+                session, feed = base.fork(), ids[-1:]
+            else:
+                session, feed = self.model.session(), ids
+            grammar = None
+            if mode == "grammar":
+                grammar = ToolCallGrammar(self.grammar_vocab, example["tools"])
+            result = run_turn(session, self.vocab, feed, self.config, grammar,
+                              context_limit=self.limit)
+            envelope = turn_envelope(result)
+            envelope["timings"]["prefill_tokens"] = len(ids)
+            envelopes[mode] = envelope
+        return envelopes
+
+    def score(self, example: dict[str, Any]) -> dict[str, bool]:
+        """Decode one example, add it to the scores, return whether each mode got it right."""
+        outcome = {}
+        for mode, envelope in self.predict(example).items():
+            calls = None if "error" in envelope else envelope["function_calls"]
+            right = exact_match(calls, example["answers"])
+            score = self.scores[mode]
+            score.add(right, len(example["answers"]), "error" in envelope)
+            score.decode_tokens += envelope["timings"]["decode_tokens"]
+            score.seconds += envelope["timings"]["total_s"]
+            outcome[mode] = right
+        return outcome
+
+
+def evaluate(
+    model: Any,
+    examples: Iterable[dict[str, Any]],
+    *,
+    max_new_tokens: int = 80,
+    modes: Iterable[str] = MODES,
+    on_example: Callable[[int, dict[str, bool]], None] | None = None,
+) -> dict[str, ModeScore]:
+    """Score every example in every mode; `on_example(index, outcome)` after each one."""
+    evaluator = Evaluator(model, max_new_tokens=max_new_tokens, modes=modes)
+    for index, example in enumerate(examples):
+        outcome = evaluator.score(example)
+        if on_example is not None:
+            on_example(index, outcome)
+    return evaluator.scores

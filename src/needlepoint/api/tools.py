@@ -1,0 +1,307 @@
+"""Tool definitions -> the `{"name", "description", "parameters"}` schemas the model reads.
+
+Accepted: plain functions (signature -> parameter schema, docstring -> description and
+Google-style `Args:` parameter descriptions; `@tool` only attaches a name/description
+override), pydantic models (`model_json_schema()`; name = `__tool_name__` or the class name),
+and JSON schema dicts (`{"name", "description", "parameters"}`, or OpenAI's
+`{"type": "function", "function": {...}}`). Pydantic is optional: it is only touched through
+the classes a user passes in.
+
+Every problem (unsupported type hint, unannotated or variadic parameter, a value that is not
+JSON-serialisable, duplicate names) is a `ToolSchemaError` raised when the tools are built.
+"""
+
+from __future__ import annotations
+
+import copy
+import enum
+import inspect
+import json
+import re
+import types
+import typing
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import ToolSchemaError
+
+SCALARS: dict[type, str] = {str: "string", bool: "boolean", int: "integer", float: "number"}
+NAME_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]*$")
+ARGS_HEADERS = ("args:", "arguments:", "parameters:", "params:")
+PARAM_LINE = re.compile(r"^\*{0,2}(\w+)\s*(?:\([^)]*\))?\s*:\s*(.*)$")
+Converter = Callable[[Any], Any]
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """One tool: its wire schema plus, for Python tools, how to call it."""
+
+    name: str
+    description: str
+    parameters: dict[str, Any]
+    function: Callable[..., Any] | None = None
+    converters: Mapping[str, Converter] = field(default_factory=dict)
+
+    def schema(self) -> dict[str, Any]:
+        """The tool as the prompt lists it (keys in upstream's order)."""
+        return {"name": self.name, "description": self.description,
+                "parameters": self.parameters}
+
+    def call(self, arguments: Mapping[str, Any]) -> Any:
+        """Run the Python function with JSON arguments converted to the hinted types."""
+        if self.function is None:
+            raise ToolSchemaError(f"tool {self.name!r} has no Python function to run")
+        kwargs = {key: self.converters.get(key, _identity)(value)
+                  for key, value in arguments.items()}
+        return self.function(**kwargs)
+
+
+def _identity(value: Any) -> Any:
+    return value
+
+
+def tool(func: Callable | None = None, *, name: str | None = None,
+         description: str | None = None) -> Any:
+    """Mark a function as a tool (optionally renaming it or overriding its description).
+
+    Usable bare (`@tool`) or with options (`@tool(name="x")`). The schema is built and checked
+    right away, so a bad definition fails at import time, not at the first query."""
+
+    def mark(f: Callable) -> Callable:
+        f.__needle_tool__ = from_function(f, name=name, description=description)
+        return f
+
+    return mark(func) if func is not None else mark
+
+
+# ---------------------------------------------------------------------------- type hints
+def _json_type(value: Any, where: str) -> str:
+    # bool before int: True is an int in Python but a boolean in JSON.
+    for kind, json_name in ((bool, "boolean"), (int, "integer"), (float, "number"),
+                            (str, "string")):
+        if isinstance(value, kind):
+            return json_name
+    raise ToolSchemaError(f"{where}: enum value {value!r} is not a JSON string/number/boolean")
+
+
+def _enum_schema(values: list[Any], where: str) -> dict[str, Any]:
+    kinds = {_json_type(v, where) for v in values}
+    if not values:
+        raise ToolSchemaError(f"{where}: empty enumeration")
+    if kinds == {"integer", "number"}:
+        kinds = {"number"}
+    if len(kinds) != 1:
+        raise ToolSchemaError(f"{where}: enum mixes JSON types {sorted(kinds)}")
+    return {"type": kinds.pop(), "enum": values}
+
+
+def _is_pydantic_model(tp: Any) -> bool:
+    return isinstance(tp, type) and callable(getattr(tp, "model_json_schema", None))
+
+
+def _strip_titles(schema: Any) -> Any:
+    """Drop pydantic's auto-generated "title" annotations (prompt noise), keeping properties
+    that happen to be *named* title."""
+    if isinstance(schema, dict):
+        out = {}
+        for key, value in schema.items():
+            if key == "title" and isinstance(value, str):
+                continue
+            if key in ("properties", "$defs", "definitions") and isinstance(value, dict):
+                out[key] = {name: _strip_titles(sub) for name, sub in value.items()}
+            else:
+                out[key] = _strip_titles(value)
+        return out
+    if isinstance(schema, list):
+        return [_strip_titles(item) for item in schema]
+    return schema
+
+
+def _pydantic_schema(model: type, defs: dict[str, Any]) -> dict[str, Any]:
+    """A model's schema with its `$defs` hoisted into `defs` (refs stay `#/$defs/...`, which
+    resolves against the parameters root where the caller puts them)."""
+    schema = _strip_titles(model.model_json_schema())
+    defs.update(schema.pop("$defs", {}))
+    return schema
+
+
+def type_schema(
+    tp: Any, where: str, defs: dict[str, Any]
+) -> tuple[dict[str, Any], Converter | None]:
+    """JSON schema of a type hint and the converter from its JSON value back to Python."""
+    if tp in SCALARS:
+        return {"type": SCALARS[tp]}, None
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        return _enum_schema([member.value for member in tp], where), tp
+    if _is_pydantic_model(tp):
+        return _pydantic_schema(tp, defs), tp.model_validate
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is typing.Annotated:
+        return type_schema(args[0], where, defs)
+    if origin is typing.Literal:
+        return _enum_schema(list(args), where), None
+    if tp is list or origin is list:
+        if not args:
+            return {"type": "array"}, None
+        item, convert = type_schema(args[0], f"{where} items", defs)
+        return {"type": "array", "items": item}, (
+            (lambda xs: [convert(x) for x in xs]) if convert else None)
+    if tp is dict or origin is dict:
+        if not args:
+            return {"type": "object"}, None
+        if args[0] is not str:
+            raise ToolSchemaError(f"{where}: dict keys must be str (JSON object keys)")
+        value, convert = type_schema(args[1], f"{where} values", defs)
+        return {"type": "object", "additionalProperties": value}, (
+            (lambda d: {k: convert(v) for k, v in d.items()}) if convert else None)
+    if origin in (typing.Union, types.UnionType):
+        members = [a for a in args if a is not type(None)]
+        if len(members) == 1:  # Optional[T]: the schema of T; optionality is `required`
+            return type_schema(members[0], where, defs)
+        raise ToolSchemaError(f"{where}: union {tp!r} is not supported (only Optional[T])")
+    raise ToolSchemaError(f"{where}: unsupported type hint {tp!r} (use str, int, float, bool, "
+                          "list[T], dict[str, T], Literal, Enum, Optional or a pydantic model)")
+
+
+# ---------------------------------------------------------------------------- docstrings
+def parse_docstring(doc: str | None) -> tuple[str, dict[str, str]]:
+    """(description, {param: description}) from a docstring with a Google-style Args section.
+    The description is the text before the first section, on one line."""
+    summary: list[str] = []
+    params: dict[str, str] = {}
+    section = "summary"
+    base_indent: int | None = None
+    current: str | None = None
+    for line in inspect.cleandoc(doc or "").splitlines():
+        stripped = line.strip()
+        indent = len(line) - len(line.lstrip())
+        if indent == 0 and re.fullmatch(r"[A-Za-z][A-Za-z ]*:", stripped):
+            section = "args" if stripped.lower() in ARGS_HEADERS else "other"
+            base_indent, current = None, None
+            continue
+        if section == "summary":
+            summary.append(stripped)
+        elif section == "args" and stripped:
+            base_indent = indent if base_indent is None else base_indent
+            match = PARAM_LINE.match(stripped)
+            if indent == base_indent and match:
+                current = match.group(1)
+                params[current] = match.group(2).strip()
+            elif current is not None:
+                params[current] = f"{params[current]} {stripped}".strip()
+    return " ".join(" ".join(summary).split()), params
+
+
+# ---------------------------------------------------------------------------- constructors
+def _check_name(name: Any, what: str) -> str:
+    if not isinstance(name, str) or not NAME_PATTERN.match(name):
+        raise ToolSchemaError(f"{what}: tool name {name!r} must be a non-empty identifier "
+                              "(letters, digits, _ . -)")
+    return name
+
+
+def _check_json(value: Any, where: str) -> None:
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError) as error:
+        raise ToolSchemaError(f"{where}: not JSON-serialisable ({error})") from None
+
+
+def from_function(func: Callable, *, name: str | None = None,
+                  description: str | None = None) -> ToolSpec:
+    """A tool from a function's signature, type hints and docstring."""
+    tool_name = _check_name(name or getattr(func, "__name__", None), repr(func))
+    try:
+        hints = typing.get_type_hints(func, include_extras=True)
+        signature = inspect.signature(func)
+    except (NameError, TypeError, ValueError) as error:
+        raise ToolSchemaError(f"tool {tool_name!r}: cannot read its signature ({error})") from None
+    summary, param_docs = parse_docstring(inspect.getdoc(func))
+    properties: dict[str, Any] = {}
+    required: list[str] = []
+    converters: dict[str, Converter] = {}
+    defs: dict[str, Any] = {}
+    for param in signature.parameters.values():
+        where = f"tool {tool_name!r} parameter {param.name!r}"
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD, param.POSITIONAL_ONLY):
+            raise ToolSchemaError(f"{where}: *args, **kwargs and positional-only parameters "
+                                  "cannot be passed as JSON arguments")
+        if param.name not in hints:
+            raise ToolSchemaError(f"{where} has no type hint")
+        schema, convert = type_schema(hints[param.name], where, defs)
+        schema = dict(schema)
+        if param.name in param_docs and param_docs[param.name]:
+            schema["description"] = param_docs[param.name]
+        properties[param.name] = schema
+        if convert is not None:
+            converters[param.name] = convert
+        if param.default is inspect.Parameter.empty:
+            required.append(param.name)
+    parameters: dict[str, Any] = {"type": "object", "properties": properties,
+                                  "required": required}
+    if defs:
+        parameters["$defs"] = defs
+    spec = ToolSpec(tool_name, description if description is not None else summary,
+                    parameters, func, converters)
+    _check_json(spec.schema(), f"tool {tool_name!r}")
+    return spec
+
+
+def from_pydantic(model: type) -> ToolSpec:
+    """A tool whose arguments are one pydantic model's fields (not executable by itself)."""
+    name = _check_name(getattr(model, "__tool_name__", None) or model.__name__, repr(model))
+    defs: dict[str, Any] = {}
+    parameters = _pydantic_schema(model, defs)
+    description = parameters.pop("description", None) or parse_docstring(model.__doc__)[0]
+    if defs:
+        parameters["$defs"] = defs
+    spec = ToolSpec(name, description, parameters)
+    _check_json(spec.schema(), f"tool {name!r}")
+    return spec
+
+
+def from_dict(schema: Mapping[str, Any]) -> ToolSpec:
+    """A tool from a JSON schema dict (plain or OpenAI `{"type": "function", ...}` form)."""
+    if schema.get("type") == "function" and isinstance(schema.get("function"), Mapping):
+        schema = schema["function"]
+    name = _check_name(schema.get("name"), "tool dict")
+    description = schema.get("description", "")
+    if not isinstance(description, str):
+        raise ToolSchemaError(f"tool {name!r}: description must be a string")
+    parameters = schema.get("parameters", {"type": "object", "properties": {}})
+    if not isinstance(parameters, Mapping) or parameters.get("type", "object") != "object":
+        raise ToolSchemaError(f"tool {name!r}: parameters must be a JSON schema of type object")
+    if not isinstance(parameters.get("properties", {}), Mapping):
+        raise ToolSchemaError(f"tool {name!r}: parameters.properties must be an object")
+    spec = ToolSpec(name, description, copy.deepcopy(dict(parameters)))
+    _check_json(spec.schema(), f"tool {name!r}")
+    return spec
+
+
+def to_tool_spec(obj: Any) -> ToolSpec:
+    """Whatever the user passed as a tool, as a `ToolSpec`."""
+    if isinstance(obj, ToolSpec):
+        return obj
+    marked = getattr(obj, "__needle_tool__", None)
+    if isinstance(marked, ToolSpec):
+        return marked
+    if isinstance(obj, Mapping):
+        return from_dict(obj)
+    if _is_pydantic_model(obj):
+        return from_pydantic(obj)
+    if inspect.isfunction(obj) or inspect.ismethod(obj) or inspect.isbuiltin(obj):
+        return from_function(obj)
+    raise ToolSchemaError(f"cannot make a tool from {obj!r}: pass a function, a pydantic model "
+                          "or a JSON schema dict")
+
+
+def tool_specs(tools: Iterable[Any]) -> list[ToolSpec]:
+    """Build every tool, refusing duplicate names."""
+    specs = [to_tool_spec(t) for t in tools]
+    seen: set[str] = set()
+    for spec in specs:
+        if spec.name in seen:
+            raise ToolSchemaError(f"duplicate tool name {spec.name!r}")
+        seen.add(spec.name)
+    return specs

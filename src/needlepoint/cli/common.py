@@ -1,0 +1,126 @@
+"""Shared pieces of the `run` and `chat` subcommands: options, tools files, output."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from ..errors import ToolSchemaError
+
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """--tools/--model/--system and the generation options shared by `run` and `chat`."""
+    parser.add_argument("--tools", type=Path, help="JSON file: a list of tool schemas "
+                        '({"name", "description", "parameters"} or OpenAI form)')
+    parser.add_argument("--model", help="a .cact file (default: $NEEDLEPOINT_MODEL, else the "
+                        "bundled demo model)")
+    parser.add_argument("--system", help="system facts, e.g. 'locale: en-US'")
+    parser.add_argument("--auto-date", action="store_true", help="add a 'date:' system fact")
+    parser.add_argument("--json", action="store_true", help="print the raw envelope as JSON")
+    parser.add_argument("--stream", action="store_true", help="print tokens as they decode")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    parser.add_argument("--top-k", type=int, default=None)
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--seed", type=int, default=None, help="makes sampling reproducible")
+    parser.add_argument("--max-new-tokens", type=int, default=512)
+    parser.add_argument("--reasoning-budget", type=int, default=256,
+                        help="free tokens before the tool call is forced")
+    parser.add_argument("--no-grammar", action="store_true",
+                        help="do not constrain tool calls to the schemas")
+
+
+def load_tools(path: Path | None) -> list[Any]:
+    """The tool list of a JSON file (a list, or an object with a "tools" list)."""
+    if path is None:
+        return []
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as error:
+        raise ToolSchemaError(f"{path}: not valid JSON ({error})") from None
+    if isinstance(data, dict) and isinstance(data.get("tools"), list):
+        data = data["tools"]
+    if not isinstance(data, list):
+        raise ToolSchemaError(f"{path}: expected a JSON list of tools")
+    return data
+
+
+def build_needle(args: argparse.Namespace) -> Any:
+    from ..api.needle import Needle
+
+    return Needle(
+        tools=load_tools(args.tools), model=args.model, system=args.system,
+        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+        max_new_tokens=args.max_new_tokens, reasoning_budget=args.reasoning_budget,
+        auto_date=args.auto_date, grammar=not args.no_grammar,
+    )
+
+
+def print_events(events: Iterator[Any], args: argparse.Namespace) -> dict[str, Any]:
+    """Show a turn: streamed deltas when --stream, then the envelope; returns the envelope."""
+    from ..generation.events import Done
+
+    envelope: dict[str, Any] = {}
+    streamed = False
+    for event in events:
+        if isinstance(event, Done):
+            envelope = event.envelope
+        elif args.stream and args.json:
+            print(json.dumps({"type": event.type, "text": event.text}), flush=True)
+        elif args.stream:
+            style = {"reasoning": "\x1b[2m", "tool_call": "\x1b[36m"}.get(event.type, "")
+            reset = "\x1b[0m" if style and sys.stdout.isatty() else ""
+            sys.stdout.write((style if reset else "") + event.text + reset)
+            sys.stdout.flush()
+            streamed = True
+    if streamed:
+        print()
+    if args.json:
+        record = {"type": "done", "envelope": envelope} if args.stream else envelope
+        print(json.dumps(record, ensure_ascii=False), flush=True)
+    else:
+        print_envelope(envelope)
+    return envelope
+
+
+def print_envelope(envelope: dict[str, Any]) -> None:
+    """A readable summary of an envelope (rich)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(highlight=False, soft_wrap=True)
+    kind = envelope.get("type", "?")
+    colour = {"call": "green", "refuse": "yellow", "respond": "cyan"}.get(kind, "red")
+    console.print(f"[bold {colour}]{kind}[/]")
+    if envelope.get("reasoning"):
+        console.print(f"[dim]reasoning:[/] {envelope['reasoning']}", markup=True)
+    if envelope.get("function_calls"):
+        table = Table(show_header=True, header_style="bold")
+        table.add_column("function")
+        table.add_column("arguments")
+        results = envelope.get("results")
+        if results:
+            table.add_column("result")
+        for k, call in enumerate(envelope["function_calls"]):
+            row = [call["name"], json.dumps(call["arguments"], ensure_ascii=False)]
+            if results:
+                outcome = results[k]
+                row.append(json.dumps(outcome.get("result", outcome.get("error")),
+                                      ensure_ascii=False))
+            table.add_row(*row)
+        console.print(table)
+    if envelope.get("text"):
+        console.print(envelope["text"], markup=False)
+    if envelope.get("error"):
+        console.print(f"[red]{envelope['error']}[/]")
+    timings = envelope.get("timings", {})
+    confidence = envelope.get("confidence")
+    conf = "n/a (no confidence head)" if confidence is None else f"{confidence:.3f}"
+    console.print(
+        f"[dim]confidence {conf} | prefill {timings.get('prefill_tokens', 0)} tok "
+        f"@ {timings.get('prefill_tps', 0):.0f} tok/s | decode {timings.get('decode_tokens', 0)} "
+        f"tok @ {timings.get('decode_tps', 0):.0f} tok/s | {timings.get('total_s', 0):.3f} s[/]"
+    )

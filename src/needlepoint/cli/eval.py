@@ -1,0 +1,72 @@
+"""`needlepoint eval MODEL data.jsonl`: exact-match accuracy, greedy, grammar on and off."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+HELP = "exact-match accuracy of greedy tool calls on a JSONL of {query, tools, answers}"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model", help="a .cact file")
+    parser.add_argument("data", type=Path, help="JSONL, one {query, tools, answers} a line")
+    parser.add_argument("--grammar", choices=("both", "on", "off"), default="both",
+                        help="decode with the tool-call grammar, without, or both (default)")
+    parser.add_argument("--max-new-tokens", type=int, default=80)
+    parser.add_argument("--limit", type=int, default=None, help="only the first N examples")
+    parser.add_argument("--json", action="store_true", help="print the scores as JSON")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+    from rich.table import Table
+
+    from .. import load
+    from ..api.evaluate import evaluate, load_examples
+
+    examples = load_examples(args.data)[: args.limit]
+    modes = {"both": ("grammar", "free"), "on": ("grammar",), "off": ("free",)}[args.grammar]
+    model = load(args.model)
+    console = Console(stderr=True)
+    progress = Progress(TextColumn("eval"), BarColumn(), MofNCompleteColumn(),
+                        TextColumn("{task.description}"), TimeElapsedColumn(),
+                        TimeRemainingColumn(), console=console,
+                        disable=args.no_progress or args.json)
+    tally = dict.fromkeys(modes, 0)
+    with progress:
+        task = progress.add_task("", total=len(examples))
+
+        def advance(index: int, outcome: dict[str, bool]) -> None:
+            for mode, right in outcome.items():
+                tally[mode] += right
+            shown = "  ".join(f"{m} {tally[m]}/{index + 1}" for m in modes)
+            progress.update(task, advance=1, description=shown)
+
+        scores = evaluate(model, examples, max_new_tokens=args.max_new_tokens, modes=modes,
+                          on_example=advance)
+    if args.json:
+        print(json.dumps({mode: s.as_dict() for mode, s in scores.items()}, indent=2))
+        return 0
+    table = Table(title=f"{args.data.name}: greedy exact match ({len(examples)} examples)")
+    for column in ("decoding", "exact", "accuracy", "by expected calls", "malformed",
+                   "tokens/s"):
+        table.add_column(column)
+    for mode, score in scores.items():
+        splits = ", ".join(f"{n}: {c}/{t}" for n, (c, t) in sorted(score.by_calls.items()))
+        rate = score.decode_tokens / score.seconds if score.seconds else 0.0
+        table.add_row("grammar on" if mode == "grammar" else "grammar off",
+                      f"{score.correct}/{score.total}", f"{100 * score.accuracy:.1f}%",
+                      splits, str(score.malformed), f"{rate:.0f}")
+    Console().print(table)
+    return 0

@@ -1,0 +1,54 @@
+"""Streaming events, produced while tokens are decoded (not after the turn ends).
+
+A turn streams `ReasoningDelta`s (text inside `<think>...</think>`), `TextDelta`s (a plain
+answer outside any tool call), `ToolCallDelta`s (the JSON text between `<tool_call>` and
+`</tool_call>`, exactly as generated), then one closing event: `TurnComplete` from the
+generator (carrying the raw `TurnResult`), which the API turns into `Done` (carrying the
+envelope dict). Deltas are whitespace-trimmed at both ends of each segment, so joining a
+kind's deltas gives exactly that field of the final envelope.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .turn import TurnResult
+
+
+@dataclass(frozen=True)
+class ReasoningDelta:
+    text: str
+    type: ClassVar[str] = "reasoning"
+
+
+@dataclass(frozen=True)
+class TextDelta:
+    text: str
+    type: ClassVar[str] = "text"
+
+
+@dataclass(frozen=True)
+class ToolCallDelta:
+    text: str
+    type: ClassVar[str] = "tool_call"
+
+
+@dataclass(frozen=True)
+class TurnComplete:
+    """The generator's last event: the decoded turn, before any envelope is built."""
+
+    result: TurnResult
+    type: ClassVar[str] = "turn_complete"
+
+
+@dataclass(frozen=True)
+class Done:
+    """The API's last event: the final envelope (same dict `complete` returns)."""
+
+    envelope: dict[str, Any] = field(default_factory=dict)
+    type: ClassVar[str] = "done"
+
+
+DeltaEvent = ReasoningDelta | TextDelta | ToolCallDelta

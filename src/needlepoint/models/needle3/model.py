@@ -1,0 +1,141 @@
+"""Needle 3 model: weights decoded once, shared read-only by any number of sessions.
+
+`V3Model.from_archive(archive, layers=None, numerics="deploy", cache=None)` is what
+`needlepoint.load` calls; `cache` switches the prepared-weight cache (`weight_cache`).
+Numerics (fixture README "Deploy quantization"): `"deploy"` applies upstream's A8 fake
+quantisation at the CQ-matmul inputs and on q/k/v (int8 KV); `"float"` runs the stored weights
+with no activation quantisation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+
+from ...errors import ModelInputError
+from ...formats.cact import CactArchive
+from ..ops import rope_tables
+from .config import V3Config
+from .ladder import ladder_config, ladder_layer_indices
+from .session import Trace, V3Session
+from .step import StepPlan, build_plan
+from .weights import V3Weights, load_weights
+
+NUMERICS = ("deploy", "float")
+
+
+class V3Model:
+    """A loaded Needle 3 model (optionally a ladder rung). Use `needlepoint.load`."""
+
+    def __init__(
+        self,
+        archive: CactArchive,
+        config: V3Config,
+        weights: V3Weights,
+        layer_indices: tuple[int, ...],
+        numerics: str,
+    ) -> None:
+        self.archive = archive
+        self.config = config
+        self.weights = weights
+        self.layer_indices = layer_indices
+        self.numerics = numerics
+        self.quantized = numerics == "deploy"
+        cos, sin = rope_tables(np.arange(config.max_seq_len), config.qk_head_dim,
+                               config.rope_theta)
+        self.rope_cos, self.rope_sin = cos, sin
+        for array in (cos, sin):
+            array.setflags(write=False)
+
+    @classmethod
+    def from_archive(
+        cls,
+        archive: CactArchive,
+        *,
+        layers: int | None = None,
+        numerics: str = "deploy",
+        cache: bool | None = None,
+    ) -> V3Model:
+        """Prepare the weights of `archive` (the `layers`-deep ladder rung if given), from the
+        weight cache when one is valid (`cache=None`: unless NEEDLEPOINT_CACHE=0)."""
+        if numerics not in NUMERICS:
+            raise ValueError(f"numerics must be one of {NUMERICS}, got {numerics!r}")
+        full = archive.config
+        depth = full.num_layers if layers is None else int(layers)
+        kept = ladder_layer_indices(full.num_layers, depth)
+        config = ladder_config(full, kept)
+        weights = load_weights(archive, config, kept, cache=cache)
+        return cls(archive, config, weights, kept, numerics)
+
+    @cached_property
+    def step_plan(self) -> StepPlan:
+        """Constants of the one-token decode step (`step.py`), folded on first use."""
+        return build_plan(self)
+
+    @cached_property
+    def tokenizer(self) -> Any:
+        """The archive's own tokenizer (built on first use)."""
+        return self.archive.tokenizer
+
+    @property
+    def has_confidence_head(self) -> bool:
+        return self.weights.confidence is not None
+
+    def check_ids(self, ids: Sequence[int] | np.ndarray, position: int = 0) -> np.ndarray:
+        """Token ids as int64, or a ModelInputError naming what is wrong."""
+        try:
+            tokens = np.asarray(ids)
+        except (TypeError, ValueError) as error:
+            raise ModelInputError(f"token ids must be integers: {error}") from None
+        if tokens.ndim == 0:
+            tokens = tokens.reshape(1)
+        if tokens.ndim != 1:
+            raise ModelInputError(f"token ids must be one sequence, got shape {tokens.shape}")
+        if tokens.size == 0:
+            raise ModelInputError("empty token sequence")
+        if not np.issubdtype(tokens.dtype, np.integer):
+            whole = np.issubdtype(tokens.dtype, np.floating) and np.all(tokens == np.round(tokens))
+            if not whole:
+                raise ModelInputError(f"token ids must be integers, got dtype {tokens.dtype}")
+        vocab = self.config.vocab
+        low, high = tokens.min(), tokens.max()
+        if low < 0 or high >= vocab:
+            bad = int(low if low < 0 else high)
+            raise ModelInputError(f"token id {bad} out of range [0, {vocab})")
+        limit = self.config.max_seq_len
+        if position + tokens.size > limit:
+            raise ModelInputError(
+                f"sequence of {position + tokens.size} tokens exceeds max_seq_len {limit}"
+            )
+        return tokens.astype(np.int64)
+
+    def session(self, kv_window: int | None = None, *, trace: Trace | None = None) -> V3Session:
+        """A fresh, independent decode state. `kv_window=config.kv_window` bounds every layer
+        to the archive's kv window (ring buffers), as the shipped engine does."""
+        return V3Session(self, kv_window=kv_window, trace=trace)
+
+    def forward(
+        self, ids: Sequence[int] | np.ndarray, *, trace: Trace | None = None
+    ) -> np.ndarray:
+        """Logits [len(ids), vocab_out] at every position (full causal attention, batched)."""
+        return V3Session(self)._run(ids, "all", trace)
+
+    def confidence_logit(self, ids: Sequence[int] | np.ndarray) -> float | None:
+        """Confidence-head logit over the whole sequence; None if the archive has no head."""
+        if not self.has_confidence_head:
+            self.check_ids(ids)
+            return None
+        session = V3Session(self)
+        session.prefill(ids, logits=False)
+        return session.confidence_logit()
+
+    def __repr__(self) -> str:
+        cfg = self.config
+        return (
+            f"V3Model({self.archive.path.name}, d={cfg.d_model}, layers={cfg.num_layers}"
+            f"{'' if self.layer_indices == tuple(range(cfg.num_layers)) else ' (rung)'}, "
+            f"vocab={cfg.vocab}, numerics={self.numerics!r})"
+        )
