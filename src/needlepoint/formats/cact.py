@@ -14,7 +14,7 @@ from __future__ import annotations
 import mmap
 import os
 import struct
-from dataclasses import dataclass, fields
+from dataclasses import fields
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -22,74 +22,26 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import TokenizerError
+from ..kernels.cq_tensor import STORAGE_BITS, CQTensor
 from ..models.needle2 import config as v2config
 from ..models.needle3 import config as v3config
 from .cact_checks import (
     HEADER_OFFSETS,
-    MAX_DIM,
     RECORD_BYTES,
-    STORAGE_BITS,
     check_disjoint,
-    expected_nbytes,
     validate_header,
 )
 from .cact_checks import header_error as _fail
+from .cact_records import DTYPE_NAMES, TensorRecord, check_record
 
 if TYPE_CHECKING:
     from .tokenizer import Tokenizer
 
 RECORD_STRUCT = struct.Struct("<BBH4IQQII")
-DTYPE_NAMES = {1: "fp16", 2: "fp32", 3: "cq", 4: "raw"}
 CODEBOOK_SIZES = {2: 4, 3: 8, 4: 16}
 MAX_TENSORS = 1 << 16
-# Blobs start at 64-byte aligned offsets (both READMEs), one after another, never overlapping.
-BLOB_ALIGN = 64
 # Fewest directory records one transformer block can have (Needle 2: 14; Needle 3: 24).
 MIN_LAYER_RECORDS = {2: 14, 3: 24}
-
-
-@dataclass(frozen=True)
-class TensorRecord:
-    """One directory record, with the name its position implies."""
-
-    index: int
-    name: str
-    dtype: str
-    shape: tuple[int, ...]
-    offset: int
-    nbytes: int
-    group: int
-    bits: int
-
-
-@dataclass(frozen=True)
-class CQTensor:
-    """A Cactus-Quant matrix: packed codebook indices plus one FP16 norm per row and group.
-
-    `packed` is [rows, in_pad * storage_bits / 8] uint8 and `norms` [rows, in_pad / group]
-    float16, both zero-copy views into the archive.
-    """
-
-    name: str
-    rows: int
-    cols: int
-    bits: int
-    group: int
-    packed: np.ndarray
-    norms: np.ndarray
-    codebook: np.ndarray
-
-    @property
-    def in_pad(self) -> int:
-        return self.norms.shape[1] * self.group
-
-    @property
-    def storage_bits(self) -> int:
-        return STORAGE_BITS[self.bits]
-
-    @property
-    def nbytes(self) -> int:
-        return self.packed.nbytes + self.norms.nbytes
 
 
 class CactArchive:
@@ -202,9 +154,13 @@ class CactArchive:
             )
         records: list[TensorRecord] = []
         for index, (name, dtype, shape) in enumerate(layout):
-            records.append(self._check_record(index, raw[index], name, dtype, shape, data_start))
+            records.append(
+                check_record(self.size, index, raw[index], name, dtype, shape, data_start)
+            )
         records += self._read_heads(raw, len(layout), count - 1, data_start)
-        records.append(self._check_record(count - 1, raw[-1], "tokenizer", "raw", None, data_start))
+        records.append(
+            check_record(self.size, count - 1, raw[-1], "tokenizer", "raw", None, data_start)
+        )
         check_disjoint(records, dir_start)
         return records
 
@@ -214,7 +170,9 @@ class CactArchive:
         """Probe-head records between `final_norm` and the tokenizer, named from the manifest."""
         if first == end:
             return []
-        manifest = self._check_record(first, raw[first], "heads.manifest", "fp16", None, data_start)
+        manifest = check_record(
+            self.size, first, raw[first], "heads.manifest", "fp16", None, data_start
+        )
         where = raw[first][0]
         if manifest.dtype not in ("fp16", "fp32"):
             raise _fail(
@@ -258,74 +216,12 @@ class CactArchive:
         out = [manifest]
         for offset, name in enumerate(names, start=first + 1):
             kind = "cq" if self._record_dtype(raw[offset]) == "cq" else "fp16"
-            out.append(self._check_record(offset, raw[offset], name, kind, None, data_start))
+            out.append(check_record(self.size, offset, raw[offset], name, kind, None, data_start))
         return out
 
     @staticmethod
     def _record_dtype(raw_record: tuple) -> str:
         return DTYPE_NAMES.get(raw_record[1][0], "?")
-
-    def _check_record(
-        self,
-        index: int,
-        raw_record: tuple,
-        name: str,
-        dtype: str,
-        shape: tuple[int, ...] | None,
-        data_start: int,
-    ) -> TensorRecord:
-        where, (code, ndim, _pad, s0, s1, s2, s3, offset, nbytes, group, bits) = raw_record
-        field = f"directory[{index}] ({name})"
-        got_dtype = DTYPE_NAMES.get(code)
-        if got_dtype is None:
-            raise _fail(field + ".dtype", where, f"unknown dtype code {code}")
-        # Shipped archives may store any matrix as CQ at any width, or FP16 where small.
-        allowed = {dtype} | ({"cq", "fp16", "fp32"} if dtype in ("cq", "fp16") else set())
-        if got_dtype not in allowed:
-            raise _fail(field + ".dtype", where, f"expected {dtype}, found {got_dtype}")
-        if ndim > 4:
-            raise _fail(field + ".ndim", where + 1, f"ndim {ndim} > 4")
-        got_shape = (s0, s1, s2, s3)[:ndim]
-        if any(dim == 0 or dim > MAX_DIM for dim in got_shape):
-            raise _fail(field + ".shape", where + 4, f"implausible shape {got_shape}")
-        if shape is not None and got_shape != shape:
-            raise _fail(
-                field + ".shape", where + 4, f"shape {got_shape} does not match geometry {shape}"
-            )
-        if data_start <= offset < self.size < offset + nbytes:
-            raise _fail(
-                field + ".nbytes",
-                where + 28,
-                f"blob [{offset}, {offset + nbytes}) runs past the end of the "
-                f"{self.size}-byte file (truncated?)",
-            )
-        if offset < data_start or offset + nbytes > self.size:
-            raise _fail(
-                field + ".offset",
-                where + 20,
-                f"blob [{offset}, {offset + nbytes}) lies outside the data region "
-                f"[{data_start}, {self.size})",
-            )
-        if offset % BLOB_ALIGN:
-            raise _fail(
-                field + ".offset", where + 20, f"blob offset {offset} is not 64-byte aligned"
-            )
-        if got_dtype == "cq" and bits not in STORAGE_BITS:
-            raise _fail(field + ".bits", where + 40, f"unsupported CQ width {bits} bits")
-        if got_dtype == "cq" and (group < 8 or group & (group - 1) or group > 4096):
-            raise _fail(
-                field + ".group", where + 36, f"CQ group {group} is not a power of two in [8, 4096]"
-            )
-        expected = expected_nbytes(got_dtype, got_shape, group, bits)
-        if expected is not None and expected != nbytes:
-            raise _fail(
-                field + ".nbytes",
-                where + 28,
-                f"{nbytes} bytes, but {got_dtype} {got_shape}"
-                + (f" at {bits} bits, group {group}" if got_dtype == "cq" else "")
-                + f" needs {expected}",
-            )
-        return TensorRecord(index, name, got_dtype, got_shape, offset, nbytes, group, bits)
 
     # -- access -------------------------------------------------------------------------------
     @property

@@ -11,13 +11,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..errors import CactFormatError
+from ..kernels.cq_tensor import STORAGE_BITS
 
 if TYPE_CHECKING:
     from .cact import TensorRecord
 
 RECORD_BYTES = 44
-# Storage width of one index: bits 5 is the ternary "crumb" code stored in 2 bits.
-STORAGE_BITS = {1: 1, 2: 2, 3: 3, 4: 4, 5: 2}
 # Upper bound on any single header dimension: anything larger is corruption, and checking it
 # up front keeps a flipped bit from turning into a huge allocation.
 MAX_DIM = 1 << 24

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..formats.cact import CQTensor
+from .cq_tensor import CQTensor
 from .fwht import fwht_groups, hadamard_matrix
 
 # Scratch for `rotated_into`: a few groups of gathered values, sized to stay in L2.

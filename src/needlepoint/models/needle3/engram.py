@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ...formats.cact import CQTensor
 from ...kernels.cq import dequantize_rows, gather_rows
+from ...kernels.cq_tensor import CQTensor
 from ..ops import engram_slots, sigmoid
 from .config import V3Config
 from .fastnum import a8_rows

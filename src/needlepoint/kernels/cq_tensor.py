@@ -1,0 +1,45 @@
+"""The packed Cactus-Quants (CQ) matrix type the kernels work on (fixture README "CQ tensors").
+
+It sits in `kernels/` (the bottom layer) so both the archive reader, which makes them as
+zero-copy views of its memory map, and the kernels, which multiply them, can import it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+# Storage width of each CQ `bits` code: 1-4 bits are that many bits per index; 5 (ternary)
+# packs its three codes in 2-bit crumbs.
+STORAGE_BITS = {1: 1, 2: 2, 3: 3, 4: 4, 5: 2}
+
+
+@dataclass(frozen=True)
+class CQTensor:
+    """A Cactus-Quant matrix: packed codebook indices plus one FP16 norm per row and group.
+
+    `packed` is [rows, in_pad * storage_bits / 8] uint8 and `norms` [rows, in_pad / group]
+    float16, both zero-copy views into the archive.
+    """
+
+    name: str
+    rows: int
+    cols: int
+    bits: int
+    group: int
+    packed: np.ndarray
+    norms: np.ndarray
+    codebook: np.ndarray
+
+    @property
+    def in_pad(self) -> int:
+        return self.norms.shape[1] * self.group
+
+    @property
+    def storage_bits(self) -> int:
+        return STORAGE_BITS[self.bits]
+
+    @property
+    def nbytes(self) -> int:
+        return self.packed.nbytes + self.norms.nbytes
