@@ -14,8 +14,8 @@ from conftest import get_fixture, toy_model_path
 
 from needlepoint import open_archive
 from needlepoint.formats.cact import CQTensor
-from needlepoint.models.needle2.config import V2Config
-from needlepoint.models.needle3.config import V3Config
+from needlepoint.formats.needle2_geometry import V2Config
+from needlepoint.formats.needle3_geometry import V3Config
 
 
 # -- good archives ------------------------------------------------------------------------------

@@ -17,9 +17,9 @@ import sys
 from typing import Any
 
 from ..errors import CactFormatError
+from ..formats import needle2_geometry as v2config
+from ..formats import needle3_geometry as v3config
 from ..formats.cact import CactArchive, TensorRecord, open_archive
-from ..models.needle2 import config as v2config
-from ..models.needle3 import config as v3config
 
 HELP = "show a .cact archive's generation, geometry, tensors, tokenizer and heads"
 

@@ -2,8 +2,8 @@
 
 Layout (fixture READMEs, "The `.cact` archive" / "The v2 `.cact` layout"): header, codebooks,
 a directory of 44-byte records, then 64-byte-aligned blobs. Records carry no names: their
-order is fixed by the geometry, so names come from `v3.config.tensor_layout` /
-`v2.config.tensor_layout` plus the probe-head manifest.
+order is fixed by the geometry, so names come from `needle3_geometry.tensor_layout` /
+`needle2_geometry.tensor_layout` plus the probe-head manifest.
 
 The file is memory-mapped and every tensor is a zero-copy numpy view; nothing is decoded until
 it is asked for. Every inconsistency is a `CactFormatError` naming the field and byte offset.
@@ -23,8 +23,8 @@ import numpy as np
 
 from ..errors import TokenizerError
 from ..kernels.cq_tensor import STORAGE_BITS, CQTensor
-from ..models.needle2 import config as v2config
-from ..models.needle3 import config as v3config
+from . import needle2_geometry as v2config
+from . import needle3_geometry as v3config
 from .cact_checks import (
     HEADER_OFFSETS,
     RECORD_BYTES,

@@ -12,7 +12,7 @@ import pytest
 from conftest import NEEDLE2_FIXTURES, NEEDLE3_FIXTURES, get_fixture, model_loader
 
 import needlepoint
-from needlepoint.models.needle2.config import ladder_layer_indices
+from needlepoint.models.needle2.ladder import ladder_layer_indices
 
 
 @pytest.fixture(scope="module")

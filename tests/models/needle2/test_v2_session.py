@@ -11,7 +11,7 @@ from conftest import NEEDLE2_FIXTURES, get_fixture
 
 import needlepoint
 from needlepoint import ModelInputError
-from needlepoint.models.needle2.config import V2Config
+from needlepoint.formats.needle2_geometry import V2Config
 from needlepoint.models.needle2.heads import confidence_logit
 from needlepoint.models.needle2.model import V2Model
 

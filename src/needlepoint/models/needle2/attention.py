@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...formats.needle2_geometry import V2Config
 from ..ops import apply_rope, rms_unit, sigmoid, softmax
-from .config import V2Config
 from .state import V2State
 from .weights import LayerWeights
 

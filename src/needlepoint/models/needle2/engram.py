@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...formats.needle2_geometry import V2Config
 from ...kernels.cq import dequantize_rows
 from ..ops import engram_slots
-from .config import V2Config
 from .state import V2State
 from .weights import EngramWeights
 

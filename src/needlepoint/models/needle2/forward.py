@@ -24,9 +24,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ...formats.needle2_geometry import V2Config
 from ..ops import rms_unit, rope_tables, sigmoid
 from .attention import attention
-from .config import V2Config
 from .engram import engram_keys_values
 from .mhc import lane_sum, route, update_lanes
 from .mlp import hadamard_mlp

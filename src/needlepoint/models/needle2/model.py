@@ -16,9 +16,10 @@ import numpy as np
 
 from ...errors import ModelInputError, NeedlepointError
 from ...formats.cact import CactArchive
-from .config import V2Config, ladder_config, ladder_layer_indices
+from ...formats.needle2_geometry import V2Config
 from .forward import Core, Trace, forward_chunk
 from .heads import confidence_logit, contrastive_embedding
+from .ladder import ladder_config, ladder_layer_indices
 from .session import PREFILL_CHUNK, V2Session, as_token_ids, full_causal_cells
 from .weights import V2Weights, load_weights
 

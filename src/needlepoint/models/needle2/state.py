@@ -17,7 +17,7 @@ import copy
 import numpy as np
 
 from ...errors import ModelInputError
-from .config import V2Config
+from ...formats.needle2_geometry import V2Config
 
 
 class V2State:

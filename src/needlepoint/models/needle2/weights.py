@@ -16,9 +16,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...formats.cact import CactArchive, CQTensor
+from ...formats.needle2_geometry import V2Config
 from ...kernels.cq import dequantize
 from ..ops import sigmoid
-from .config import V2Config, kept_engram_sites
+from .ladder import kept_engram_sites
 
 
 @dataclass(frozen=True)

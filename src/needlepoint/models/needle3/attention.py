@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ...formats.needle3_geometry import V3Config
 from .cache import LayerCache
-from .config import V3Config
 from .fastnum import a8_rows, sigmoid
 from .norms import zc_norm
 from .step import LayerPlan, StepPlan

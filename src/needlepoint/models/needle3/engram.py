@@ -17,10 +17,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ...formats.needle3_geometry import V3Config
 from ...kernels.cq import dequantize_rows, gather_rows
 from ...kernels.cq_tensor import CQTensor
 from ..ops import engram_slots, sigmoid
-from .config import V3Config
 from .fastnum import a8_rows
 from .norms import rms_unit
 from .weights import EngramSite

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from ...formats.needle3_geometry import V3Config
 from ..ladder import ladder_layer_indices
-from .config import V3Config
 
 __all__ = ["ladder_config", "ladder_layer_indices"]
 

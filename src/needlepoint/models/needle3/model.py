@@ -17,8 +17,8 @@ import numpy as np
 
 from ...errors import ModelInputError
 from ...formats.cact import CactArchive
+from ...formats.needle3_geometry import V3Config
 from ..ops import rope_tables
-from .config import V3Config
 from .ladder import ladder_config, ladder_layer_indices
 from .session import Trace, V3Session
 from .step import StepPlan, build_plan

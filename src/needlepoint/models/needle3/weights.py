@@ -34,10 +34,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...formats.cact import CactArchive, CQTensor
+from ...formats.needle3_geometry import V3Config
 from ...kernels.cq import dequantize_rows, rotated_into, table_rows
 from ...kernels.fwht import fwht_groups, hadamard_matrix
 from .. import weight_cache
-from .config import V3Config
 
 F32 = np.float32
 # Hadamard size of the rotated domain: CQ's group (README "CQ tensors"). A rotated matrix

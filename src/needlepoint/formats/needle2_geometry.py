@@ -6,9 +6,7 @@ The header is 29 little-endian u32 followed by one f32 rope_theta (120 bytes).
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass, replace
-
-from ..ladder import ladder_layer_indices  # noqa: F401  (re-exported)
+from dataclasses import dataclass
 
 FORMAT_TAG = 0x05E12A83
 HEADER_U32 = 29
@@ -137,21 +135,3 @@ def tensor_layout(cfg: V2Config) -> list[tuple[str, str, tuple[int, ...]]]:
 # Probe heads (needle2 README step 6): codes and the records each head carries.
 HEAD_CODES = {1: "contrastive_head", 2: "confidence_head"}
 HEAD_RECORDS = ("probes", "proj", "bias")
-
-
-# Depth ladder ----------------------------------------------------------------------------
-# The Needle 2 fixtures carry no rung references, so the rule is the one the needle3
-# README "Ladder" section documents for upstream's `ladder_layer_indices` (shared module).
-
-
-def ladder_config(cfg: V2Config, kept: tuple[int, ...]) -> V2Config:
-    """The rung's geometry: `kept` blocks renumbered 0..k-1; engram sites at kept layers
-    follow the new index, sites at dropped layers are dropped (needle3 README "Ladder")."""
-    new_index = {old: new for new, old in enumerate(kept)}
-    sites = tuple(new_index[site] for site in cfg.engram_sites if site in new_index)
-    return replace(cfg, num_layers=len(kept), engram_sites=sites)
-
-
-def kept_engram_sites(cfg: V2Config, kept: tuple[int, ...]) -> tuple[int, ...]:
-    """Archive site indices (engram{s}.*) whose layer survives in the rung, in order."""
-    return tuple(s for s, layer in enumerate(cfg.engram_sites) if layer in kept)
