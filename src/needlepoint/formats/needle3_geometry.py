@@ -1,4 +1,5 @@
-"""Needle 3 geometry (the `V3Config` of an archive), read from the `.cact` header (fixture README "The `.cact` archive").
+"""Needle 3 geometry (an archive's `V3Config`), read from the `.cact` header (fixture README
+"The `.cact` archive").
 
 The header is 48 little-endian u32 followed by one f32 rope_theta (196 bytes).
 """

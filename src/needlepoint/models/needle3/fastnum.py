@@ -140,37 +140,3 @@ def softmax_rows(x: np.ndarray) -> np.ndarray:
     return x
 
 
-def sinkhorn4(logits: np.ndarray, rounds: int = 20) -> np.ndarray:
-    """Sinkhorn of one 4 x 4 matrix (`mhc.sinkhorn`: `rounds` of subtracting the row then the
-    column log-sum-exp, then exp) on Python floats (float64). Subtracting log-sum-exps is
-    dividing by sums, so the result is `diag(r) K diag(c)` with `K = exp(z - max z)`,
-    `r = 1 / (K c)` and `c = 1 / (K^T r)` alternated: ~1300 unrolled scalar operations, far
-    cheaper than the ~280 numpy calls of the log-domain form. The float64 result is within
-    float32 rounding of upstream's; an underflowing row or column falls back to that form."""
-    a, b, c, d, e, f, g, h, i, j, k, m, n, o, p, q = map(
-        math.exp, (logits - maximum_reduce(logits, axis=None)).ravel().tolist()
-    )
-    c0 = c1 = c2 = c3 = 1.0
-    try:
-        for _ in range(rounds):
-            r0 = 1.0 / (a * c0 + b * c1 + c * c2 + d * c3)
-            r1 = 1.0 / (e * c0 + f * c1 + g * c2 + h * c3)
-            r2 = 1.0 / (i * c0 + j * c1 + k * c2 + m * c3)
-            r3 = 1.0 / (n * c0 + o * c1 + p * c2 + q * c3)
-            c0 = 1.0 / (a * r0 + e * r1 + i * r2 + n * r3)
-            c1 = 1.0 / (b * r0 + f * r1 + j * r2 + o * r3)
-            c2 = 1.0 / (c * r0 + g * r1 + k * r2 + p * r3)
-            c3 = 1.0 / (d * r0 + h * r1 + m * r2 + q * r3)
-    except ZeroDivisionError:
-        from .mhc import sinkhorn
-
-        return sinkhorn(logits[None])[0]
-    return np.array(
-        [
-            [r0 * a * c0, r0 * b * c1, r0 * c * c2, r0 * d * c3],
-            [r1 * e * c0, r1 * f * c1, r1 * g * c2, r1 * h * c3],
-            [r2 * i * c0, r2 * j * c1, r2 * k * c2, r2 * m * c3],
-            [r3 * n * c0, r3 * o * c1, r3 * p * c2, r3 * q * c3],
-        ],
-        F32,
-    )

@@ -15,55 +15,11 @@ import numpy as np
 
 from .fastnum import a8_rows, sigmoid
 from .norms import rms_unit
+from .sinkhorn import sinkhorn_rows
 from .weights import MhcWeights
 
 F32 = np.float32
 F64 = np.float64
-
-
-def sinkhorn(logits: np.ndarray, iterations: int = 20) -> np.ndarray:
-    """`ops.sinkhorn` (upstream `_sinkhorn`: subtract the row, then the column log-sum-exp,
-    `iterations` times, then exp) with the same arithmetic, in raw ufunc calls: on a decode
-    step the [1, n, n] arrays are tiny and per-call overhead is the whole cost."""
-    z = np.asarray(logits, F32)
-    peak_of, total_of, exp, log = np.maximum.reduce, np.add.reduce, np.exp, np.log
-    for _ in range(iterations):
-        peak = peak_of(z, axis=-1, keepdims=True)
-        z = z - (log(total_of(exp(z - peak), axis=-1, keepdims=True)) + peak)
-        peak = peak_of(z, axis=-2, keepdims=True)
-        z = z - (log(total_of(exp(z - peak), axis=-2, keepdims=True)) + peak)
-    return exp(z)
-
-
-def sinkhorn_rows(logits: np.ndarray, rounds: int = 20) -> np.ndarray:
-    """Sinkhorn of every matrix of logits [T, n, n], as `fastnum.sinkhorn4` computes one (the
-    decode step's form, so prefill and stepping agree): `K = exp(z - max z)` in float64, then
-    `r = 1 / (K c)`, `c = 1 / (K^T r)` alternated `rounds` times, `diag(r) K diag(c)` cast to
-    float32. Batched over T this is 6 numpy calls a round instead of the log-domain form's 14,
-    with the same sums in the same order (numpy reduces a length-n axis sequentially, as the
-    unrolled scalar code adds). A matrix whose scaling under- or overflows (never in practice)
-    falls back to the log-domain `sinkhorn`, as `sinkhorn4` does."""
-    rows, n, _ = logits.shape
-    peak = logits.reshape(rows, n * n).max(axis=1)
-    # [i, j, T]: positions innermost, so every product and sum runs over long vectors
-    shifted = np.ascontiguousarray(logits.transpose(1, 2, 0)) - peak  # float32, as sinkhorn4
-    kernel = np.exp(shifted, dtype=F64)
-    row = col = np.ones(kernel.shape[1:], F64)  # [i, T], [j, T]
-    scratch = np.empty_like(kernel)
-    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
-        for _ in range(rounds):
-            # r_i = 1 / sum_j K_ij c_j, then c_j = 1 / sum_i K_ij r_i (each summed in order)
-            row = np.add.reduce(np.multiply(kernel, col[None], out=scratch), axis=1)
-            np.divide(1.0, row, out=row)
-            col = np.add.reduce(np.multiply(kernel, row[:, None], out=scratch), axis=0)
-            np.divide(1.0, col, out=col)
-        out = row[:, None] * kernel
-        out *= col[None]
-    bad = ~np.isfinite(out).all(axis=(0, 1))
-    result = np.ascontiguousarray(out.transpose(2, 0, 1), dtype=F32)
-    if bad.any():
-        result[bad] = sinkhorn(logits[bad], rounds)
-    return result
 
 
 def route(lanes: np.ndarray, mhc: MhcWeights, quantized: bool):

@@ -30,12 +30,11 @@ from .fastnum import (
     inv_rms,
     mean_into,
     sigmoid,
-    sinkhorn4,
     softmax_rows,
     zc,
     zc_rows,
 )
-from .mhc import sinkhorn
+from .sinkhorn import sinkhorn, sinkhorn4
 from .weights import rotate
 
 if TYPE_CHECKING:  # pragma: no cover
