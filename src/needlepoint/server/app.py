@@ -19,11 +19,11 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..errors import ModelInputError, NeedlepointError, ToolSchemaError
-from .cli import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_QUEUE, default_workers
 from .concurrency import EventPump, WorkerPool
 from .engine import ChatResult, Delta, Engine
 from .errors import ApiError, bad_request, body_too_large
 from .schemas import ChatCompletionRequest, ModelCard, ModelList, NativeCompleteRequest
+from .settings import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_QUEUE, default_workers
 from .streaming import ChunkWriter
 
 log = logging.getLogger("needlepoint.server")
@@ -284,6 +284,6 @@ def _replay(body: bytes, receive: Receive) -> Receive:
 
 
 def _version() -> str:
-    from .. import __version__
+    from ..version import __version__
 
     return __version__

@@ -13,16 +13,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..errors import NeedlepointError
+from .settings import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_QUEUE
 
 HELP = "serve a model over an OpenAI-compatible HTTP API (needs the 'server' extra)"
-DEFAULT_MAX_QUEUE = 64
-DEFAULT_MAX_BODY_BYTES = 1 << 20  # 1 MiB: a 512-token context never needs more
-
-
-def default_workers() -> int:
-    return max(1, os.cpu_count() or 1)
-
-
 class MissingExtraError(NeedlepointError, ImportError):
     """The server's dependencies (the `server` extra) are not installed."""
 
