@@ -32,8 +32,8 @@ def run(args: argparse.Namespace) -> int:
     )
     from rich.table import Table
 
-    from .. import load
     from ..api.evaluate import evaluate, load_examples
+    from ..models.loader import load
 
     examples = load_examples(args.data)[: args.limit]
     modes = {"both": ("grammar", "free"), "on": ("grammar",), "off": ("free",)}[args.grammar]

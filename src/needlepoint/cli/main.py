@@ -21,8 +21,8 @@ import os
 import sys
 from collections.abc import Sequence
 
-from .. import __version__
 from ..errors import NeedlepointError
+from ..version import __version__
 
 # Subcommand name -> module (relative to this package). The one place to register commands.
 COMMANDS: dict[str, str] = {

@@ -77,7 +77,7 @@ class ModelCache:
     def _load(self, path: Path) -> Any:
         if self._loader is not None:
             return self._loader(path)
-        from .. import load  # the archive -> model dispatcher lives in the package root
+        from .loader import load
 
         return load(path)
 
@@ -101,7 +101,7 @@ def load_model(model: Any = None, cache: ModelCache | None = MODEL_CACHE) -> Any
         return model
     path = resolve_model_path(model)
     if cache is None:
-        from .. import load
+        from .loader import load
 
         return load(path)
     return cache.load(path)

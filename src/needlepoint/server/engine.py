@@ -95,7 +95,7 @@ class Engine:
     ) -> None:
         path = Path(model) if isinstance(model, str | os.PathLike) else None
         if path is not None:
-            from .. import load
+            from ..models.loader import load
 
             model = load(path)
         if needle_factory is None:

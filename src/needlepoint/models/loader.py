@@ -1,0 +1,41 @@
+"""Open a `.cact` file as a model: the archive's tag picks the generation (Needle 3 or 2).
+
+`needlepoint.load` is this function; `models.hub` resolves names and the bundled model to a path
+and calls it, so model lookup sits above nothing it needs.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from ..formats.cact import open_archive
+
+NUMERICS = ("deploy", "float")
+
+
+def load(
+    path: str | os.PathLike[str],
+    *,
+    layers: int | None = None,
+    numerics: str = "deploy",
+    cache: bool | None = None,
+) -> Any:
+    """Load a `.cact` model; the generation (Needle 3 or 2) comes from the archive's tag.
+
+    `layers=N` selects the N-layer rung of the depth ladder as upstream selects it;
+    `numerics="deploy"` (A8 activations, int8 KV: what the archive is meant to run at) or
+    `"float"` (the stored weights with no activation or KV quantisation). `cache` (Needle 3):
+    reuse/write the prepared weights in the on-disk cache (`needlepoint.weight_cache`; None =
+    on unless the environment sets NEEDLEPOINT_CACHE=0).
+    """
+    if numerics not in NUMERICS:
+        raise ValueError(f"numerics must be one of {NUMERICS}, got {numerics!r}")
+    archive = open_archive(path)
+    if archive.generation == 3:
+        from .needle3.model import V3Model
+
+        return V3Model.from_archive(archive, layers=layers, numerics=numerics, cache=cache)
+    from .needle2.model import V2Model
+
+    return V2Model.from_archive(archive, layers=layers, numerics=numerics)
