@@ -21,3 +21,44 @@ class ModelInputError(NeedlepointError, ValueError):
 
 class ToolSchemaError(NeedlepointError, ValueError):
     """A tool definition cannot be turned into a JSON schema the model and grammar accept."""
+
+
+class CheckpointError(NeedlepointError, ValueError):
+    """A Hugging Face model directory or GGUF file is malformed or cannot be run: a missing or
+    unreadable file, a bad config field, a tensor that is missing or has the wrong shape.
+    The message names the file, field or tensor."""
+
+
+class UnsupportedArchitectureError(CheckpointError):
+    """The checkpoint's architecture (config `model_type` / GGUF `general.architecture`) or one
+    of its options (a RoPE scaling type, an activation, ...) is not one needlepoint runs."""
+
+
+class MissingTensorError(CheckpointError, KeyError):
+    """A tensor the architecture needs is not in the checkpoint (the message names it)."""
+
+    __str__ = BaseException.__str__  # plain message, not KeyError's repr-quoted one
+
+
+class TensorShapeError(CheckpointError):
+    """A tensor's shape does not match the config (the message names it, with both shapes)."""
+
+
+class UnsupportedTensorTypeError(CheckpointError):
+    """A tensor's storage type (a safetensors dtype, a GGUF quantisation type) cannot be
+    decoded (the message names the tensor and the type)."""
+
+
+class NonFiniteActivationError(NeedlepointError, ArithmeticError):
+    """The model computed NaN or infinite values (logits or activations): almost always
+    corrupted weight bytes inside an otherwise well-formed archive
+    (`needlepoint inspect --verify MODEL.cact` finds the tensor)."""
+
+
+class InvalidOptionError(NeedlepointError, ValueError):
+    """A generation option (temperature, top_p, seed, stop, ...) has a wrong type or value;
+    the message names the option and what it allows."""
+
+
+class InvalidQueryError(NeedlepointError, ValueError):
+    """The user's query is empty, blank or not a string."""

@@ -9,12 +9,42 @@ depend on how many draws came before it.
 
 from __future__ import annotations
 
+import math
+import numbers
 import secrets
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-SEED_BITS = 63  # Philox keys are uint64; keep seeds non-negative Python ints
+from ..errors import InvalidOptionError
+
+SEED_BITS = 63  # a drawn seed: a non-negative int64
+SEED_MIN, SEED_MAX = -(1 << 63), (1 << 63) - 1  # seeds are int64, as OpenAI takes them
+_UINT64 = (1 << 64) - 1
+
+
+def _number(name: str, value: Any, rule: str) -> float:
+    """`value` as a finite float, or InvalidOptionError naming the option and its rule."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise InvalidOptionError(f"{name} must be {rule}, got {value!r}")
+    value = float(value)
+    if not math.isfinite(value):
+        raise InvalidOptionError(f"{name} must be {rule}, got {value!r}")
+    return value
+
+
+def check_seed(seed: Any) -> int | None:
+    """The one seed rule of the API, the CLI and the server: None, or an int64
+    ([-2**63, 2**63), what OpenAI accepts). Distinct seeds give distinct random streams."""
+    if seed is None:
+        return None
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+        raise InvalidOptionError(f"seed must be an integer in [-2**63, 2**63), got {seed!r}")
+    seed = int(seed)
+    if not SEED_MIN <= seed <= SEED_MAX:
+        raise InvalidOptionError(f"seed must be an integer in [-2**63, 2**63), got {seed}")
+    return seed
 
 
 @dataclass(frozen=True)
@@ -30,14 +60,18 @@ class SamplingConfig:
     seed: int | None = None
 
     def __post_init__(self) -> None:
-        if not np.isfinite(self.temperature) or self.temperature < 0:
-            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
-        if self.top_k is not None and self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.seed is not None and not 0 <= self.seed < 2**64:
-            raise ValueError(f"seed must be in [0, 2**64), got {self.seed}")
+        # Every check names the option and what it allows (InvalidOptionError, a ValueError).
+        rule = "a finite number >= 0 (0 = greedy)"
+        if _number("temperature", self.temperature, rule) < 0:
+            raise InvalidOptionError(f"temperature must be {rule}, got {self.temperature!r}")
+        if self.top_k is not None and (isinstance(self.top_k, bool) or not isinstance(
+                self.top_k, numbers.Integral) or self.top_k < 0):
+            raise InvalidOptionError(f"top_k must be an integer >= 0 (0 or None: no limit), "
+                                     f"got {self.top_k!r}")
+        rule = "a number in (0, 1]"
+        if not 0.0 < _number("top_p", self.top_p, rule) <= 1.0:
+            raise InvalidOptionError(f"top_p must be {rule}, got {self.top_p!r}")
+        check_seed(self.seed)
 
     @property
     def greedy(self) -> bool:
@@ -52,7 +86,10 @@ def resolve_seed(seed: int | None) -> int:
 def position_rng(seed: int, position: int) -> np.random.Generator:
     """The RNG for the token at absolute `position`: a counter-based Philox keyed by
     (seed, position), so the draw is a pure function of the two (seed 003's rule)."""
-    return np.random.Generator(np.random.Philox(key=[int(seed), int(position)]))
+    # The key is built as uint64 explicitly: a negative int64 seed maps to its two's
+    # complement (a bijection), never through a float that would merge nearby seeds.
+    key = np.array([int(seed) & _UINT64, int(position) & _UINT64], dtype=np.uint64)
+    return np.random.Generator(np.random.Philox(key=key))
 
 
 def apply_mask(logits: np.ndarray, allowed: np.ndarray | None) -> np.ndarray:
