@@ -5,7 +5,8 @@ answer outside any tool call), `ToolCallDelta`s (the JSON text between `<tool_ca
 `</tool_call>`, exactly as generated), then one closing event: `TurnComplete` from the
 generator (carrying the raw `TurnResult`), which the API turns into `Done` (carrying the
 envelope dict). Deltas are whitespace-trimmed at both ends of each segment, so joining a
-kind's deltas gives exactly that field of the final envelope.
+kind's deltas gives exactly that field of the final envelope. With `logprobs` requested,
+each answer-text token is followed by a `LogprobDelta`.
 """
 
 from __future__ import annotations
@@ -33,6 +34,21 @@ class TextDelta:
 class ToolCallDelta:
     text: str
     type: ClassVar[str] = "tool_call"
+
+
+@dataclass(frozen=True)
+class LogprobDelta:
+    """The log probability of one answer-text token, when `GenerationConfig.logprobs` is set:
+    `entry` is `{"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob",
+    "bytes"}, ...]}` (OpenAI's shape), from the model's unmasked distribution at T = 1.
+    Streamed right after the token's `TextDelta` (if it made one)."""
+
+    entry: dict[str, Any]
+    type: ClassVar[str] = "logprob"
+
+    @property
+    def text(self) -> str:  # no text of its own: a consumer joining texts adds nothing
+        return ""
 
 
 @dataclass(frozen=True)

@@ -30,19 +30,9 @@ import llguidance
 import numpy as np
 
 from ..errors import NeedlepointError, TokenizerError, ToolSchemaError
+from .tool_schema import tool_parts
 
 MAX_TOOLS = 64  # the used-tool set is the 64-bit parameter of a parametric rule
-# No whitespace anywhere: the model was trained on compact JSON only.
-_JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ",", "key_separator": ":",
-                 "coerce_one_of": True}  # oneOf as anyOf where llguidance cannot do better
-# Schema keywords whose values are schemas (so `_closed` never rewrites data such as an
-# `enum`, a `default`, or the name->schema map under `properties`).
-_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
-_SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
-_SCHEMA_ONE = ("items", "additionalItems", "additionalProperties", "not", "if", "then", "else",
-               "contains", "propertyNames", "unevaluatedProperties", "unevaluatedItems")
-_OPEN_KEYS = ("additionalProperties", "patternProperties", "unevaluatedProperties")
-_COMPOSITION = ("anyOf", "oneOf", "allOf", "$ref")
 
 
 class GrammarError(NeedlepointError, ValueError):
@@ -176,61 +166,6 @@ class _Wrapper:
         return self._tokenize(data)
 
 
-def _closed(schema: Any, formats: bool, top: bool = False) -> Any:
-    """Copy of `schema` where objects that declare properties (and the top level) reject
-    undeclared keys: JSON schema allows extra keys by default, a tool call must not.
-    An explicit additionalProperties/patternProperties/unevaluatedProperties is kept.
-    Unless `formats`, `format` is dropped: JSON Schema 2020-12 makes it an annotation, and
-    the training data uses it loosely ("format": "time" with answers like "06:45", which
-    RFC 3339 full-time, what llguidance enforces, rejects)."""
-    if not isinstance(schema, dict):
-        return schema  # true/false schemas
-    out = dict(schema)
-    if not formats:
-        out.pop("format", None)
-    for key in _SCHEMA_MAPS:
-        if isinstance(out.get(key), dict):
-            out[key] = {name: _closed(sub, formats) for name, sub in out[key].items()}
-    for key in _SCHEMA_LISTS:
-        if isinstance(out.get(key), list):
-            out[key] = [_closed(sub, formats) for sub in out[key]]
-    for key in _SCHEMA_ONE:
-        if key in out:
-            sub = out[key]
-            out[key] = ([_closed(s, formats) for s in sub] if isinstance(sub, list)
-                        else _closed(sub, formats))
-    declares = "properties" in out or (top and not any(k in out for k in _COMPOSITION))
-    if declares and not any(k in out for k in _OPEN_KEYS):
-        out["additionalProperties"] = False
-    return out
-
-
-def _tool_parts(tool: Any, index: int, formats: bool) -> tuple[str, dict]:
-    """(name, closed parameters schema) of one tool dict; ToolSchemaError when malformed."""
-    if not isinstance(tool, Mapping):
-        raise ToolSchemaError(f"tool {index} is a {type(tool).__name__}, expected a dict with "
-                              "'name' and 'parameters'")
-    name = tool.get("name")
-    if not isinstance(name, str) or not name:
-        raise ToolSchemaError(f"tool {index}: 'name' must be a non-empty string, got {name!r}")
-    params = tool.get("parameters", {"type": "object", "properties": {}})
-    if not isinstance(params, Mapping):
-        raise ToolSchemaError(f"tool {name!r}: 'parameters' must be a JSON schema object, got "
-                              f"{type(params).__name__}")
-    kind = params.get("type", "object")
-    if kind != "object":
-        raise ToolSchemaError(f"tool {name!r}: 'parameters' must be an object schema "
-                              f"(type 'object'), got type {kind!r}")
-    try:  # round trip: proves it is plain JSON (no NaN, sets, objects) and copies it
-        params = json.loads(json.dumps(params, allow_nan=False))
-    except (TypeError, ValueError) as exc:
-        raise ToolSchemaError(f"tool {name!r}: 'parameters' is not JSON-serialisable: "
-                              f"{exc}") from None
-    closed = _closed(params, formats, top=True)
-    closed["x-guidance"] = _JSON_OPTIONS
-    return name, closed
-
-
 def _engine_message(message: str) -> str:
     """The useful line of an llguidance error (it appends the grammar source)."""
     line = message.strip().splitlines()[0] if message.strip() else "unknown error"
@@ -241,23 +176,29 @@ class ToolCallGrammar:
     """The tool-call grammar for one tool list; `start()` gives a fresh matcher per turn.
 
     `strict_formats=True` enforces `format` (date, time, email, uuid, ...) as llguidance
-    defines them; by default `format` is an annotation only (see `_closed`)."""
+    defines them; by default `format` is an annotation only (see `tool_schema.closed_schema`).
+    `require_call=True` leaves out `[]` (at least one call: OpenAI `tool_choice="required"`);
+    `parallel_calls=False` allows at most one call (`parallel_tool_calls=false`)."""
 
     def __init__(self, vocab: TokenVocab, tools: Sequence[Mapping[str, Any]], *,
-                 strict_formats: bool = False) -> None:
+                 strict_formats: bool = False, require_call: bool = False,
+                 parallel_calls: bool = True) -> None:
         if isinstance(tools, Mapping | str | bytes) or not isinstance(tools, Sequence):
             raise ToolSchemaError(f"tools must be a list of tool dicts, got {type(tools).__name__}")
         if len(tools) > MAX_TOOLS:
             raise ToolSchemaError(f"{len(tools)} tools: at most {MAX_TOOLS} are supported")
         self.vocab = vocab
-        parts = [_tool_parts(tool, i, strict_formats) for i, tool in enumerate(tools)]
+        parts = [tool_parts(tool, i, strict_formats) for i, tool in enumerate(tools)]
         self.tool_names = tuple(name for name, _ in parts)
         seen: set[str] = set()
         for name in self.tool_names:
             if name in seen:
                 raise ToolSchemaError(f"tool name {name!r} is declared twice")
             seen.add(name)
-        self.lark = self._lark(parts, vocab.end_ids)
+        if require_call and not parts:
+            raise ToolSchemaError("a call is required, but no tools are declared")
+        self.require_call, self.parallel_calls = bool(require_call), bool(parallel_calls)
+        self.lark = self._lark(parts, vocab.end_ids, self.require_call, self.parallel_calls)
         prototype = llguidance.LLMatcher(vocab._llg, llguidance.LLMatcher.grammar_from_lark(
             self.lark), log_level=0)
         if prototype.is_error():
@@ -275,18 +216,25 @@ class ToolCallGrammar:
         self._prototype = prototype  # matchers are deep copies (~1 us instead of ~ms)
 
     @staticmethod
-    def _lark(parts: list[tuple[str, dict]], end_ids: tuple[int, ...]) -> str:
+    def _lark(parts: list[tuple[str, dict]], end_ids: tuple[int, ...], require: bool = False,
+              parallel: bool = True) -> str:
         """`[` calls `]` end-markers, where `calls::S` (S = set of used tools, as bits) offers
-        tool i only when bit i of S is clear, then continues with bit i set."""
+        tool i only when bit i of S is clear, then continues with bit i set. Without
+        `parallel`, `calls` is one call or none; `require` drops the empty alternative."""
         ends = " ".join(f"<[{i}]>" for i in end_ids)
         if not parts:
             return f'start: "[]" {ends}\n'
-        first = ['""'] + [f"call{i} more::set_bit({i})" for i in range(len(parts))]
-        more = ['""'] + [f'"," call{i} more::set_bit({i}) %if bit_clear({i})'
-                         for i in range(len(parts))]
-        lines = [f'start: "[" calls::0x0 "]" {ends}',
-                 "calls::_ : " + "\n    | ".join(first),
-                 "more::_ : " + "\n    | ".join(more)]
+        empty = [] if require else ['""']
+        if not parallel:
+            lines = [f'start: "[" calls "]" {ends}',
+                     "calls: " + "\n    | ".join(empty + [f"call{i}" for i in range(len(parts))])]
+        else:
+            first = empty + [f"call{i} more::set_bit({i})" for i in range(len(parts))]
+            more = ['""'] + [f'"," call{i} more::set_bit({i}) %if bit_clear({i})'
+                             for i in range(len(parts))]
+            lines = [f'start: "[" calls::0x0 "]" {ends}',
+                     "calls::_ : " + "\n    | ".join(first),
+                     "more::_ : " + "\n    | ".join(more)]
         for i, (name, schema) in enumerate(parts):
             head = '{"name":' + json.dumps(name, ensure_ascii=False) + ',"arguments":'
             lines.append(f'call{i}: {json.dumps(head, ensure_ascii=False)} args{i} "}}"')

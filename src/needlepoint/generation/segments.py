@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from .events import DeltaEvent, ReasoningDelta, TextDelta, ToolCallDelta
 from .prompt import IM_END, THINK_CLOSE, THINK_OPEN, TOOL_CALL_CLOSE, TOOL_CALL_OPEN
+from .stops import StopFilter
 
 ANSWER, THINK, CALL, AFTER_CALL = "answer", "think", "call", "after_call"
 
@@ -68,7 +69,9 @@ class LazyStrip:
 @dataclass
 class SegmentParser:
     """Incremental splitter of one assistant turn. `strip_dummy_space` drops the one leading
-    space the dummy prefix puts before an answer (as `Tokenizer.decode` does)."""
+    space the dummy prefix puts before an answer (as `Tokenizer.decode` does). `stops` are
+    stop sequences for the plain answer text: once one appears, `stopped` is set and the text
+    ends before it (reasoning and call JSON are not searched)."""
 
     token_bytes: list[bytes]
     markers: MarkerIds
@@ -78,10 +81,16 @@ class SegmentParser:
     text: list[str] = field(default_factory=list)
     call: list[str] | None = None
     call_closed: bool = False
+    stops: tuple[str, ...] = ()
     _first: bool = True
 
     def __post_init__(self) -> None:
+        self._stop = StopFilter(self.stops) if self.stops else None
         self._new_segment()
+
+    @property
+    def stopped(self) -> bool:
+        return self._stop is not None and self._stop.hit is not None
 
     def _new_segment(self) -> None:
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
@@ -111,6 +120,8 @@ class SegmentParser:
 
     def _switch(self, mode: str) -> list[DeltaEvent]:
         events = self._emit(self._utf8.decode(b"", final=True))
+        if self.mode == ANSWER and self._stop is not None:
+            events += self._text(self._stop.flush())  # a held tail that never became a stop
         self.mode = mode
         self._new_segment()
         return events
@@ -122,6 +133,13 @@ class SegmentParser:
             # Call JSON is reported byte-exact: a parser downstream needs all of it.
             self.call.append(piece)
             return [ToolCallDelta(piece)]
+        if self.mode == ANSWER and self._stop is not None:
+            piece = self._stop.feed(piece)
+        return self._text(piece)
+
+    def _text(self, piece: str) -> list[DeltaEvent]:
+        if not piece:
+            return []
         piece = self._strip.feed(piece)
         if not piece:
             return []
@@ -132,8 +150,11 @@ class SegmentParser:
         return [TextDelta(piece)]
 
     def finish(self) -> list[DeltaEvent]:
-        """Flush a character cut off by the end of generation."""
-        return self._emit(self._utf8.decode(b"", final=True))
+        """Flush a character cut off by the end of generation (and a held stop prefix)."""
+        events = self._emit(self._utf8.decode(b"", final=True))
+        if self.mode == ANSWER and self._stop is not None:
+            events += self._text(self._stop.flush())
+        return events
 
     @property
     def call_text(self) -> str | None:

@@ -10,7 +10,14 @@ Phases of a turn (each optional except the stop):
    grammar's matcher masks every step (disallowed logits to -inf before greedy/sampling)
    through the JSON array, `</tool_call>` and `<|im_end|>`. Without a grammar the call runs
    free until `<|im_end|>`/EOS.
-3. stop: at `<|im_end|>`, EOS, the grammar finishing, `max_new_tokens`, or the context limit.
+3. stop: at `<|im_end|>`, EOS, the grammar finishing, a stop sequence in the answer text,
+   `max_new_tokens`, or the context limit.
+
+Options beside those: `allow_call=False` masks `<tool_call>` (a text-only turn: OpenAI
+`tool_choice="none"`); a reasoning budget then only closes a `<think>` block. A `content`
+constraint (response_format) masks the answer from its first token: JSON, or a tool call.
+Logits that are not finite (NaN/inf: corrupt weights) raise `NonFiniteActivationError`
+instead of decoding garbage.
 
 The stop token is *not* fed to the session (no logits are needed after it); it comes back as
 `TurnResult.pending` and the next turn's prefill starts with it, so a multi-turn conversation
@@ -24,6 +31,7 @@ shows up as low confidence instead of being hidden by renormalisation.
 
 from __future__ import annotations
 
+import numbers
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -31,10 +39,13 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from .events import DeltaEvent, TurnComplete
+from ..errors import InvalidOptionError, NonFiniteActivationError
+from .events import DeltaEvent, LogprobDelta, TurnComplete
+from .logprobs import MAX_TOP_LOGPROBS, token_logprob
 from .prompt import TOOL_CALL_OPEN, continuation_ids, turn_prefix_ids
 from .sampling import SamplingConfig, choose_token, resolve_seed, softmax
-from .segments import CALL, THINK, MarkerIds, SegmentParser
+from .segments import ANSWER, CALL, THINK, MarkerIds, SegmentParser
+from .stops import check_stops
 
 NORMAL_TYPE, BYTE_TYPE = 0, 4  # tokenizer piece types that carry ordinary text
 
@@ -71,18 +82,36 @@ class GenerationConfig:
 
     `reasoning_budget`: free-phase tokens allowed before `<tool_call>` is forced (None: no
     budget; 0: force the call at once). `require_call`: forbid ending the turn without a call.
+    `allow_call=False`: no tool call at all (text only). `stop`: up to 4 stop sequences for
+    the answer text. `logprobs`: None, or how many alternatives (0-20) to report with each
+    answer-text token's log probability.
     """
 
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     max_new_tokens: int = 512
     reasoning_budget: int | None = 256
     require_call: bool = False
+    allow_call: bool = True
+    stop: tuple[str, ...] = ()
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
-        if self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if self.reasoning_budget is not None and self.reasoning_budget < 0:
-            raise ValueError(f"reasoning_budget must be >= 0, got {self.reasoning_budget}")
+        _count("max_new_tokens", self.max_new_tokens, 1)
+        if self.reasoning_budget is not None:
+            _count("reasoning_budget", self.reasoning_budget, 0, "or None (no budget)")
+        object.__setattr__(self, "stop", check_stops(self.stop))
+        if self.logprobs is not None:
+            _count("logprobs", self.logprobs, 0, f"<= {MAX_TOP_LOGPROBS} (alternatives per "
+                   "token), or None (off)", high=MAX_TOP_LOGPROBS)
+        if self.require_call and not self.allow_call:
+            raise InvalidOptionError("require_call and allow_call=False contradict each other")
+
+
+def _count(name: str, value: Any, low: int, more: str = "", high: int | None = None) -> None:
+    ok = isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= low
+    if not ok or (high is not None and value > high):
+        rule = f"an integer >= {low}" + (f" {more}" if more else "")
+        raise InvalidOptionError(f"{name} must be {rule}, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -121,7 +150,7 @@ class TurnResult:
     text: str
     call_text: str | None  # JSON between `<tool_call>` and `</tool_call>`, None if no call
     call_closed: bool
-    stop_reason: str  # "end" (im_end / grammar done), "eos", "length"
+    stop_reason: str  # "end" (im_end / grammar done), "eos", "length", "stop" (sequence)
     call_token_probs: list[float]
     forced_call: bool
     seed: int
@@ -129,20 +158,38 @@ class TurnResult:
     prefill_s: float
     decode_s: float
     pending: list[int]  # tokens generated but not yet fed to the session
+    logprobs: list[dict[str, Any]] | None = None  # per answer-text token, when requested
 
     @property
     def decode_tokens(self) -> int:
         return len(self.tokens)
 
 
-def _free_mask(vocab: TurnVocab, parser: SegmentParser, require_call: bool) -> np.ndarray:
+def _free_mask(vocab: TurnVocab, parser: SegmentParser, config: GenerationConfig) -> np.ndarray:
     mask = vocab.free_mask.copy()
     m = vocab.markers
     mask[m.think_open] = parser.mode != THINK and not parser.reasoning and not parser.text
     mask[m.think_close] = parser.mode == THINK
-    if require_call:
+    if config.require_call:
         mask[m.im_end] = mask[m.eos] = False
+    if not config.allow_call:
+        mask[m.tool_call_open] = False
     return mask
+
+
+def checked(logits: np.ndarray | None, where: str, position: int) -> np.ndarray:
+    """`logits`, or NonFiniteActivationError when any is NaN or infinite (corrupt weights:
+    decoding on would only sample garbage from a broken distribution)."""
+    if logits is None:
+        raise NonFiniteActivationError(f"the model returned no logits from {where}")
+    values = np.asarray(logits)
+    if not np.isfinite(values).all():
+        bad = int(np.count_nonzero(~np.isfinite(values)))
+        raise NonFiniteActivationError(
+            f"the model computed {bad} non-finite logits (NaN or inf) at position {position} "
+            f"({where}): the weights are likely corrupt; check the archive with "
+            "`needlepoint inspect --verify MODEL.cact`")
+    return values
 
 
 def _forced_call_ids(vocab: TurnVocab, parser: SegmentParser, generated: int) -> list[int]:
@@ -162,30 +209,37 @@ def generate_turn(
     constraint: Constraint | None = None,
     *,
     context_limit: int | None = None,
-) -> Iterator[DeltaEvent | TurnComplete]:
+    content: Constraint | None = None,
+) -> Iterator[DeltaEvent | LogprobDelta | TurnComplete]:
     """Prefill `prompt` (only the last position's logits are computed), then decode one turn,
-    yielding deltas as tokens are decoded and finally a `TurnComplete`."""
+    yielding deltas as tokens are decoded and finally a `TurnComplete`. `constraint` masks
+    the call after `<tool_call>`; `content` (if given) masks the answer from its first token."""
     seed = resolve_seed(config.sampling.seed)
     m = vocab.markers
-    parser = SegmentParser(vocab.token_bytes, m)
+    parser = SegmentParser(vocab.token_bytes, m, stops=config.stop)
     tokens: list[int] = []
     probs_in_call: list[float] = []
+    logprobs: list[dict[str, Any]] | None = [] if config.logprobs is not None else None
     matcher: Matcher | None = None
+    answer: Matcher | None = content.start() if content is not None else None
     forced_call = False
+    think_closed = False  # a text-only turn's budget closed the think block
     stop_reason = "length"
     limit = context_limit if context_limit is not None else 1 << 62
 
     t0 = time.perf_counter()
-    logits = session.prefill(list(prompt), logits=True)
+    logits = checked(session.prefill(list(prompt), logits=True), "prefill", session.position)
     t1 = time.perf_counter()
     pending: list[int] = []
 
     def emit(token: int) -> list[DeltaEvent]:
-        nonlocal matcher
+        nonlocal matcher, answer
         tokens.append(token)
         events = parser.feed(token)
-        if token == m.tool_call_open and parser.mode == CALL and constraint is not None:
-            matcher = constraint.start()
+        if token == m.tool_call_open and parser.mode == CALL:
+            answer = None  # a call replaces a constrained answer
+            if constraint is not None:
+                matcher = constraint.start()
         return events
 
     while len(tokens) < config.max_new_tokens:
@@ -193,12 +247,20 @@ def generate_turn(
         in_call = parser.mode == CALL
         budget_spent = (
             config.reasoning_budget is not None
+            and answer is None
             and parser.call is None
             and len(tokens) >= config.reasoning_budget
+            and (config.allow_call or (parser.mode == THINK and not think_closed))
         )
-        if budget_spent:
+        chosen = False
+        if budget_spent and not config.allow_call:
+            # Text only: the budget ends the think block, then the answer runs free.
+            forced = list(vocab.think_close_ids)
+            think_closed = True
+        elif budget_spent:
             forced = _forced_call_ids(vocab, parser, len(tokens))
             forced_call = True
+        if budget_spent:
             for token in forced[:-1]:
                 yield from emit(token)
                 session.step(token)
@@ -206,8 +268,10 @@ def generate_turn(
         else:
             if matcher is not None:
                 allowed = matcher.allowed_mask()
+            elif answer is not None:
+                allowed = answer.allowed_mask()
             elif parser.call is None:
-                allowed = _free_mask(vocab, parser, config.require_call)
+                allowed = _free_mask(vocab, parser, config)
             else:
                 allowed = None
             token = choose_token(logits, config.sampling, position=position, seed=seed,
@@ -216,15 +280,28 @@ def generate_turn(
                 probs_in_call.append(float(softmax(logits)[token]))
             if matcher is not None:
                 matcher.advance(token)
+            elif answer is not None:
+                answer.advance(token)
+            chosen = True
+        was_answer, first = parser.mode == ANSWER, not tokens
         yield from emit(token)
+        if logprobs is not None and chosen and was_answer and parser.mode == ANSWER \
+                and token not in m.stops and token != m.think_open:
+            entry = token_logprob(logits, token, vocab.token_bytes, config.logprobs or 0, first)
+            logprobs.append(entry)
+            yield LogprobDelta(entry)
         if token in m.stops or (matcher is not None and matcher.is_finished()):
             stop_reason = "eos" if token == m.eos else "end"
+            pending = [token]
+            break
+        if parser.stopped:
+            stop_reason = "stop"
             pending = [token]
             break
         if session.position + 1 >= limit or len(tokens) >= config.max_new_tokens:
             pending = [token]
             break
-        logits = session.step(token)
+        logits = checked(session.step(token), "decode step", session.position)
     yield from parser.finish()
     t2 = time.perf_counter()
     result = TurnResult(
@@ -241,6 +318,7 @@ def generate_turn(
         prefill_s=t1 - t0,
         decode_s=t2 - t1,
         pending=pending,
+        logprobs=logprobs,
     )
     yield TurnComplete(result)
 
