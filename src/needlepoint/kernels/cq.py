@@ -14,9 +14,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import pinned
 from .cq_tensor import CQTensor
 from .fwht import fwht_groups, hadamard_matrix
 
+# The normalised Hadamard entry +-h of a 128 group: float32(1 / sqrt(128)), as `hadamard_matrix`.
+_H128 = float(hadamard_matrix(pinned.GROUP)[0, 0])
 # Scratch for `rotated_into`: a few groups of gathered values, sized to stay in L2.
 SCRATCH_BYTES = 1 << 20
 
@@ -102,10 +105,17 @@ def table_rows(table: CQTensor | np.ndarray, rows: np.ndarray | list[int]) -> np
 
 
 def dequantize_rows(cq: CQTensor, rows: np.ndarray | slice | None = None) -> np.ndarray:
-    """Dequantised float32 rows [len(rows), cols] (a row gather: embedding, engram tables)."""
+    """Dequantised float32 rows [len(rows), cols] (a row gather: embedding, engram tables).
+
+    `R @ H` per group in one pinned order (`pinned.dequant_rows`: the fixtures' `deq_*`
+    samples bit for bit on every machine), for the 128-wide groups of every fixture; other
+    group sizes use a plain product."""
     values = rotated_weights(cq, rows)
     count = values.shape[0]
-    groups = values.reshape(count, -1, cq.group) @ hadamard_matrix(cq.group)
+    if cq.group == pinned.GROUP:
+        groups = pinned.dequant_rows(values.reshape(count, -1, cq.group), _H128)
+    else:
+        groups = values.reshape(count, -1, cq.group) @ hadamard_matrix(cq.group)
     return groups.reshape(count, -1)[:, : cq.cols]
 
 
@@ -188,5 +198,8 @@ def gather_rows(tensors: list[CQTensor], rows: np.ndarray | list[int]) -> np.nda
     count = packed.shape[0]
     values = lut[packed].reshape(count, -1, first.group)
     values *= norms[:, :, None]
-    groups = values @ hadamard_matrix(first.group)
+    if first.group == pinned.GROUP:
+        groups = pinned.dequant_rows(values, _H128)
+    else:
+        groups = values @ hadamard_matrix(first.group)
     return groups.reshape(len(tensors), len(index), -1)[:, :, : first.cols]

@@ -12,6 +12,7 @@ from conftest import NEEDLE3_FIXTURES, get_fixture
 from v3_helpers import model, prompt_count, rms
 
 from needlepoint.kernels import hadamard_matrix
+from needlepoint.kernels.pinned import dequant_rows
 
 CASES = [(name, i) for name in NEEDLE3_FIXTURES for i in range(prompt_count(name))]
 MODES = ("float", "deploy")
@@ -97,7 +98,8 @@ def test_dequantised_samples(name):
     rows = weights.embedding_rows(np.arange(8))
     np.testing.assert_array_equal(rows, arrays["deq_embedding_rows0to7"])
     head = np.ascontiguousarray(weights.lm_head[:, :8].T)  # rotated rows [8, pad(d)]
-    unrotated = (head.reshape(8, -1, 128) @ hadamard_matrix(128)).reshape(8, -1)
+    # `R @ H` in the fixtures' pinned order (kernels.pinned), not BLAS's machine-dependent one
+    unrotated = dequant_rows(head.reshape(8, -1, 128), float(hadamard_matrix(128)[0, 0]))
     np.testing.assert_array_equal(unrotated[:, : rows.shape[1]], rows)
     np.testing.assert_array_equal(
         weights.final_norm, np.float32(1.0) + arrays["deq_final_norm"])

@@ -1,0 +1,258 @@
+"""Exact CQ x A8 products (docs/numerics.md "CQ x A8 products").
+
+An A8 activation row is integers q in [-128, 127] and one float32 scale s (fixture README
+"Deploy quantization"). A CQ group dequantises to `(codebook[idx] * norm) @ H / sqrt(128)` with
+H the unnormalised Walsh-Hadamard matrix (README "CQ tensors"), and H is symmetric, so
+
+    y_r = s / sqrt(128) * sum_g norm_{r,g} * D_{r,g},
+    D_{r,g} = sum_c codebook[idx_{r,g,c}] * v_{g,c}
+
+with v_g = H q_g an integer vector (|v| <= 128 * 128). Every product `codebook[k] * v_c` is a
+multiple of the codebook's smallest quantum and every partial sum of a group stays below 2^53
+of those quanta (`check_codebook`), so D is computed exactly in float64 whatever the order:
+BLAS here, a byte-table sweep in the native kernel, any batch, chunk, thread or SIMD width.
+The epilogue over the groups is one pinned sequence of float64 operations, rounded once to
+float32. `cq_matmul` runs the native kernel when it is built, else `cq_matmul_reference`; both
+give the same bits (tests/kernels/test_exact.py).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import NonFiniteActivationError
+from . import native
+from .cq_tensor import CQTensor
+
+GROUP = 128
+INV_SQRT_GROUP = 0.08838834764831845  # 1 / sqrt(128), a float64
+F32, F64 = np.float32, np.float64
+LEVEL = F32(127.0)
+
+
+class ExactEngineError(ValueError):
+    """A matrix the exact engine cannot take (not CQ, another group, a codebook whose sums
+    would not be exact in float64); `numerics="float"` runs it."""
+
+
+def check_codebook(codebook: np.ndarray) -> None:
+    """Raise unless every group sum `sum_c codebook[idx_c] * v_c` (|v| <= 2^14, 128 terms) is
+    exact in float64: all terms are multiples of the smallest level's ulp, and the largest
+    possible sum must stay below 2^53 of those."""
+    levels = np.abs(np.asarray(codebook, F32).astype(F64))
+    nonzero = levels[levels > 0]
+    if nonzero.size == 0:
+        return
+    quantum = float(np.min(np.spacing(nonzero.astype(F32)).astype(F64)))
+    bound = GROUP * float(nonzero.max()) * float(GROUP * GROUP)
+    if bound / quantum >= 2.0**53:
+        raise ExactEngineError(
+            f"codebook levels span too many binary orders for exact float64 sums "
+            f"(max {nonzero.max():.3g}, quantum {quantum:.3g})"
+        )
+
+
+@dataclass(frozen=True)
+class ExactPart:
+    """Rows of one CQ tensor in a fused product: packed codes [rows, row_bytes] (a view of the
+    archive), float32 norms [rows, groups], and the first output column they write."""
+
+    packed: np.ndarray
+    norms: np.ndarray
+    out_col: int
+
+    @property
+    def rows(self) -> int:
+        return int(self.packed.shape[0])
+
+
+@dataclass(frozen=True)
+class ExactMatrix:
+    """An `[out, cols]` product from CQ parts that read the same input: one storage width and
+    codebook per matrix (`exact_matrices` splits fused parts that differ)."""
+
+    cols: int
+    in_pad: int
+    out: int
+    storage_bits: int
+    codebook: np.ndarray  # float32
+    parts: tuple[ExactPart, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.packed.nbytes + p.norms.nbytes for p in self.parts)
+
+    def c_parts(self) -> ctypes.Array:
+        """The parts as the C kernel's `np_cq_part` array (built once per matrix)."""
+        cached = self.__dict__.get("_c_parts")
+        if cached is None:
+            cached = (native.CQPart * len(self.parts))(
+                *[
+                    native.CQPart(p.packed.ctypes.data, p.packed.strides[0], p.norms.ctypes.data,
+                                  p.rows, p.out_col)
+                    for p in self.parts
+                ]
+            )
+            object.__setattr__(self, "_c_parts", cached)
+        return cached
+
+
+def exact_matrices(pieces: list[tuple[CQTensor, int, int]]) -> list[ExactMatrix]:
+    """The fused product of `pieces` (tensor, first row, end row), concatenated along the
+    output: one ExactMatrix per run of pieces sharing storage width and codebook."""
+    runs: list[tuple[tuple, CQTensor, list[ExactPart]]] = []
+    column = 0
+    for cq, row0, row1 in pieces:
+        if cq.group != GROUP:
+            raise ExactEngineError(f"{cq.name}: CQ group {cq.group}, the exact engine needs 128")
+        if runs and cq.cols != runs[0][1].cols:
+            raise ExactEngineError(f"{cq.name}: fused parts read different widths")
+        check_codebook(cq.codebook)
+        part = ExactPart(
+            np.asarray(cq.packed[row0:row1]),
+            np.ascontiguousarray(cq.norms[row0:row1], dtype=F32),
+            column,
+        )
+        key = (cq.storage_bits, np.asarray(cq.codebook, F32).tobytes())
+        if runs and runs[-1][0] == key:
+            runs[-1][2].append(part)
+        else:
+            runs.append((key, cq, [part]))
+        column += row1 - row0
+    return [
+        ExactMatrix(cq.cols, cq.in_pad, column, cq.storage_bits,
+                    np.ascontiguousarray(cq.codebook, F32), tuple(parts))
+        for _, cq, parts in runs
+    ]
+
+
+# -- A8 and the integer rotation -------------------------------------------------------------
+def a8_scale(x: np.ndarray) -> np.ndarray:
+    """Per-row A8 scale [T] float32: `max|x| / 127` (a float32 division), 1 for an all-zero
+    row. Raises NonFiniteActivationError on NaN or inf."""
+    peak = np.max(np.abs(x), axis=-1)
+    if not np.all(np.isfinite(peak)):
+        raise NonFiniteActivationError("non-finite activation entering an A8 product")
+    return np.where(peak > 0, peak / LEVEL, F32(1.0)).astype(F32)
+
+
+def a8_codes(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(codes int32 [T, cols], scale [T]): `clip(rint(x / s), -128, 127)` (README A8)."""
+    x = np.asarray(x, F32)
+    scale = a8_scale(x)
+    codes = np.clip(np.rint(x / scale[:, None]), -128, 127).astype(np.int32)
+    return codes, scale
+
+
+def a8_rotate_reference(x: np.ndarray, in_pad: int) -> tuple[np.ndarray, np.ndarray]:
+    """(v int32 [T, in_pad], scale [T]): A8 codes zero-padded to `in_pad`, each 128-group
+    rotated by the unnormalised Walsh-Hadamard transform (exact in int32)."""
+    codes, scale = a8_codes(x)
+    rows, cols = codes.shape
+    padded = np.zeros((rows, in_pad), np.int32)
+    padded[:, :cols] = codes
+    v = padded.reshape(rows, in_pad // GROUP, GROUP)
+    half = 1
+    while half < GROUP:
+        view = v.reshape(rows, -1, GROUP // (2 * half), 2, half)
+        a, b = view[..., 0, :].copy(), view[..., 1, :].copy()
+        view[..., 0, :] = a + b
+        view[..., 1, :] = a - b
+        half *= 2
+    return padded, scale
+
+
+def a8_rotate(x: np.ndarray, in_pad: int, use_native: bool | None = None):
+    """`a8_rotate_reference`, by the native kernel when it is built (same bits)."""
+    lib = native.LIBRARY if use_native is not False else None
+    if lib is None:
+        return a8_rotate_reference(x, in_pad)
+    x = np.ascontiguousarray(x, F32)
+    rows, cols = x.shape
+    v = np.empty((rows, in_pad), np.int32)
+    scale = np.empty(rows, F32)
+    status = lib.np_a8_rotate(x.ctypes.data, rows, cols, cols, in_pad, v.ctypes.data,
+                              scale.ctypes.data)
+    if status == 1:
+        raise NonFiniteActivationError("non-finite activation entering an A8 product")
+    if status:
+        raise ValueError(f"np_a8_rotate failed ({status})")
+    return v, scale
+
+
+# -- the products ----------------------------------------------------------------------------
+def _levels(matrix: ExactMatrix, part: ExactPart) -> np.ndarray:
+    """codebook[idx] of a part as float64 [rows, in_pad] (the reference's operand), from the
+    LSB-first code stream of each row (README "CQ tensors")."""
+    width = matrix.storage_bits
+    bits = np.unpackbits(part.packed, axis=1, bitorder="little")[:, : matrix.in_pad * width]
+    codes = bits.reshape(part.rows, matrix.in_pad, width).astype(np.int64)
+    codes = (codes << np.arange(width, dtype=np.int64)).sum(axis=-1)
+    return matrix.codebook.astype(F64)[codes]
+
+
+def cq_matmul_reference(v: np.ndarray, scale: np.ndarray, matrix: ExactMatrix) -> np.ndarray:
+    """y [T, out] float32 of the prepared activation (v, scale) times `matrix` (module doc)."""
+    rows = v.shape[0]
+    groups = matrix.in_pad // GROUP
+    first = matrix.parts[0].out_col
+    width = matrix.parts[-1].out_col + matrix.parts[-1].rows - first
+    out = np.empty((rows, width), F32)
+    vg = v.astype(F64).reshape(rows, groups, GROUP).transpose(1, 0, 2)  # [G, T, 128]
+    s = scale.astype(F64)[:, None]
+    for part in matrix.parts:
+        levels = _levels(matrix, part).reshape(part.rows, groups, GROUP).transpose(1, 2, 0)
+        dots = np.matmul(vg, levels)  # [G, T, rows]: exact (module doc), any BLAS order
+        norms = part.norms.astype(F64)  # [rows, G]
+        acc = np.zeros((rows, part.rows), F64)
+        for g in range(groups):
+            acc = acc + norms[None, :, g] * dots[g]
+        y = acc * s
+        y = y * INV_SQRT_GROUP
+        out[:, _local(matrix, part)] = y.astype(F32)
+    return out
+
+
+def _local(matrix: ExactMatrix, part: ExactPart) -> slice:
+    first = matrix.parts[0].out_col
+    return slice(part.out_col - first, part.out_col - first + part.rows)
+
+
+def cq_matmul(
+    v: np.ndarray, scale: np.ndarray, matrix: ExactMatrix, use_native: bool | None = None
+) -> np.ndarray:
+    """`cq_matmul_reference`, by the native kernel when it is built (same bits)."""
+    lib = native.LIBRARY if use_native is not False else None
+    if lib is None:
+        return cq_matmul_reference(v, scale, matrix)
+    rows = v.shape[0]
+    first = matrix.parts[0].out_col
+    width = matrix.parts[-1].out_col + matrix.parts[-1].rows - first
+    out = np.empty((rows, width), F32)
+    # the kernel writes column out_col + r: shift the pointer so the first part lands at 0
+    base = out.ctypes.data - 4 * first
+    status = lib.np_cq_matmul(
+        v.ctypes.data, scale.ctypes.data, rows, matrix.in_pad, matrix.storage_bits,
+        matrix.codebook.ctypes.data, matrix.codebook.size, matrix.c_parts(), len(matrix.parts),
+        base, width, 0, width + first,
+    )
+    if status:
+        raise MemoryError(f"np_cq_matmul failed ({status})")
+    return out
+
+
+def a8_product(x: np.ndarray, matrices: list[ExactMatrix], use_native: bool | None = None):
+    """`A8(x) @ W^T` for the fused product `matrices` (one input, outputs side by side):
+    [T, out] float32, exact (module doc)."""
+    x = np.ascontiguousarray(x, F32)
+    if x.ndim != 2:
+        x = x.reshape(-1, x.shape[-1])
+    v, scale = a8_rotate(x, matrices[0].in_pad, use_native)
+    if len(matrices) == 1:
+        return cq_matmul(v, scale, matrices[0], use_native)
+    return np.concatenate([cq_matmul(v, scale, m, use_native) for m in matrices], axis=1)
+
+

@@ -1,0 +1,112 @@
+/* needlepoint's native kernels (docs/numerics.md is the contract; kernels/exact.py is the
+ * pure-numpy reference of every function here and computes the same bits).
+ *
+ * Built by the package's own setup.py as a plain shared library and called through ctypes
+ * (ctypes releases the GIL during each call). Compiled with -ffp-contract=off: every float
+ * operation below is one IEEE operation, never fused, so numpy can reproduce it exactly.
+ * Every kernel is compiled twice from np_body.h (AVX2 + FMA, and baseline x86-64); the
+ * first call picks the variant by CPU features (NEEDLEPOINT_NATIVE_VARIANT=0 forces the
+ * baseline). Exactness never depends on the
+ * variant: the CQ products are exact sums (any order gives the same float64), and the
+ * pinned-order kernels use no FMA and no reassociation in either variant.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define NP_OK 0
+#define NP_NONFINITE 1
+#define NP_NOMEM 2
+#define NP_BADARG 3
+
+typedef struct {
+    const uint8_t *packed;
+    int64_t row_bytes;
+    const float *norms;
+    int64_t rows;
+    int64_t out_col;
+} np_cq_part;
+
+#if defined(__GNUC__) && defined(__x86_64__) && !defined(NP_BASELINE_ONLY)
+#define NP_HAVE_AVX2 1
+#define NP_NAME(name) name##_avx2
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+#include "np_body.h"
+#pragma GCC pop_options
+#undef NP_NAME
+#endif
+
+#define NP_NAME(name) name##_base
+#include "np_body.h"
+#undef NP_NAME
+
+static int np_variant = -1; /* 0 baseline, 1 AVX2 + FMA */
+
+static int np_pick(void) {
+    if (np_variant < 0) {
+        np_variant = 0;
+#ifdef NP_HAVE_AVX2
+        __builtin_cpu_init();
+        if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) np_variant = 1;
+#endif
+        const char *force = getenv("NEEDLEPOINT_NATIVE_VARIANT");
+        if (force && force[0] == '0') np_variant = 0;
+    }
+    return np_variant;
+}
+
+#ifdef NP_HAVE_AVX2
+#define NP_DISPATCH(name, ...) (np_pick() ? name##_avx2(__VA_ARGS__) : name##_base(__VA_ARGS__))
+#else
+#define NP_DISPATCH(name, ...) name##_base(__VA_ARGS__)
+#endif
+
+int np_abi_version(void) { return 3; }
+
+/* 1 when the AVX2 + FMA variant runs, 0 for the baseline one. */
+int np_simd_variant(void) { return np_pick(); }
+
+int np_a8_rotate(const float *x, int64_t T, int64_t cols, int64_t x_stride, int64_t in_pad,
+                 int32_t *v, float *scale) {
+    return NP_DISPATCH(np_a8_rotate, x, T, cols, x_stride, in_pad, v, scale);
+}
+
+int np_cq_matmul(const int32_t *v, const float *scale, int64_t T, int64_t in_pad,
+                 int storage_bits, const float *codebook, int64_t codebook_len,
+                 const np_cq_part *parts, int64_t n_parts, float *out, int64_t out_stride,
+                 int64_t r_first, int64_t r_last) {
+    return NP_DISPATCH(np_cq_matmul, v, scale, T, in_pad, storage_bits, codebook, codebook_len,
+                       parts, n_parts, out, out_stride, r_first, r_last);
+}
+
+void np_matmul_seq(const float *x, int64_t T, int64_t K, int64_t x_stride, const float *w,
+                   int64_t N, float *out) {
+    NP_DISPATCH(np_matmul_seq, x, T, K, x_stride, w, N, out);
+}
+
+float np_exp32(float x) { return NP_DISPATCH(np_exp32, x); }
+
+void np_attend(const int8_t *qcode, const float *qscale, int64_t Q, int64_t qk,
+               const int8_t *kcode, const float *kscale, const int8_t *vcode,
+               const float *vscale, int64_t vd, const int64_t *slots, const int64_t *count,
+               int64_t slots_stride, double inv_sqrt_qk, float *out, float *work) {
+    NP_DISPATCH(np_attend, qcode, qscale, Q, qk, kcode, kscale, vcode, vscale, vd, slots, count,
+                slots_stride, inv_sqrt_qk, out, work);
+}
+
+void np_dequant_rows(const float *rotated, int64_t rows, int64_t groups, float h, float *out) {
+    NP_DISPATCH(np_dequant_rows, rotated, rows, groups, h, out);
+}
+
+/* A module entry point so the build (a setuptools Extension) can name it like any other
+ * extension module; kernels/native/__init__.py loads the same file with ctypes. */
+#ifdef NP_PYTHON_MODULE
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+static struct PyModuleDef np_module = {PyModuleDef_HEAD_INIT, "_needlepoint_native",
+                                       "needlepoint's native kernels (used through ctypes)",
+                                       -1, NULL, NULL, NULL, NULL, NULL};
+PyMODINIT_FUNC PyInit__needlepoint_native(void) { return PyModule_Create(&np_module); }
+#endif

@@ -1,0 +1,346 @@
+/* The kernels of needlepoint_native.c, included once per instruction-set variant: every
+ * function name goes through NP_NAME(), which appends the variant's suffix. */
+/* -- A8 + integer Walsh-Hadamard ------------------------------------------------------ */
+/* For each row t of x [T, cols]: s = max|x| / 127 (float32 division; 1 when the row is all
+ * zero), q = clip(rint(x / s), -128, 127); the row is zero-padded to in_pad and every
+ * 128-wide group is rotated by the unnormalised Walsh-Hadamard transform, in integers:
+ * v [T, in_pad] int32 (|v| <= 128 * 128). Returns NP_NONFINITE if any x is NaN or inf. */
+static int NP_NAME(np_a8_rotate)(const float *x, int64_t T, int64_t cols, int64_t x_stride, int64_t in_pad,
+                 int32_t *v, float *scale) {
+    if (in_pad % 128 || cols > in_pad) return NP_BADARG;
+    for (int64_t t = 0; t < T; t++) {
+        const float *row = x + t * x_stride;
+        float peak = 0.0f;
+        int finite = 1;
+        for (int64_t c = 0; c < cols; c++) {
+            float a = fabsf(row[c]);
+            if (!(a <= 3.4028234663852886e38f)) finite = 0;
+            if (a > peak) peak = a;
+        }
+        if (!finite) return NP_NONFINITE;
+        float s = peak > 0.0f ? peak / 127.0f : 1.0f;
+        scale[t] = s;
+        int32_t *out = v + t * in_pad;
+        for (int64_t c = 0; c < cols; c++) {
+            float q = nearbyintf(row[c] / s);
+            if (q > 127.0f) q = 127.0f;
+            if (q < -128.0f) q = -128.0f;
+            out[c] = (int32_t)q;
+        }
+        for (int64_t c = cols; c < in_pad; c++) out[c] = 0;
+        for (int64_t g = 0; g < in_pad; g += 128) {
+            int32_t *grp = out + g;
+            for (int half = 1; half < 128; half <<= 1) {
+                for (int base = 0; base < 128; base += 2 * half) {
+                    for (int j = base; j < base + half; j++) {
+                        int32_t a = grp[j], b = grp[j + half];
+                        grp[j] = a + b;
+                        grp[j + half] = a - b;
+                    }
+                }
+            }
+        }
+    }
+    return NP_OK;
+}
+
+/* -- exact CQ x A8 products ------------------------------------------------------------ */
+
+/* D = sum_c codebook[idx_c] * v_c of one (row, group), in float64. Every product is a
+ * multiple of the codebook's smallest quantum and the partial sums stay below 2^53 quanta
+ * (checked by the caller, exact.check_codebook), so the sum is exact in any order. The
+ * epilogue is pinned: acc = sum_g (norm_g * D_g) in group order, y = (acc * s) * 2^-3.5. */
+static inline float NP_NAME(np_epilogue)(const double *dots, const float *norms, int64_t groups,
+                                double s) {
+    double acc = 0.0;
+    for (int64_t g = 0; g < groups; g++) {
+        double term = (double)norms[g] * dots[g];
+        acc = acc + term;
+    }
+    double y = acc * s;
+    y = y * 0.08838834764831845; /* 1 / sqrt(128) as a float64 */
+    return (float)y;
+}
+
+/* Byte tables: for 2-bit storage, position j covers columns 4j..4j+3 and
+ * table[j][b] = sum_{s<4} cb[(b >> 2s) & 3] * v[4j + s]; for 4-bit, columns 2j, 2j+1 and
+ * table[j][b] = cb[b & 15] * v[2j] + cb[b >> 4] * v[2j + 1]. Each entry is exact. */
+static void NP_NAME(np_build_tables)(const int32_t *v, int64_t in_pad, int storage_bits,
+                            const double *cb, double *table) {
+    if (storage_bits == 2) {
+        int64_t positions = in_pad / 4;
+        for (int64_t j = 0; j < positions; j++) {
+            double lo[16], hi[16];
+            double v0 = v[4 * j], v1 = v[4 * j + 1], v2 = v[4 * j + 2], v3 = v[4 * j + 3];
+            for (int a = 0; a < 16; a++) {
+                lo[a] = cb[a & 3] * v0 + cb[a >> 2] * v1;
+                hi[a] = cb[a & 3] * v2 + cb[a >> 2] * v3;
+            }
+            double *t = table + j * 256;
+            for (int h = 0; h < 16; h++)
+                for (int l = 0; l < 16; l++) t[h * 16 + l] = lo[l] + hi[h];
+        }
+    } else { /* 4 */
+        int64_t positions = in_pad / 2;
+        for (int64_t j = 0; j < positions; j++) {
+            double lo[16], hi[16];
+            double v0 = v[2 * j], v1 = v[2 * j + 1];
+            for (int a = 0; a < 16; a++) {
+                lo[a] = cb[a] * v0;
+                hi[a] = cb[a] * v1;
+            }
+            double *t = table + j * 256;
+            for (int h = 0; h < 16; h++)
+                for (int l = 0; l < 16; l++) t[h * 16 + l] = lo[l] + hi[h];
+        }
+    }
+}
+
+static void NP_NAME(np_rows_by_table)(const double *table, const np_cq_part *part, int64_t groups,
+                             int64_t bytes_per_group, int64_t r0, int64_t r1, double s,
+                             float *out_row, double *dots) {
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *p = part->packed + r * part->row_bytes;
+        for (int64_t g = 0; g < groups; g++) {
+            const double *t = table + g * bytes_per_group * 256;
+            const uint8_t *b = p + g * bytes_per_group;
+            double a0 = 0.0, a1 = 0.0, a2 = 0.0, a3 = 0.0;
+            for (int64_t k = 0; k < bytes_per_group; k += 4) {
+                a0 += t[(k + 0) * 256 + b[k + 0]];
+                a1 += t[(k + 1) * 256 + b[k + 1]];
+                a2 += t[(k + 2) * 256 + b[k + 2]];
+                a3 += t[(k + 3) * 256 + b[k + 3]];
+            }
+            dots[g] = (a0 + a1) + (a2 + a3);
+        }
+        out_row[part->out_col + r] = NP_NAME(np_epilogue)(dots, part->norms + r * groups, groups, s);
+    }
+}
+
+/* Codes of any storage width, one at a time (1- and 3-bit storage; small matrices). */
+static inline int NP_NAME(np_code)(const uint8_t *p, int64_t c, int bits) {
+    int64_t bit = c * bits;
+    int64_t byte = bit >> 3;
+    int shift = (int)(bit & 7);
+    unsigned word = p[byte] | ((bit + bits > (byte + 1) * 8) ? (unsigned)p[byte + 1] << 8 : 0u);
+    return (int)((word >> shift) & ((1u << bits) - 1u));
+}
+
+static void NP_NAME(np_rows_direct)(const int32_t *v, const double *cb, int storage_bits,
+                           const np_cq_part *part, int64_t groups, int64_t r0, int64_t r1,
+                           double s, float *out_row, double *dots) {
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *p = part->packed + r * part->row_bytes;
+        for (int64_t g = 0; g < groups; g++) {
+            double acc = 0.0;
+            if (storage_bits == 2) {
+                const uint8_t *b = p + g * 32;
+                const int32_t *x = v + g * 128;
+                for (int k = 0; k < 32; k++) {
+                    unsigned byte = b[k];
+                    acc += cb[byte & 3] * x[4 * k] + cb[(byte >> 2) & 3] * x[4 * k + 1] +
+                           cb[(byte >> 4) & 3] * x[4 * k + 2] + cb[byte >> 6] * x[4 * k + 3];
+                }
+            } else if (storage_bits == 4) {
+                const uint8_t *b = p + g * 64;
+                const int32_t *x = v + g * 128;
+                for (int k = 0; k < 64; k++) {
+                    unsigned byte = b[k];
+                    acc += cb[byte & 15] * x[2 * k] + cb[byte >> 4] * x[2 * k + 1];
+                }
+            } else {
+                for (int64_t c = g * 128; c < (g + 1) * 128; c++)
+                    acc += cb[NP_NAME(np_code)(p, c, storage_bits)] * v[c];
+            }
+            dots[g] = acc;
+        }
+        out_row[part->out_col + r] = NP_NAME(np_epilogue)(dots, part->norms + r * groups, groups, s);
+    }
+}
+
+/* y[t, out_col + r] for every part and row: the exact CQ x A8 product of the prepared
+ * activation (v, s) = NP_NAME(np_a8_rotate)(x). Parts share one storage width and codebook. Rows in
+ * [r_first, r_last) of the concatenation of the parts (so callers may split the rows of a
+ * product between threads). */
+static int NP_NAME(np_cq_matmul)(const int32_t *v, const float *scale, int64_t T, int64_t in_pad,
+                 int storage_bits, const float *codebook, int64_t codebook_len,
+                 const np_cq_part *parts, int64_t n_parts, float *out, int64_t out_stride,
+                 int64_t r_first, int64_t r_last) {
+    if (in_pad % 128) return NP_BADARG;
+    int64_t groups = in_pad / 128;
+    double cb[256];
+    if (codebook_len > 256) return NP_BADARG;
+    for (int64_t k = 0; k < codebook_len; k++) cb[k] = (double)codebook[k];
+    for (int64_t k = codebook_len; k < 256; k++) cb[k] = 0.0;
+    int64_t total = 0;
+    for (int64_t p = 0; p < n_parts; p++) total += parts[p].rows;
+    if (r_last > total) r_last = total;
+    int64_t span = r_last - r_first;
+    /* tables pay off once enough rows share them (their build costs ~1.2 row sweeps) */
+    int use_table = (storage_bits == 2 || storage_bits == 4) && span >= 64;
+    int64_t bytes_per_group = storage_bits == 2 ? 32 : 64;
+    double *table = NULL;
+    double *dots = (double *)malloc(sizeof(double) * (size_t)(groups > 0 ? groups : 1));
+    if (!dots) return NP_NOMEM;
+    if (use_table) {
+        table = (double *)malloc(sizeof(double) * 256 * (size_t)(groups * bytes_per_group));
+        if (!table) {
+            free(dots);
+            return NP_NOMEM;
+        }
+    }
+    for (int64_t t = 0; t < T; t++) {
+        const int32_t *row = v + t * in_pad;
+        double s = (double)scale[t];
+        float *out_row = out + t * out_stride;
+        if (use_table) NP_NAME(np_build_tables)(row, in_pad, storage_bits, cb, table);
+        int64_t base = 0;
+        for (int64_t p = 0; p < n_parts; p++) {
+            int64_t lo = r_first > base ? r_first - base : 0;
+            int64_t hi = r_last - base < parts[p].rows ? r_last - base : parts[p].rows;
+            if (lo < hi) {
+                if (use_table)
+                    NP_NAME(np_rows_by_table)(table, &parts[p], groups, bytes_per_group, lo, hi, s,
+                                     out_row, dots);
+                else
+                    NP_NAME(np_rows_direct)(row, cb, storage_bits, &parts[p], groups, lo, hi, s,
+                                   out_row, dots);
+            }
+            base += parts[p].rows;
+        }
+    }
+    free(table);
+    free(dots);
+    return NP_OK;
+}
+
+/* -- pinned-order float32 products ----------------------------------------------------- */
+/* out[t, n] = (((0 + x[t,0] w[0,n]) + x[t,1] w[1,n]) + ...) in float32, k ascending, every
+ * product and sum rounded on its own. The same operations whatever T is. */
+static void NP_NAME(np_matmul_seq)(const float *x, int64_t T, int64_t K, int64_t x_stride, const float *w,
+                   int64_t N, float *out) {
+    for (int64_t t = 0; t < T; t++) {
+        float *o = out + t * N;
+        for (int64_t n = 0; n < N; n++) o[n] = 0.0f;
+        const float *xr = x + t * x_stride;
+        for (int64_t k = 0; k < K; k++) {
+            float a = xr[k];
+            const float *wr = w + k * N;
+            for (int64_t n = 0; n < N; n++) {
+                float prod = a * wr[n];
+                o[n] = o[n] + prod;
+            }
+        }
+    }
+}
+
+/* -- pinned exp ------------------------------------------------------------------------ */
+/* exp of a float32 argument, as float32: Cody-Waite reduction by ln 2 and a degree-11
+ * Taylor polynomial in float64 (Horner, no FMA), then one rounding. Plain IEEE operations
+ * only, so kernels/exact.py's numpy version gives the same bits on every machine. */
+static inline double NP_NAME(np_exp64)(double x) {
+    if (x < -745.0) return 0.0;
+    if (x > 709.0) return INFINITY;
+    double k = nearbyint(x * 1.4426950408889634);
+    double r = x - k * 0.6931471803691238;
+    r = r - k * 1.9082149292705877e-10;
+    double p = 2.505210838544172e-08;
+    p = p * r + 2.755731922398589e-07;
+    p = p * r + 2.7557319223985893e-06;
+    p = p * r + 2.48015873015873e-05;
+    p = p * r + 0.0001984126984126984;
+    p = p * r + 0.001388888888888889;
+    p = p * r + 0.008333333333333333;
+    p = p * r + 0.041666666666666664;
+    p = p * r + 0.16666666666666666;
+    p = p * r + 0.5;
+    p = p * r + 1.0;
+    p = p * r + 1.0;
+    return ldexp(p, (int)k);
+}
+
+static float NP_NAME(np_exp32)(float x) { return (float)NP_NAME(np_exp64)((double)x); }
+
+/* -- int8 attention -------------------------------------------------------------------- */
+/* One query row (a head of one position) against `n` int8 keys/values of its kv head, in
+ * position order: score_j = float32(((dot_j * sq) * sk_j) * inv_sqrt_qk) with dot_j the exact
+ * int32 product of the codes; m = max_j score_j; e_j = exp32(score_j - m); total = sum_j e_j
+ * (float32, j ascending); p_j = e_j / total; out = sum_j p_j * (vcode_j * sv_j) (float32, j
+ * ascending, each product and sum rounded). Keys j are the slots listed in `slots`. */
+static void NP_NAME(np_attend)(const int8_t *qcode, const float *qscale, int64_t Q, int64_t qk,
+               const int8_t *kcode, const float *kscale, const int8_t *vcode,
+               const float *vscale, int64_t vd, const int64_t *slots, const int64_t *count,
+               int64_t slots_stride, double inv_sqrt_qk, float *out, float *work) {
+    for (int64_t i = 0; i < Q; i++) {
+        const int8_t *q = qcode + i * qk;
+        double sq = (double)qscale[i];
+        int64_t n = count[i];
+        const int64_t *sl = slots + i * slots_stride;
+        float peak = -INFINITY;
+        for (int64_t j = 0; j < n; j++) {
+            const int8_t *k = kcode + sl[j] * qk;
+            int32_t dot = 0;
+            for (int64_t e = 0; e < qk; e++) dot += (int32_t)q[e] * (int32_t)k[e];
+            double t = (double)dot * sq;
+            t = t * (double)kscale[sl[j]];
+            t = t * inv_sqrt_qk;
+            float score = (float)t;
+            work[j] = score;
+            if (score > peak) peak = score;
+        }
+        float total = 0.0f;
+        for (int64_t j = 0; j < n; j++) {
+            float e = NP_NAME(np_exp32)(work[j] - peak);
+            work[j] = e;
+            total = total + e;
+        }
+        float *o = out + i * vd;
+        for (int64_t e = 0; e < vd; e++) o[e] = 0.0f;
+        for (int64_t j = 0; j < n; j++) {
+            float p = work[j] / total;
+            const int8_t *vv = vcode + sl[j] * vd;
+            float sv = vscale[sl[j]];
+            for (int64_t e = 0; e < vd; e++) {
+                float value = (float)vv[e] * sv;
+                float prod = p * value;
+                o[e] = o[e] + prod;
+            }
+        }
+    }
+}
+
+/* -- pinned dequantisation ------------------------------------------------------------- */
+/* w = R @ H for one row of rotated weights R (codebook[idx] * norm, float32), H the
+ * normalised Hadamard matrix (entries +-h, h = float32(1/sqrt(128))), in the order of the
+ * reference the fixtures were made with: a row of several groups as one fused multiply-add
+ * chain per output over k = 0..127; a row of a single group in blocks of 8 k (a chain from
+ * zero per block), the block sums added in order. */
+static inline float NP_NAME(np_hsign)(int k, int j) { return (__builtin_popcount((unsigned)(k & j)) & 1) ? -1.0f : 1.0f; }
+
+static void NP_NAME(np_dequant_rows)(const float *rotated, int64_t rows, int64_t groups, float h, float *out) {
+    float hrow[128][128];
+    for (int k = 0; k < 128; k++)
+        for (int j = 0; j < 128; j++) hrow[k][j] = NP_NAME(np_hsign)(k, j) * h;
+    for (int64_t r = 0; r < rows; r++) {
+        for (int64_t g = 0; g < groups; g++) {
+            const float *src = rotated + (r * groups + g) * 128;
+            float *dst = out + (r * groups + g) * 128;
+            float acc[128];
+            if (groups == 1) {
+                for (int j = 0; j < 128; j++) acc[j] = 0.0f;
+                for (int b = 0; b < 128; b += 8) {
+                    float part[128];
+                    for (int j = 0; j < 128; j++) part[j] = 0.0f;
+                    for (int k = b; k < b + 8; k++)
+                        for (int j = 0; j < 128; j++) part[j] = fmaf(src[k], hrow[k][j], part[j]);
+                    for (int j = 0; j < 128; j++) acc[j] = acc[j] + part[j];
+                }
+            } else {
+                for (int j = 0; j < 128; j++) acc[j] = 0.0f;
+                for (int k = 0; k < 128; k++)
+                    for (int j = 0; j < 128; j++) acc[j] = fmaf(src[k], hrow[k][j], acc[j]);
+            }
+            memcpy(dst, acc, sizeof(acc));
+        }
+    }
+}

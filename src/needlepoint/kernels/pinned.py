@@ -1,0 +1,202 @@
+"""Pinned-order float kernels (docs/numerics.md "Pinned float operations").
+
+Where a result is a float sum that cannot be made exact, its order is fixed instead: the same
+sequence of IEEE operations for a row whatever the number of rows, the chunking or the
+machine. Each function here has a numpy reference (`*_reference`, vectorised across rows and
+columns but never across the summed axis) and runs the native kernel when it is built; the two
+give the same bits (tests/kernels/test_pinned.py).
+
+* `matmul_seq(x, w)`: `out[t, n] = (((0 + x[t,0] w[0,n]) + x[t,1] w[1,n]) + ...)` in float32.
+* `exp32(x)`: exp of float32 values through one fixed float64 polynomial, rounded once.
+* `attend(...)`: int8 attention of query rows over their keys in position order.
+* `dequant_rows(rotated)`: `R @ H / sqrt(128)` per CQ group in the fused multiply-add order of
+  the reference the fixtures were made with (numpy on OpenBLAS: a row of one group as gemv,
+  blocks of 8; a row of several groups as gemm, one chain).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import native
+
+F32, F64 = np.float32, np.float64
+GROUP = 128
+
+# exp64: x = k ln2 + r, |r| <= ln2 / 2 (Cody-Waite, fdlibm's split of ln 2), degree-11 Taylor
+LOG2E = 1.4426950408889634
+LN2_HI = 0.6931471803691238
+LN2_LO = 1.9082149292705877e-10
+TAYLOR = (
+    2.505210838544172e-08, 2.755731922398589e-07, 2.7557319223985893e-06,
+    2.48015873015873e-05, 0.0001984126984126984, 0.001388888888888889,
+    0.008333333333333333, 0.041666666666666664, 0.16666666666666666, 0.5, 1.0, 1.0,
+)
+
+
+def exp64_reference(x: np.ndarray) -> np.ndarray:
+    """The float64 exp polynomial of `np_exp64` (C), operation for operation."""
+    x = np.asarray(x, F64)
+    finite = np.isfinite(x)
+    x = np.where(finite, x, np.where(x > 0, 1000.0, -1000.0))
+    k = np.rint(x * LOG2E)
+    r = x - k * LN2_HI
+    r = r - k * LN2_LO
+    p = np.full_like(r, TAYLOR[0])
+    for coefficient in TAYLOR[1:]:
+        p = p * r + coefficient
+    with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+        out = np.ldexp(p, np.clip(k, -2000, 2000).astype(np.int32))
+    out = np.where(x < -745.0, 0.0, out)
+    return np.where(x > 709.0, np.inf, out)
+
+
+def exp32(x: np.ndarray) -> np.ndarray:
+    """exp of float32 values as float32: `float32(exp64(float64(x)))` (module doc)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        return exp64_reference(np.asarray(x, F32).astype(F64)).astype(F32)
+
+
+def matmul_seq_reference(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """`x [T, K] @ w [K, N]` summed over k in order, each product and sum rounded."""
+    x = np.asarray(x, F32)
+    w = np.asarray(w, F32)
+    out = np.zeros((x.shape[0], w.shape[1]), F32)
+    for k in range(x.shape[1]):
+        out += x[:, k : k + 1] * w[k]
+    return out
+
+
+def matmul_seq(x: np.ndarray, w: np.ndarray, use_native: bool | None = None) -> np.ndarray:
+    """`matmul_seq_reference`, by the native kernel when it is built (same bits)."""
+    lib = native.LIBRARY if use_native is not False else None
+    if lib is None:
+        return matmul_seq_reference(x, w)
+    x = np.ascontiguousarray(x, F32)
+    w = np.ascontiguousarray(w, F32)
+    rows, depth = x.shape
+    out = np.empty((rows, w.shape[1]), F32)
+    lib.np_matmul_seq(x.ctypes.data, rows, depth, depth, w.ctypes.data, w.shape[1],
+                      out.ctypes.data)
+    return out
+
+
+# -- int8 attention ---------------------------------------------------------------------------
+def attend_reference(
+    qcode: np.ndarray, qscale: np.ndarray, kcode: np.ndarray, kscale: np.ndarray,
+    vcode: np.ndarray, vscale: np.ndarray, slots: np.ndarray, count: np.ndarray,
+) -> np.ndarray:
+    """Query rows qcode [Q, qk] int8 (scales [Q]) over the key/value slots `slots[i, :count[i]]`
+    of kcode [S, qk] / vcode [S, vd] int8 (scales [S]) -> [Q, vd] float32, as `np_attend`:
+    score_j = float32(((dot_j * sq) * sk_j) / sqrt(qk)); softmax with the pinned exp and a
+    float32 sum in slot-list order; out = sum_j p_j * (vcode_j * sv_j) in that order."""
+    rows, qk = qcode.shape
+    vd = vcode.shape[1]
+    inv = 1.0 / np.sqrt(float(qk))
+    longest = int(count.max(initial=0))
+    if longest == 0:
+        return np.zeros((rows, vd), F32)
+    index = np.where(np.arange(longest)[None, :] < count[:, None], slots[:, :longest], 0)
+    keys = kcode[index].astype(np.int64)  # [Q, n, qk]
+    dots = np.einsum("qe,qne->qn", qcode.astype(np.int64), keys)  # exact integers
+    scores = dots.astype(F64) * qscale.astype(F64)[:, None]
+    scores = scores * kscale[index].astype(F64)
+    scores = (scores * inv).astype(F32)
+    valid = np.arange(longest)[None, :] < count[:, None]
+    scores = np.where(valid, scores, F32(-np.inf))
+    peak = scores.max(axis=1, keepdims=True)
+    weights = np.where(valid, exp32(scores - peak), F32(0.0))
+    total = np.zeros(rows, F32)
+    for j in range(longest):
+        total = np.where(valid[:, j], total + weights[:, j], total)
+    out = np.zeros((rows, vd), F32)
+    values = vcode[index].astype(F32) * vscale[index][:, :, None]  # [Q, n, vd], float32
+    for j in range(longest):
+        p = weights[:, j] / total
+        step = out + p[:, None] * values[:, j]
+        out = np.where(valid[:, j, None], step, out)
+    return out
+
+
+def attend(
+    qcode: np.ndarray, qscale: np.ndarray, kcode: np.ndarray, kscale: np.ndarray,
+    vcode: np.ndarray, vscale: np.ndarray, slots: np.ndarray, count: np.ndarray,
+    use_native: bool | None = None,
+) -> np.ndarray:
+    """`attend_reference`, by the native kernel when it is built (same bits)."""
+    lib = native.LIBRARY if use_native is not False else None
+    if lib is None:
+        return attend_reference(qcode, qscale, kcode, kscale, vcode, vscale, slots, count)
+    rows, qk = qcode.shape
+    vd = vcode.shape[1]
+    qcode = np.ascontiguousarray(qcode, np.int8)
+    qscale = np.ascontiguousarray(qscale, F32)
+    slots = np.ascontiguousarray(slots, np.int64)
+    count = np.ascontiguousarray(count, np.int64)
+    out = np.empty((rows, vd), F32)
+    work = np.empty(max(1, slots.shape[1]), F32)
+    lib.np_attend(
+        qcode.ctypes.data, qscale.ctypes.data, rows, qk, kcode.ctypes.data, kscale.ctypes.data,
+        vcode.ctypes.data, vscale.ctypes.data, vd, slots.ctypes.data, count.ctypes.data,
+        slots.shape[1], 1.0 / np.sqrt(float(qk)), out.ctypes.data, work.ctypes.data,
+    )
+    return out
+
+
+# -- dequantisation in the fixtures' order ------------------------------------------------
+def hadamard_signs() -> np.ndarray:
+    """[128, 128] float32 of +-1: (-1)^popcount(k & j)."""
+    k = np.arange(GROUP)[:, None] & np.arange(GROUP)[None, :]
+    parity = np.zeros_like(k)
+    for bit in range(7):
+        parity ^= (k >> bit) & 1
+    return np.where(parity == 1, F32(-1.0), F32(1.0))
+
+
+def _fma32(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """float32 fused multiply-add, exactly: the product of two float32 is exact in float64;
+    the float64 sum is rounded to odd (TwoSum error, then the last bit forced odd when the sum
+    was inexact) so the final rounding to float32 is the single correct rounding."""
+    product = a.astype(F64) * b.astype(F64)
+    c64 = c.astype(F64)
+    total = product + c64
+    virtual = total - product
+    error = (product - (total - virtual)) + (c64 - virtual)
+    bits = total.view(np.int64)
+    inexact = error != 0
+    even = (bits & 1) == 0
+    # toward the error's side is the odd neighbour when the rounded sum is even
+    nudge = inexact & even
+    direction = np.where((error > 0) == (total > 0), 1, -1)
+    bits = np.where(nudge & (total != 0), bits + direction, bits)
+    return bits.view(F64).astype(F32)
+
+
+def dequant_rows_reference(rotated: np.ndarray, h: float) -> np.ndarray:
+    """rotated [rows, groups, 128] float32 -> [rows, groups * 128] (module doc order)."""
+    rows, groups, _ = rotated.shape
+    hmat = hadamard_signs() * F32(h)
+    if groups == 1:
+        acc = np.zeros((rows, groups, GROUP), F32)
+        for block in range(0, GROUP, 8):
+            part = np.zeros_like(acc)
+            for k in range(block, block + 8):
+                part = _fma32(rotated[:, :, k : k + 1], hmat[k], part)
+            acc = acc + part
+    else:
+        acc = np.zeros((rows, groups, GROUP), F32)
+        for k in range(GROUP):
+            acc = _fma32(rotated[:, :, k : k + 1], hmat[k], acc)
+    return acc.reshape(rows, groups * GROUP)
+
+
+def dequant_rows(rotated: np.ndarray, h: float, use_native: bool | None = None) -> np.ndarray:
+    """`dequant_rows_reference`, by the native kernel when it is built (same bits)."""
+    lib = native.LIBRARY if use_native is not False else None
+    if lib is None:
+        return dequant_rows_reference(rotated, h)
+    rotated = np.ascontiguousarray(rotated, F32)
+    rows, groups, _ = rotated.shape
+    out = np.empty((rows, groups * GROUP), F32)
+    lib.np_dequant_rows(rotated.ctypes.data, rows, groups, F32(h), out.ctypes.data)
+    return out
