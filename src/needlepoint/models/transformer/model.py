@@ -1,0 +1,125 @@
+"""A Llama-family or GPT-2 model from a Hugging Face directory or a GGUF file.
+
+Same interface as the Needle models (`needle3/model.py`): `forward(ids)` gives logits
+[len(ids), vocab] float32, `session()` an independent decode state (`prefill`, `step`),
+`config.vocab` / `config.max_seq_len`, `tokenizer`; plus `hidden_states(ids)` (transformers'
+`output_hidden_states`, the last after the final norm). Float numerics: the stored weights
+(GGUF quantised tensors dequantised to float32) with float32 activations and cache.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ...errors import ModelInputError
+from ...formats.checkpoints import open_checkpoint
+from .session import TransformerSession
+from .spec import BlockSpec, spec_from_config
+from .weights import TransformerWeights, load_weights
+
+NUMERICS = ("deploy", "float")
+
+
+class TransformerModel:
+    """Weights prepared once, shared read-only by any number of sessions."""
+
+    def __init__(self, checkpoint: Any, spec: BlockSpec, weights: TransformerWeights) -> None:
+        self.checkpoint = checkpoint
+        self.config = spec
+        self.weights = weights
+        self.numerics = "float"
+
+    @classmethod
+    def from_checkpoint(cls, checkpoint: Any, *, layers: int | None = None) -> TransformerModel:
+        """The model of an opened checkpoint (`layers=N`: only its first N blocks)."""
+        spec = spec_from_config(checkpoint.config)
+        if layers is not None:
+            if not 1 <= int(layers) <= spec.num_layers:
+                raise ValueError(f"layers must be in 1..{spec.num_layers}, got {layers}")
+            spec = spec.with_layers(int(layers))
+        return cls(checkpoint, spec, load_weights(checkpoint, spec))
+
+    @cached_property
+    def tokenizer(self) -> Any:
+        return self.checkpoint.tokenizer
+
+    @property
+    def has_confidence_head(self) -> bool:
+        return False
+
+    def confidence_logit(self, ids: Sequence[int] | np.ndarray) -> None:
+        """No confidence head on these models (the Needle interface's answer: None)."""
+        self.check_ids(ids)
+        return None
+
+    def check_ids(self, ids: Sequence[int] | np.ndarray, position: int = 0) -> np.ndarray:
+        """Token ids as int64, or a ModelInputError naming what is wrong."""
+        try:
+            tokens = np.asarray(ids)
+        except (TypeError, ValueError) as error:
+            raise ModelInputError(f"token ids must be integers: {error}") from None
+        if tokens.ndim == 0:
+            tokens = tokens.reshape(1)
+        if tokens.ndim != 1:
+            raise ModelInputError(f"token ids must be one sequence, got shape {tokens.shape}")
+        if tokens.size == 0:
+            raise ModelInputError("empty token sequence")
+        if not np.issubdtype(tokens.dtype, np.integer):
+            whole = np.issubdtype(tokens.dtype, np.floating) and np.all(tokens == np.round(tokens))
+            if not whole:
+                raise ModelInputError(f"token ids must be integers, got dtype {tokens.dtype}")
+        vocab = self.config.vocab
+        low, high = tokens.min(), tokens.max()
+        if low < 0 or high >= vocab:
+            bad = int(low if low < 0 else high)
+            raise ModelInputError(f"token id {bad} out of range [0, {vocab})")
+        limit = self.config.max_seq_len
+        if position + tokens.size > limit:
+            raise ModelInputError(
+                f"sequence of {position + tokens.size} tokens exceeds max_seq_len {limit}"
+            )
+        return tokens.astype(np.int64)
+
+    def embed(self, tokens: np.ndarray, start: int) -> np.ndarray:
+        """Block input [T, d] of tokens at positions start.. (learned positions added)."""
+        h = np.array(self.weights.embed[tokens], np.float32)
+        if self.weights.positions is not None:
+            h += self.weights.positions[start : start + len(tokens)]
+        return h
+
+    def session(self) -> TransformerSession:
+        return TransformerSession(self)
+
+    def forward(self, ids: Sequence[int] | np.ndarray) -> np.ndarray:
+        """Logits [len(ids), vocab] at every position (full causal attention)."""
+        return TransformerSession(self).run(ids, "all")
+
+    def hidden_states(self, ids: Sequence[int] | np.ndarray) -> np.ndarray:
+        """[L+1, T, d]: the embedding output, the residual after each block but the last, and
+        the last block's output after the final norm (transformers' layout)."""
+        parts: list[np.ndarray] = []
+        TransformerSession(self).run(ids, "none", hidden=parts)
+        return np.concatenate(parts, axis=1)
+
+    def __repr__(self) -> str:
+        spec = self.config
+        source = getattr(self.checkpoint, "path", "")
+        return (f"TransformerModel({Path(str(source)).name}, {spec.architecture}, "
+                f"d={spec.d_model}, layers={spec.num_layers}, heads={spec.num_heads}/"
+                f"{spec.num_kv_heads}, vocab={spec.vocab})")
+
+
+def load_transformer(
+    path: str | os.PathLike[str], *, layers: int | None = None, numerics: str = "float"
+) -> TransformerModel:
+    """A Hugging Face model directory or a `.gguf` file as a model (`numerics`: "float"; the
+    int8 "deploy" path is not there yet, so "deploy" also runs float)."""
+    if numerics not in NUMERICS:
+        raise ValueError(f"numerics must be one of {NUMERICS}, got {numerics!r}")
+    return TransformerModel.from_checkpoint(open_checkpoint(path), layers=layers)

@@ -1,0 +1,80 @@
+"""Where each weight of a spec lives in a checkpoint: Hugging Face tensor names per family.
+
+A table, not code paths: `TensorNames` gives the name of every tensor the block needs (per layer
+with `{i}`), and whether linear weights are stored `[out, in]` (torch `nn.Linear`, applied as
+x W^T) or `[in, out]` (GPT-2's `Conv1D`, applied as x W). Biases sit beside their weight
+(`.weight` -> `.bias`). A GGUF file's tensors are renamed to these names when it is opened
+(`formats/gguf_checkpoint.py`). Names: `shared/fixtures/hf/README.md`, "Tensor names and shapes".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class TensorNames:
+    embed: str
+    positions: str | None
+    final_norm: str
+    lm_head: str
+    norm1: str
+    norm2: str
+    q: str | None  # separate projections (None when fused)
+    k: str | None
+    v: str | None
+    qkv: str | None  # fused q | k | v (None when separate)
+    o: str
+    gate: str | None  # gated MLP only
+    up: str
+    down: str
+    in_out: bool  # linear weights stored [in, out]
+    prefixes: tuple[str, ...] = ("",)  # optional name prefixes, tried in order
+
+    def layer(self, template: str, index: int) -> str:
+        return template.format(i=index)
+
+
+LLAMA = TensorNames(
+    embed="model.embed_tokens.weight",
+    positions=None,
+    final_norm="model.norm.weight",
+    lm_head="lm_head.weight",
+    norm1="model.layers.{i}.input_layernorm.weight",
+    norm2="model.layers.{i}.post_attention_layernorm.weight",
+    q="model.layers.{i}.self_attn.q_proj.weight",
+    k="model.layers.{i}.self_attn.k_proj.weight",
+    v="model.layers.{i}.self_attn.v_proj.weight",
+    qkv=None,
+    o="model.layers.{i}.self_attn.o_proj.weight",
+    gate="model.layers.{i}.mlp.gate_proj.weight",
+    up="model.layers.{i}.mlp.up_proj.weight",
+    down="model.layers.{i}.mlp.down_proj.weight",
+    in_out=False,
+)
+
+# GPT-2 checkpoints come with the `transformer.` prefix (GPT2LMHeadModel) or without (GPT2Model).
+GPT2 = TensorNames(
+    embed="wte.weight",
+    positions="wpe.weight",
+    final_norm="ln_f.weight",
+    lm_head="lm_head.weight",
+    norm1="h.{i}.ln_1.weight",
+    norm2="h.{i}.ln_2.weight",
+    q=None,
+    k=None,
+    v=None,
+    qkv="h.{i}.attn.c_attn.weight",
+    o="h.{i}.attn.c_proj.weight",
+    gate=None,
+    up="h.{i}.mlp.c_fc.weight",
+    down="h.{i}.mlp.c_proj.weight",
+    in_out=True,
+    prefixes=("transformer.", ""),
+)
+
+NAMES = {"llama": LLAMA, "gpt2": GPT2}
+
+
+def bias_name(weight: str) -> str:
+    return weight[: -len(".weight")] + ".bias" if weight.endswith(".weight") else weight + ".bias"

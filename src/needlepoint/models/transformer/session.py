@@ -1,0 +1,100 @@
+"""One decode state per sequence: a KV cache per layer, shared read-only model weights.
+
+`prefill` runs the prompt in chunks of `CHUNK` positions through the same code a decode `step`
+uses (a step is a chunk of one), so both fill the same caches; only the rows whose logits are
+asked for go through the final norm and the LM head.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from .attention import KVCache
+from .block import block_forward
+from .layers import rope_angles
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .model import TransformerModel
+
+# Positions per prefill chunk: bounds the [heads, CHUNK, positions] score temporaries.
+CHUNK = 256
+
+
+class TransformerSession:
+    """Incremental decoding state of one sequence (`model.session()`)."""
+
+    def __init__(self, model: TransformerModel) -> None:
+        spec = model.config
+        self.model = model
+        self.caches = [KVCache(spec.num_kv_heads, spec.head_dim, spec.max_seq_len)
+                       for _ in model.weights.layers]
+        self.tokens: list[int] = []
+
+    @property
+    def position(self) -> int:
+        """Tokens consumed so far (the position the next token takes)."""
+        return len(self.tokens)
+
+    def consumed(self) -> np.ndarray:
+        return np.asarray(self.tokens, np.int64)
+
+    def fork(self) -> TransformerSession:
+        """An independent copy of this state (both may continue differently)."""
+        other = TransformerSession.__new__(TransformerSession)
+        other.model = self.model
+        other.caches = [cache.copy() for cache in self.caches]
+        other.tokens = list(self.tokens)
+        return other
+
+    __copy__ = fork
+
+    def prefill(self, ids: Sequence[int] | np.ndarray, logits: bool = True) -> np.ndarray | None:
+        """Consume `ids` (after anything already consumed); the logits [vocab] at the last of
+        them, or None (no LM head at all) with `logits=False`."""
+        out = self.run(ids, "last" if logits else "none")
+        return None if out is None else out[-1]
+
+    def step(self, token_id: int) -> np.ndarray:
+        """Consume one token; the logits [vocab] for the next position."""
+        return self.run([token_id], "last")[-1]
+
+    def run(self, ids, want: str, hidden: list[np.ndarray] | None = None) -> np.ndarray | None:
+        """Consume `ids`; logits of every position (`want="all"`), of the last ("last"), or
+        none. `hidden`, if given, receives [L+1, T, d] residual states per chunk (the last
+        after the final norm), as transformers' `output_hidden_states`."""
+        model = self.model
+        tokens = model.check_ids(ids, self.position)
+        outputs = []
+        for first in range(0, len(tokens), CHUNK):
+            chunk = tokens[first : first + CHUNK]
+            last_chunk = first + CHUNK >= len(tokens)
+            rows = "all" if want == "all" else ("last" if want == "last" and last_chunk else "")
+            logits = self._chunk(chunk, rows, hidden)
+            if logits is not None:
+                outputs.append(logits)
+        if not outputs:
+            return None
+        return np.concatenate(outputs) if len(outputs) > 1 else outputs[0]
+
+    def _chunk(self, tokens: np.ndarray, rows: str, hidden: list | None) -> np.ndarray | None:
+        model = self.model
+        spec, weights = model.config, model.weights
+        start, count = self.position, len(tokens)
+        h = model.embed(tokens, start)
+        states = [h.copy()] if hidden is not None else None
+        rope = rope_angles(start, count, spec.head_dim, spec.rope_theta) if spec.rope else None
+        for index, (layer, cache) in enumerate(zip(weights.layers, self.caches, strict=True)):
+            h = block_forward(spec, layer, index, h, cache, start, rope)
+            if states is not None:
+                states.append(h)
+        self.tokens.extend(int(t) for t in tokens)
+        if states is not None:
+            states[-1] = weights.final_norm(h)
+            hidden.append(np.stack(states))
+        if not rows:
+            return None
+        picked = h if rows == "all" else h[-1:]
+        return weights.lm_head(weights.final_norm(picked))
