@@ -27,7 +27,13 @@ class Conversation:
         self.session = model.session(kv_window=kv_window)
         self.ids: list[int] = []  # every token of the conversation, fed or pending
         self.pending: list[int] = []  # generated but not yet fed to the session
+        self.last_answer: list[int] = []  # the last turn's tokens, its stop token included
         self.turns = 0
+
+    @property
+    def position(self) -> int:
+        """Tokens in the conversation so far, the unfed stop token included."""
+        return len(self.ids)
 
     @property
     def context_limit(self) -> int | None:
@@ -54,26 +60,35 @@ class Conversation:
         new_ids: Sequence[int],
         config: GenerationConfig,
         constraint: Constraint | None = None,
+        *,
+        content: Constraint | None = None,
+        check_tools: Sequence[dict[str, Any]] | None = None,
+        parallel_calls: bool = True,
     ) -> Iterator[DeltaEvent | Done]:
-        """Feed `new_ids`, decode one assistant turn; stream deltas, then `Done(envelope)`."""
+        """Feed `new_ids`, decode one assistant turn; stream deltas, then `Done(envelope)`.
+        `content` constrains the answer text (response_format); `check_tools` validates the
+        calls of a turn decoded without a grammar (see `turn_envelope`)."""
         # new_ids starts with the pending stop token (see `user_turn_ids`): count it once.
         del self.ids[len(self.ids) - len(self.pending) :]
         self.pending = []
         self.ids.extend(new_ids)
         result: TurnResult | None = None
         for event in generate_turn(self.session, self.vocab, new_ids, config, constraint,
-                                   context_limit=self.context_limit):
+                                   context_limit=self.context_limit, content=content):
             if isinstance(event, TurnComplete):
                 result = event.result
             else:
                 yield event
         assert result is not None
         self.ids.extend(result.tokens)
+        self.last_answer = list(result.tokens)
         self.pending = list(result.pending)
         self.turns += 1
         head_logit, confidence_s = self.confidence_logit()
         confidence = combine_confidence(head_logit, result.call_token_probs)
-        envelope = turn_envelope(result, confidence=confidence, confidence_s=confidence_s)
+        envelope = turn_envelope(result, confidence=confidence, confidence_s=confidence_s,
+                                 check_tools=check_tools, require_call=config.require_call,
+                                 parallel_calls=parallel_calls)
         envelope["seed"] = result.seed
         yield Done(envelope)
 

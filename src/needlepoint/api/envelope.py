@@ -9,7 +9,11 @@
 
 "call" = a non-empty call list, "refuse" = `<tool_call>[]</tool_call>`, "respond" = the turn
 ended without a call (or its call text was not a well-formed list of calls, which only happens
-with the grammar off: then "error" says why and "text" holds the raw call text).
+with the grammar off: then "error" says why and "text" holds the raw call text). "invalid" =
+well-formed calls that break the tool schemas (only with the grammar off, when the tools are
+given to check against): "function_calls" holds them as written, "error" says what is wrong,
+and nothing should execute them. With `logprobs` requested, "logprobs" lists one entry per
+answer-text token.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from ..generation.call_check import call_errors
 from ..generation.turn import TurnResult
 
 
@@ -74,8 +79,12 @@ def turn_envelope(
     *,
     confidence: float | None = None,
     confidence_s: float = 0.0,
+    check_tools: Sequence[dict[str, Any]] | None = None,
+    require_call: bool = False,
+    parallel_calls: bool = True,
 ) -> dict[str, Any]:
-    """The envelope of one decoded turn."""
+    """The envelope of one decoded turn. `check_tools` (the offered tool dicts, for a turn
+    decoded without the grammar) validates the calls: any problem makes it "invalid"."""
     envelope: dict[str, Any] = {"type": "respond", "function_calls": [], "text": result.text,
                                 "reasoning": result.reasoning}
     if result.call_text is not None:
@@ -89,7 +98,14 @@ def turn_envelope(
         else:
             envelope["type"] = "call" if calls else "refuse"
             envelope["function_calls"] = calls
+            problems = [] if check_tools is None else call_errors(
+                calls, check_tools, require_call=require_call, parallel_calls=parallel_calls)
+            if problems:
+                envelope["type"] = "invalid"
+                envelope["error"] = "invalid tool call: " + "; ".join(problems)
     envelope["confidence"] = confidence
     envelope["timings"] = timings(result, confidence_s)
     envelope["stop_reason"] = result.stop_reason
+    if result.logprobs is not None:
+        envelope["logprobs"] = result.logprobs
     return envelope

@@ -22,22 +22,24 @@ Tool retrieval (`retrieval`): on a model with a contrastive embedding head (Need
 conversation whose tool list is longer than `retrieve_threshold` shows the model, and
 compiles the grammar for, only the `retrieve_k` tools closest to the first query;
 `rank_tools`/`retrieve_tools` expose the ranking.
+
+Per-call options beside sampling: `require_call` (the grammar leaves out `[]`),
+`parallel_tool_calls=False` (at most one call), `allow_call=False` (a text answer),
+`response_format` (the answer text is JSON matching a schema), `stop`, `logprobs`. With no
+tools (and calls allowed) there is nothing to call: the turn refuses at once (reasoning
+budget 0) and the envelope's `note` says why. A chat that outgrows the context drops its
+oldest turns (`dropped_turns` in the envelope).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import enum
-import json
-import threading
-import weakref
-from collections import OrderedDict
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-from ..errors import NeedlepointError
+from ..errors import InvalidOptionError, InvalidQueryError, NeedlepointError
 from ..generation.events import DeltaEvent, Done
-from ..generation.grammar import MAX_TOOLS, TokenVocab, ToolCallGrammar
+from ..generation.grammar import MAX_TOOLS, ToolCallGrammar
 from ..generation.prompt import (
     prompt_ids,
     render_prompt,
@@ -55,51 +57,48 @@ from ..generation.sampling import SamplingConfig
 from ..generation.turn import GenerationConfig, TurnVocab
 from ..models.hub import MODEL_CACHE, ModelCache, load_model
 from .conversation import Conversation
+from .grammars import GRAMMAR_VOCABS, GrammarCache, content_schema
+from .history import Turn, answer_room, fitting_replay
+from .results import annotated, call_key, final, jsonable, summary
 from .tools import ToolSpec, from_dict, from_pydantic, tool, tool_specs
 
-__all__ = ["ExtractionError", "Needle", "RetrievalUnavailableError", "tool"]
+__all__ = ["ExtractionError", "GRAMMAR_VOCABS", "Needle", "RetrievalUnavailableError",
+           "jsonable", "tool"]
 
 EXTRACT_TOOL = "extract"
 EXTRACT_DESCRIPTION = "Extract the requested fields from the text."
 SAMPLING_OPTIONS = ("temperature", "top_k", "top_p", "seed")
-TURN_OPTIONS = ("max_new_tokens", "reasoning_budget")
-# Compiled grammars kept per offered subset: a few ms each to build, but a chat app asks
-# the same kinds of question again, so recent subsets are worth keeping (bounded).
-SUBSET_GRAMMARS = 16
-
-
-class _TokenVocabCache:
-    """The grammar engine's view of a tokenizer (immutable, ~0.2 s to build), built once per
-    tokenizer object and shared read-only; entries go away with their tokenizer."""
-
-    def __init__(self) -> None:
-        self._vocabs: weakref.WeakKeyDictionary[Any, TokenVocab] = weakref.WeakKeyDictionary()
-        self._lock = threading.Lock()
-
-    def get(self, tokenizer: Any) -> TokenVocab:
-        with self._lock:
-            vocab = self._vocabs.get(tokenizer)
-            if vocab is None:
-                vocab = self._vocabs[tokenizer] = TokenVocab.from_tokenizer(tokenizer)
-            return vocab
-
-
-GRAMMAR_VOCABS = _TokenVocabCache()
+TURN_OPTIONS = ("max_new_tokens", "reasoning_budget", "require_call", "allow_call", "stop",
+                "logprobs")
+GRAMMAR_OPTIONS = ("parallel_tool_calls", "response_format")
+NO_TOOLS_NOTE = ("no tools were declared, so there is nothing to call: the turn refused at "
+                 "once (pass allow_call=False for a plain text answer)")
 
 
 class ExtractionError(NeedlepointError):
     """The model declined to extract (it answered `[]` or without a call)."""
 
 
-def jsonable(value: Any) -> Any:
-    """A tool's return value as plain JSON data (pydantic models, dataclasses, enums)."""
-    if hasattr(value, "model_dump"):
-        return value.model_dump(mode="json")
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return jsonable(dataclasses.asdict(value))
-    if isinstance(value, enum.Enum):
-        return value.value
-    return json.loads(json.dumps(value, default=str))
+def check_query(text: Any) -> str:
+    """The user's text, or InvalidQueryError (a ValueError) when it is not a non-blank
+    string: an empty query would still get a confident-looking call."""
+    if not isinstance(text, str):
+        raise InvalidQueryError(f"the query must be a string, got {type(text).__name__}")
+    if not text.strip():
+        raise InvalidQueryError("the query is empty: there is nothing to answer")
+    return text
+
+
+@dataclasses.dataclass
+class _Plan:
+    """How one turn decodes: its config and constraints, and what to add to its envelope."""
+
+    config: GenerationConfig
+    grammar: ToolCallGrammar | None
+    content: Any = None
+    check_tools: list[dict[str, Any]] | None = None
+    parallel: bool = True
+    notes: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 class Needle:
@@ -145,9 +144,9 @@ class Needle:
         self._index = ToolIndex(self.model, [spec.schema() for spec in self.tools])
         self._offer_memo: tuple[str, list[ToolSpec]] | None = None
         self._vocab = TurnVocab.from_tokenizer(self.tokenizer)
-        self._grammar_vocab = GRAMMAR_VOCABS.get(self.tokenizer) if grammar else None
-        self._subset_grammars: OrderedDict[tuple[str, ...], ToolCallGrammar | None] = \
-            OrderedDict()
+        self._grammars = GrammarCache(self.tokenizer, tool_grammar=grammar)
+        if grammar:
+            GRAMMAR_VOCABS.get(self.tokenizer)  # built now, not at the first query
         if self.retrieval_active and len(self.tools) > MAX_TOOLS:
             # Only subsets are ever compiled, so the full list may exceed the grammar's tool
             # limit; still check every schema now, not at the first query.
@@ -157,42 +156,58 @@ class Needle:
         else:
             self._grammar = self._compile(self.tools)
         self._conversation: Conversation | None = None
+        self._turn_specs: list[ToolSpec] = self.tools  # the tools the conversation offers
         self._turn_grammar: ToolCallGrammar | None = self._grammar  # the conversation's
+        self._history: list[Turn] = []  # finished turns, for dropping the oldest
 
     # ------------------------------------------------------------------ configuration
     def config(self, **overrides: Any) -> GenerationConfig:
         """The generation settings of one call: the constructor's, with `overrides`."""
-        unknown = set(overrides) - set(SAMPLING_OPTIONS) - set(TURN_OPTIONS) - {"require_call"}
+        unknown = set(overrides) - set(SAMPLING_OPTIONS) - set(TURN_OPTIONS)
         if unknown:
             raise TypeError(f"unknown generation options: {sorted(unknown)}")
         merged = {**self.defaults, **overrides}
         return GenerationConfig(
             sampling=SamplingConfig(**{k: merged[k] for k in SAMPLING_OPTIONS}),
-            max_new_tokens=merged["max_new_tokens"],
-            reasoning_budget=merged["reasoning_budget"],
-            require_call=merged.get("require_call", False),
+            **{k: merged[k] for k in TURN_OPTIONS if k in merged},
         )
 
-    def _compile(self, specs: list[ToolSpec]) -> ToolCallGrammar | None:
-        if self._grammar_vocab is None:
-            return None
-        return ToolCallGrammar(self._grammar_vocab, [spec.schema() for spec in specs])
+    def _compile(self, specs: list[ToolSpec], **flags: bool) -> ToolCallGrammar | None:
+        return self._grammars.compile([spec.schema() for spec in specs], **flags)
 
-    def _grammar_for(self, specs: list[ToolSpec]) -> ToolCallGrammar | None:
+    def _grammar_for(self, specs: list[ToolSpec], require_call: bool = False,
+                     parallel_calls: bool = True) -> ToolCallGrammar | None:
         """The grammar for the tools offered in a conversation: the full list's, or a cached
-        subset's (LRU)."""
-        if len(specs) == len(self.tools) and self._grammar is not None:
+        one per (subset, flags) (LRU)."""
+        if len(specs) == len(self.tools) and self._grammar is not None and \
+                not require_call and parallel_calls:
             return self._grammar
-        if self._grammar_vocab is None:
-            return None
-        key = tuple(spec.name for spec in specs)
-        if key in self._subset_grammars:
-            self._subset_grammars.move_to_end(key)
-            return self._subset_grammars[key]
-        grammar = self._subset_grammars[key] = self._compile(specs)
-        if len(self._subset_grammars) > SUBSET_GRAMMARS:
-            self._subset_grammars.popitem(last=False)
-        return grammar
+        return self._grammars.calls([spec.schema() for spec in specs],
+                                    require_call=require_call, parallel_calls=parallel_calls)
+
+    def _plan(self, specs: list[ToolSpec], options: dict[str, Any]) -> _Plan:
+        """Split one call's options into the turn config and the constraints it needs."""
+        options = dict(options)
+        extra = {k: options.pop(k) for k in GRAMMAR_OPTIONS if k in options}
+        parallel = extra.get("parallel_tool_calls", True)
+        if not isinstance(parallel, bool):
+            raise InvalidOptionError(f"parallel_tool_calls must be true or false, got "
+                                     f"{parallel!r}")
+        schema = content_schema(extra.get("response_format"))
+        notes: dict[str, Any] = {}
+        if not specs and options.get("allow_call", True) and schema is None:
+            if options.get("require_call"):
+                raise InvalidOptionError("require_call needs at least one tool to call")
+            options["reasoning_budget"] = 0  # the only possible call is `[]`: say so now
+            notes["note"] = NO_TOOLS_NOTE
+        config = self.config(**options)
+        grammar = self._grammar_for(specs, config.require_call, parallel)
+        content = None
+        if schema is not None and not config.require_call:
+            content = self._grammars.content(schema, allow_call=config.allow_call and
+                                             bool(specs))
+        check = None if self._grammars.tool_grammar else [spec.schema() for spec in specs]
+        return _Plan(config, grammar, content, check, parallel, notes)
 
     # ------------------------------------------------------------------ tool retrieval
     @property
@@ -234,6 +249,7 @@ class Needle:
     def prompt_ids(self, query: str, specs: list[ToolSpec] | None = None) -> list[int]:
         """The first turn's token ids for `query` (BOS, system facts, tools, query); the
         tools are `offered_tools(query)` unless `specs` says otherwise."""
+        query = check_query(query)
         tools = [spec.schema() for spec in (self.offered_tools(query) if specs is None
                                             else specs)]
         return prompt_ids(self.tokenizer, render_prompt(tools, query, self.system_text()))
@@ -242,33 +258,71 @@ class Needle:
     def reset(self) -> None:
         """Forget the conversation (the next `chat` starts a new one)."""
         self._conversation = None
+        self._history = []
+
+    def _turn(self, conversation: Conversation, ids: list[int], plan: _Plan, user: str
+              ) -> Iterator[DeltaEvent | Done]:
+        events = conversation.turn(ids, plan.config, plan.grammar, content=plan.content,
+                                   check_tools=plan.check_tools, parallel_calls=plan.parallel)
+        yield from annotated(events, plan.notes)
+        self._history.append(Turn(user, list(conversation.last_answer)))
 
     def stream(self, text: str, **options: Any) -> Iterator[DeltaEvent | Done]:
         """Start a new conversation with `text`; yield events as tokens are decoded."""
-        config = self.config(**options)
+        text = check_query(text)
         specs = self.offered_tools(text)
-        # Later turns keep this grammar: the model only ever saw these tools' schemas.
+        plan = self._plan(specs, options)
+        # Later turns keep these tools: the model only ever saw their schemas.
+        self._turn_specs = specs
         self._turn_grammar = self._grammar_for(specs)
         self._conversation = Conversation(self.model, self._vocab, kv_window=self.kv_window)
-        yield from self._conversation.turn(self.prompt_ids(text, specs), config,
-                                           self._turn_grammar)
+        self._history = []
+        yield from self._turn(self._conversation, self.prompt_ids(text, specs), plan, text)
+
+    def stream_ids(self, ids: Sequence[int], query: str, **options: Any
+                   ) -> Iterator[DeltaEvent | Done]:
+        """Decode one turn after `ids` (a whole conversation as token ids, e.g. a replayed
+        client history) on a fresh session, constrained to the tools `query` (the first user
+        turn) is offered; the instance's own conversation is left alone."""
+        specs = self.offered_tools(check_query(query))
+        plan = self._plan(specs, options)
+        conversation = Conversation(self.model, self._vocab, kv_window=self.kv_window)
+        yield from annotated(conversation.turn(
+            list(ids), plan.config, plan.grammar, content=plan.content,
+            check_tools=plan.check_tools, parallel_calls=plan.parallel), plan.notes)
 
     def complete(self, text: str, **options: Any) -> dict[str, Any]:
         """Start a new conversation with `text`; return the turn's envelope."""
-        return _final(self.stream(text, **options))
+        return final(self.stream(text, **options))
 
     def chat_stream(self, text: str, **options: Any) -> Iterator[DeltaEvent | Done]:
-        """Continue the conversation with a user turn (the first one shows the tools)."""
+        """Continue the conversation with a user turn (the first one shows the tools). When
+        the context cannot hold it and an answer, the oldest turns are dropped and the
+        envelope's `dropped_turns` says how many."""
+        text = check_query(text)
         if self._conversation is None:
             yield from self.stream(text, **options)
             return
+        plan = self._plan(self._turn_specs, options)
         conversation = self._conversation
         ids = conversation.user_turn_ids(text, self.tokenizer)
-        yield from conversation.turn(ids, self.config(**options), self._turn_grammar)
+        limit = conversation.context_limit
+        if limit is not None:
+            room = answer_room(limit, plan.config.max_new_tokens)
+            if conversation.position - len(conversation.pending) + len(ids) + room > limit:
+                m = self._vocab.markers
+                dropped, ids = fitting_replay(
+                    lambda first: self.prompt_ids(first, self._turn_specs), self.tokenizer,
+                    m.im_end, m.eos, self._history, text, limit, room)
+                self._history = self._history[dropped:]
+                conversation = Conversation(self.model, self._vocab, kv_window=self.kv_window)
+                self._conversation = conversation
+                plan.notes["dropped_turns"] = dropped
+        yield from self._turn(conversation, ids, plan, text)
 
     def chat(self, text: str, **options: Any) -> dict[str, Any]:
         """Continue the conversation with a user turn; return its envelope."""
-        return _final(self.chat_stream(text, **options))
+        return final(self.chat_stream(text, **options))
 
     def send_tool_results(self, results: list[dict[str, Any]], **options: Any) -> dict[str, Any]:
         """Give tool results back as the next user turn (`<tool_result>...</tool_result>`)."""
@@ -299,21 +353,22 @@ class Needle:
         envelope = self.complete(query, **options)
         turns, results, done = [envelope], [], set()
         for _ in range(self.max_rounds):
-            calls = [c for c in envelope["function_calls"] if _call_key(c) not in done]
+            calls = [c for c in envelope["function_calls"] if call_key(c) not in done]
             if envelope["type"] != "call" or not calls:
                 break
             round_results = [self.execute(call) for call in calls]
-            done.update(_call_key(call) for call in calls)
+            done.update(call_key(call) for call in calls)
             results.extend(round_results)
             feedback = [{k: v for k, v in r.items() if k != "arguments"} for r in round_results]
             envelope = self.send_tool_results(feedback, **options)
             turns.append(envelope)
-        return _summary(turns, results)
+        return summary(turns, results)
 
     # ------------------------------------------------------------------ extraction
     def extract(self, text: str, schema: Any, **options: Any) -> Any:
         """The fields of `schema` (a pydantic model class or a JSON object schema) filled from
         `text`: a validated model instance, or a dict checked by the grammar."""
+        text = check_query(text)
         is_model = isinstance(schema, type) and hasattr(schema, "model_validate")
         if is_model:
             spec = dataclasses.replace(from_pydantic(schema), name=EXTRACT_TOOL,
@@ -325,47 +380,10 @@ class Needle:
         options = {"reasoning_budget": 0, "require_call": True, **options}
         # A conversation of its own: extraction leaves the chat conversation untouched.
         conversation = Conversation(self.model, self._vocab, kv_window=self.kv_window)
-        envelope = _final(conversation.turn(self.prompt_ids(text, [spec]),
+        envelope = final(conversation.turn(self.prompt_ids(text, [spec]),
                                             self.config(**options), grammar))
         calls = envelope["function_calls"]
         if envelope["type"] != "call" or calls[0]["name"] != EXTRACT_TOOL:
             raise ExtractionError(f"the model did not extract (answer type {envelope['type']})")
         arguments = calls[0]["arguments"]
         return schema.model_validate(arguments) if is_model else arguments
-
-
-def _final(events: Iterator[DeltaEvent | Done]) -> dict[str, Any]:
-    envelope = None
-    for event in events:
-        if isinstance(event, Done):
-            envelope = event.envelope
-    assert envelope is not None
-    return envelope
-
-
-def _call_key(call: Mapping[str, Any]) -> str:
-    return json.dumps([call["name"], call["arguments"]], sort_keys=True)
-
-
-def _summary(turns: list[dict[str, Any]], results: list[dict[str, Any]]) -> dict[str, Any]:
-    last = turns[-1]
-    confidences = [t["confidence"] for t in turns if t["confidence"] is not None]
-    timings: dict[str, float] = {}
-    for turn in turns:
-        for key, value in turn["timings"].items():
-            timings[key] = timings.get(key, 0) + value
-    for rate, tokens, seconds in (("prefill_tps", "prefill_tokens", "prefill_s"),
-                                  ("decode_tps", "decode_tokens", "decode_s")):
-        timings[rate] = timings[tokens] / timings[seconds] if timings[seconds] > 0 else 0.0
-    return {
-        **last,
-        "type": "call" if results else last["type"],
-        "function_calls": [{"name": r["name"], "arguments": r["arguments"]} for r in results]
-        if results else last["function_calls"],
-        "results": results,
-        "reasoning": "\n".join(t["reasoning"] for t in turns if t["reasoning"]),
-        "confidence": min(confidences) if confidences else None,
-        "timings": timings,
-        "turns": turns,
-    }
-

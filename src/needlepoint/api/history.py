@@ -1,0 +1,56 @@
+"""Keeping a long chat inside the context window: drop the oldest turns, replay the rest.
+
+A `Needle` conversation is one KV cache. When the next user turn (plus room to answer) no
+longer fits the model's context, the conversation is rebuilt on a fresh session from the
+most recent turns that do fit: the first kept user turn becomes the first prompt (system
+facts, the same offered tools, that text), then each kept answer exactly as it was generated
+(its tokens), `<|im_end|>`, and the next user turn, in the usual multi-turn format. The
+caller reports how many turns were dropped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from ..generation.prompt import continuation_ids, render_user_turn
+
+MIN_ANSWER_ROOM = 32  # context kept free for the answer: min(max_new_tokens, this or 1/8)
+
+
+@dataclass
+class Turn:
+    """One finished exchange: the user turn's content and the answer's tokens."""
+
+    user: str
+    answer: list[int] = field(default_factory=list)
+
+
+def answer_room(context: int, max_new_tokens: int) -> int:
+    """Tokens a new turn needs free after its prompt before it counts as fitting."""
+    return min(max_new_tokens, max(MIN_ANSWER_ROOM, context // 8))
+
+
+def replay_ids(first_prompt: Callable[[str], list[int]], tokenizer, im_end: int, eos: int,
+               kept: Sequence[Turn], user: str) -> list[int]:
+    """Token ids of a conversation of the `kept` turns followed by the user turn `user`."""
+    users = [turn.user for turn in kept] + [user]
+    ids = list(first_prompt(users[0]))
+    for turn, following in zip(kept, users[1:], strict=True):
+        answer = [t for t in turn.answer if t != eos]
+        if not answer or answer[-1] != im_end:
+            answer.append(im_end)
+        ids += answer + continuation_ids(tokenizer, render_user_turn(following))
+    return ids
+
+
+def fitting_replay(first_prompt: Callable[[str], list[int]], tokenizer, im_end: int, eos: int,
+                   history: Sequence[Turn], user: str, limit: int, room: int
+                   ) -> tuple[int, list[int]]:
+    """(turns dropped, ids) for the fewest oldest turns dropped so that the rebuilt prompt
+    leaves `room` tokens free; every earlier turn dropped if even that does not fit."""
+    for dropped in range(1, len(history) + 1):
+        ids = replay_ids(first_prompt, tokenizer, im_end, eos, history[dropped:], user)
+        if len(ids) + room <= limit or dropped == len(history):
+            return dropped, ids
+    return 0, replay_ids(first_prompt, tokenizer, im_end, eos, history, user)
