@@ -59,7 +59,7 @@ WEATHER = {"name": "get_weather", "description": "Weather for a city.",
         ({"temperature": 7}, 400, "temperature", None),
         ({"top_p": 0}, 400, "top_p", None),
         ({"n": 3}, 400, "n", None),
-        ({"stop": ["\n"]}, 400, None, None),  # would be ignored: refused instead
+        ({"stop": ["a", "b", "c", "d", "e"]}, 400, "stop", None),  # OpenAI's limit is 4
         ({"presence_penalty": 0.5}, 400, None, None),
         ({"messages": []}, 400, "messages", None),
         ({"messages": [{"role": "assistant", "content": "hi"}]}, 400, "messages.0", None),

@@ -18,10 +18,19 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ..errors import ModelInputError, NeedlepointError, ToolSchemaError
+from ..errors import (
+    InvalidOptionError,
+    InvalidQueryError,
+    ModelInputError,
+    NeedlepointError,
+    NonFiniteActivationError,
+    ToolSchemaError,
+)
+from ..generation.content import ContentSchemaError
 from .concurrency import EventPump, WorkerPool
 from .engine import ChatResult, Delta, Engine
 from .errors import ApiError, bad_request, body_too_large
+from .fields import validation_message
 from .schemas import ChatCompletionRequest, ModelCard, ModelList, NativeCompleteRequest
 from .settings import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_QUEUE, default_workers
 from .streaming import ChunkWriter
@@ -146,33 +155,48 @@ def _as_api_error(exc: BaseException) -> ApiError:
         return bad_request(f"Invalid tool schema: {exc}", param="tools", code="invalid_tool")
     if isinstance(exc, ModelInputError):
         return bad_request(str(exc), param="messages", code="invalid_model_input")
+    if isinstance(exc, ContentSchemaError):
+        return bad_request(f"Invalid 'response_format': {exc}", param="response_format",
+                           code="invalid_response_format")
+    if isinstance(exc, InvalidQueryError):
+        return bad_request(str(exc), param="messages", code="empty_query")
+    if isinstance(exc, InvalidOptionError):
+        return bad_request(str(exc), code="invalid_option")
+    if isinstance(exc, NonFiniteActivationError):  # the server's model is broken, not the request
+        log.error("model failure: %s", exc)
+        return ApiError(500, f"The model failed: {exc}", type="server_error",
+                        code="model_error")
     if isinstance(exc, NeedlepointError):
         return bad_request(str(exc))
     log.exception("unhandled error while serving a request", exc_info=exc)
     return ApiError(500, "Internal server error.", type="server_error", code="internal_error")
 
 
-def _validation_error(exc: RequestValidationError) -> ApiError:
+def _validation_error(exc: RequestValidationError, content_type: str = "") -> ApiError:
     errors = exc.errors()
     first = errors[0] if errors else {}
+    media = content_type.split(";")[0].strip().lower()
+    if media and media != "application/json" and not media.endswith("+json"):
+        return bad_request(f"Content-Type must be application/json, got {media!r}: the "
+                           "body is read as JSON", code="invalid_content_type")
     if first.get("type") == "json_invalid":
         detail = first.get("ctx", {}).get("error", "invalid JSON")
         return bad_request(f"Request body is not valid JSON: {detail}", code="invalid_json")
-    loc = [str(part) for part in first.get("loc", ()) if part != "body"]
-    param = ".".join(loc) or None
-    message = first.get("msg", "invalid request")
+    if not [p for p in first.get("loc", ()) if p != "body"]:
+        return bad_request("The request body must be a JSON object (the chat-completion "
+                           "request)", code="invalid_body")
+    message, param = validation_message(first)
     more = f" (and {len(errors) - 1} more problems)" if len(errors) > 1 else ""
-    where = f" at '{param}'" if param else ""
-    return bad_request(f"Invalid request{where}: {message}{more}", param=param)
+    return bad_request(f"{message}{more}", param=param)
 
 
 def _install_error_handlers(app: FastAPI) -> None:
     async def api_error(_: Request, exc: Exception) -> JSONResponse:
         return _as_api_error(exc).response()
 
-    async def validation(_: Request, exc: Exception) -> JSONResponse:
+    async def validation(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)
-        return _validation_error(exc).response()
+        return _validation_error(exc, request.headers.get("content-type", "")).response()
 
     async def http_error(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import bad_request
-from .schemas import ChatMessage, NamedToolChoice, ToolSpec
+from .schemas import AllowedToolChoice, ChatMessage, NamedToolChoice, ToolSpec
 
 
 @dataclass
@@ -60,9 +60,10 @@ class Conversation:
 
 
 def _tools(
-    specs: list[ToolSpec] | None, choice: str | NamedToolChoice | None
+    specs: list[ToolSpec] | None, choice: str | NamedToolChoice | AllowedToolChoice | None
 ) -> tuple[list[dict[str, Any]], str | None]:
-    tools = [spec.function.model_dump(exclude_none=True) for spec in specs or []]
+    tools = [spec.function.model_dump(exclude_none=True, exclude={"strict"})
+             for spec in specs or [] if spec.function is not None]
     if choice is None or choice == "auto":
         return tools, None
     if choice == "none":
@@ -71,6 +72,8 @@ def _tools(
         raise bad_request("tool_choice requires a non-empty 'tools' list", param="tool_choice")
     if choice == "required":
         return tools, "any"
+    if isinstance(choice, AllowedToolChoice):
+        return _allowed(tools, choice)
     assert isinstance(choice, NamedToolChoice)
     chosen = [tool for tool in tools if tool["name"] == choice.function.name]
     if not chosen:
@@ -80,6 +83,27 @@ def _tools(
         )
     # Only the chosen tool is shown, so the forced call cannot pick another one.
     return chosen, choice.function.name
+
+
+def _allowed(tools: list[dict[str, Any]], choice: AllowedToolChoice
+             ) -> tuple[list[dict[str, Any]], str | None]:
+    """`allowed_tools`: only the listed tools are offered (in the `tools` order)."""
+    names = []
+    for k, entry in enumerate(choice.allowed_tools.tools):
+        function = entry.get("function") if isinstance(entry, dict) else None
+        name = function.get("name") if isinstance(function, dict) else None
+        if entry.get("type", "function") != "function" or not isinstance(name, str):
+            raise bad_request(
+                f"tool_choice.allowed_tools.tools.{k} must be "
+                '{"type": "function", "function": {"name": ...}}',
+                param=f"tool_choice.allowed_tools.tools.{k}")
+        names.append(name)
+    unknown = [n for n in names if n not in {t["name"] for t in tools}]
+    if unknown:
+        raise bad_request(f"tool_choice.allowed_tools names {unknown}, which are not in "
+                          "'tools'", param="tool_choice.allowed_tools.tools")
+    offered = [tool for tool in tools if tool["name"] in names]
+    return offered, ("any" if choice.allowed_tools.mode == "required" else None)
 
 
 def _parse_arguments(raw: str | dict[str, Any], where: str) -> dict[str, Any]:
@@ -112,7 +136,7 @@ def _text(message: ChatMessage, index: int) -> str:
 def from_messages(
     messages: list[ChatMessage],
     tools: list[ToolSpec] | None,
-    tool_choice: str | NamedToolChoice | None,
+    tool_choice: str | NamedToolChoice | AllowedToolChoice | None,
 ) -> Conversation:
     tool_list, force = _tools(tools, tool_choice)
     system: list[str] = []
@@ -124,6 +148,10 @@ def from_messages(
             system.append(_text(message, index))
         elif role == "user":
             text = _text(message, index)
+            if not text.strip():
+                raise bad_request(
+                    f"messages.{index}: the user message is empty; there is nothing to answer",
+                    param=f"messages.{index}.content", code="empty_query")
             open_calls.clear()  # a user message closes the calls it follows
             if turns and turns[-1].answer is None:  # consecutive user-side messages: one turn
                 last = turns[-1]
@@ -145,6 +173,10 @@ def from_messages(
                     "tool call of the preceding assistant message",
                     param=f"messages.{index}.tool_call_id",
                 )
+            if message.name is not None and message.name != name:
+                raise bad_request(
+                    f"messages.{index}: name {message.name!r} is not the tool the call "
+                    f"{message.tool_call_id!r} named ({name!r})", param=f"messages.{index}.name")
             result = {"name": name, "result": _tool_result(_text(message, index))}
             if turns[-1].answer is None and turns[-1].tool_results is not None:
                 turns[-1].tool_results.append(result)

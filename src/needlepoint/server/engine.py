@@ -19,30 +19,33 @@ from typing import Any
 
 from .conversation import Conversation, from_messages
 from .errors import bad_request, context_exceeded, model_not_found
+from .fields import REASONING_BUDGETS, check_fields
 from .history import history_ids, stream_ids
 from .schemas import (
     AssistantMessage,
     ChatCompletion,
     ChatCompletionRequest,
     Choice,
+    ChoiceLogprobs,
     FunctionCallOut,
     ModelCard,
     NativeCompleteRequest,
     SamplingOptions,
+    TokenLogprob,
     ToolCallOut,
     Usage,
 )
 
-SEED_MODULUS = 1 << 64  # the sampler takes seeds in [0, 2**64); OpenAI allows negative ones
-
 
 @dataclass
 class Delta:
-    """A piece of the answer as it is decoded (at most one field set per event)."""
+    """A piece of the answer as it is decoded (one text field set per event; `logprobs`
+    are those of the content tokens that made `content`, when requested)."""
 
     reasoning: str = ""
     content: str = ""
     call_text: str = ""  # raw JSON text of the call list, as generated
+    logprobs: list[dict[str, Any]] | None = None
 
 
 @dataclass
@@ -54,6 +57,7 @@ class ChatResult:
     prompt_tokens: int
     completion_tokens: int
     envelope: dict[str, Any]
+    logprobs: list[dict[str, Any]] | None = None
 
     def usage(self) -> Usage:
         return Usage(
@@ -141,11 +145,16 @@ class Engine:
         return requested
 
     def chat_job(self, req: ChatCompletionRequest) -> ChatJob:
+        check_fields(req)
         conversation = from_messages(req.messages, req.tools, req.tool_choice)
         limit = self._max_new_tokens(req.token_limit, "max_tokens")
-        return ChatJob(self, conversation, _options(req, limit), limit)
+        return ChatJob(self, conversation, {**_options(req, limit), **_chat_options(req)},
+                       limit)
 
     def native_job(self, req: NativeCompleteRequest) -> Callable[[], dict[str, Any]]:
+        if not req.text.strip():
+            raise bad_request("Invalid 'text': the query is empty; expected a non-empty "
+                              "string.", param="text", code="empty_query")
         limit = self._max_new_tokens(req.max_new_tokens, "max_new_tokens")
         conversation = Conversation(system=req.system or "", tools=req.tools)
         options = _options(req, limit)
@@ -168,9 +177,28 @@ def _options(req: SamplingOptions, max_new_tokens: int | None) -> dict[str, Any]
     if req.top_k is not None:
         options["top_k"] = req.top_k
     if req.seed is not None:
-        options["seed"] = req.seed % SEED_MODULUS
+        options["seed"] = req.seed  # int64, the library's own seed rule
     if max_new_tokens is not None:
         options["max_new_tokens"] = max_new_tokens
+    return options
+
+
+def _chat_options(req: ChatCompletionRequest) -> dict[str, Any]:
+    """The chat-only fields as `Needle` options (see `fields.py` for the whole policy)."""
+    options: dict[str, Any] = {}
+    if req.parallel_tool_calls is False:
+        options["parallel_tool_calls"] = False
+    if req.stop:
+        options["stop"] = req.stop
+    if req.logprobs:
+        options["logprobs"] = req.top_logprobs or 0
+    fmt = req.response_format
+    if fmt is not None and fmt.type == "json_object":
+        options["response_format"] = {"type": "json_object"}
+    elif fmt is not None and fmt.type == "json_schema" and fmt.json_schema is not None:
+        options["response_format"] = fmt.json_schema.schema_
+    if req.reasoning_effort is not None:
+        options["reasoning_budget"] = REASONING_BUDGETS[req.reasoning_effort]
     return options
 
 
@@ -204,6 +232,8 @@ class ChatJob:
         options = dict(self.options)
         if conv.force is not None:
             options["require_call"] = True
+        if not conv.tools:  # tool_choice "none", or no tools: the answer is text
+            options["allow_call"] = False
         if len(conv.turns) == 1:
             ids = needle.prompt_ids(conv.query)
             self.engine.check_context(len(ids), self.max_new_tokens)
@@ -213,16 +243,33 @@ class ChatJob:
             self.engine.check_context(len(ids), self.max_new_tokens)
             events = stream_ids(needle, ids, options, conv.turns[0].user)
         envelope: dict[str, Any] | None = None
+        held: Delta | None = None  # a content delta, waiting for its token's logprob
         for event in events:
             kind = getattr(event, "type", None)
+            if kind == "logprob":
+                if held is not None:
+                    held.logprobs = [event.entry]
+                    yield held
+                    held = None
+                else:
+                    yield Delta(logprobs=[event.entry])
+                continue
+            if held is not None:
+                yield held
+                held = None
             if kind == "reasoning":
                 yield Delta(reasoning=event.text)
             elif kind == "text":
-                yield Delta(content=event.text)
+                if "logprobs" in options:
+                    held = Delta(content=event.text)
+                else:
+                    yield Delta(content=event.text)
             elif kind == "tool_call":
                 yield Delta(call_text=event.text)
             elif kind == "done":
                 envelope = event.envelope
+        if held is not None:
+            yield held
         if envelope is None:
             raise RuntimeError("the generator ended without a final envelope")
         yield self._result(envelope, prompt_tokens=len(ids))
@@ -258,6 +305,7 @@ class ChatJob:
             prompt_tokens=prompt_tokens,
             completion_tokens=int(timings.get("decode_tokens", 0)),
             envelope=envelope,
+            logprobs=envelope.get("logprobs"),
         )
 
     # -- formatting (event loop) ----------------------------------------------------------
@@ -271,10 +319,14 @@ class ChatJob:
             tool_calls=tool_calls,
             reasoning_content=result.reasoning or None,
         )
+        logprobs = None
+        if result.logprobs is not None:
+            logprobs = ChoiceLogprobs(content=[TokenLogprob(**e) for e in result.logprobs])
         return ChatCompletion(
             id=self.completion_id,
             created=self.created,
             model=self.model_name,
-            choices=[Choice(message=message, finish_reason=result.finish_reason)],
+            choices=[Choice(message=message, finish_reason=result.finish_reason,
+                            logprobs=logprobs)],
             usage=result.usage(),
         )

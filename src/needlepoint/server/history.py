@@ -20,8 +20,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from ..api.conversation import Conversation as Session
-from ..generation.grammar import TokenVocab, ToolCallGrammar
 from ..generation.prompt import (
     IM_END,
     TOOL_CALL_CLOSE,
@@ -31,7 +29,6 @@ from ..generation.prompt import (
     render_tool_results,
     render_user_turn,
 )
-from ..generation.turn import TurnVocab
 from .conversation import AssistantTurn, Conversation, Turn
 
 
@@ -68,10 +65,4 @@ def stream_ids(
     and a tool-call grammar for the tools the conversation's first prompt offered (all of
     them, or the retrieved top k on a model with a contrastive head), so the model can only
     call a tool it was shown (events as `Needle.stream` yields them)."""
-    tokenizer = needle.tokenizer
-    grammar = ToolCallGrammar(
-        TokenVocab.from_tokenizer(tokenizer),
-        [spec.schema() for spec in needle.offered_tools(query)],
-    )
-    session = Session(needle.model, TurnVocab.from_tokenizer(tokenizer), kv_window=needle.kv_window)
-    return session.turn(ids, needle.config(**options), grammar)
+    return needle.stream_ids(ids, query, **options)

@@ -5,16 +5,18 @@ a message without a role): pydantic rejects those before any model work, and the
 the rejection into an OpenAI-style 400. Semantic checks that need the model (context length,
 tool JSON schemas) happen later, in `engine.py`.
 
-Unknown request fields are ignored rather than rejected: the official clients send fields we
-have no use for (`user`, `metadata`, `store`, ...) and refusing them would break those clients.
-Fields that would change the answer if we ignored them (`n > 1`, `logprobs`) are rejected.
+Every field of OpenAI's chat-completions request is declared here; none is silently ignored.
+`fields.py` holds the policy: a field is honoured, or accepted only at its neutral value
+(`n: 1`, `store: false`, a zero penalty), or refused with a 400 that names it. A field that is
+not part of the API at all is refused the same way (`extra="forbid"`), so a typo never passes
+as a default.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field
 
 # Upper bound that no context window reaches: keeps "absurd" values (2**63) from ever
 # reaching the generator; the real per-model bound is checked against the context length.
@@ -22,7 +24,8 @@ MAX_TOKENS_CEILING = 1 << 20
 
 
 class _Lenient(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    # The name stays for the request models' base; unknown keys are refused, not dropped.
+    model_config = ConfigDict(extra="forbid")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -45,11 +48,15 @@ class ContentPart(_Lenient):
 
 
 class ChatMessage(_Lenient):
-    role: Literal["system", "developer", "user", "assistant", "tool"]
+    # "function" is the legacy role: declared so that it gets a clear refusal (fields.py).
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
     tool_calls: list[ToolCallIn] | None = None
     tool_call_id: str | None = None
+    function_call: dict[str, Any] | None = None  # legacy: refused
+    refusal: str | None = None  # an assistant's refusal text: refused
+    audio: dict[str, Any] | None = None  # refused
 
     def text(self) -> str:
         """The message's text; OpenAI allows a list of parts, of which we can use text parts."""
@@ -69,11 +76,13 @@ class ToolFunction(_Lenient):
     name: str
     description: str | None = None
     parameters: dict[str, Any] | None = None
+    strict: bool | None = None  # honoured by construction: the grammar always enforces
 
 
 class ToolSpec(_Lenient):
-    type: Literal["function"] = "function"
-    function: ToolFunction
+    type: str = "function"  # only "function"; "custom" tools are refused (fields.py)
+    function: ToolFunction | None = None
+    custom: dict[str, Any] | None = None
 
 
 class NamedFunction(_Lenient):
@@ -85,46 +94,86 @@ class NamedToolChoice(_Lenient):
     function: NamedFunction
 
 
+class AllowedTools(_Lenient):
+    mode: Literal["auto", "required"]
+    tools: list[dict[str, Any]]
+
+
+class AllowedToolChoice(_Lenient):
+    type: Literal["allowed_tools"]
+    allowed_tools: AllowedTools
+
+
 class StreamOptions(_Lenient):
     include_usage: bool = False
+    include_obfuscation: bool | None = None  # only false/absent: we never obfuscate
+
+
+class JsonSchemaFormat(_Lenient):
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None  # honoured by construction: the grammar always enforces
+
+
+class ResponseFormat(_Lenient):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
 
 
 class SamplingOptions(_Lenient):
-    """Generation options shared by both endpoints (OpenAI ranges; `top_k` is our extension)."""
+    """Generation options shared by both endpoints (OpenAI ranges; `top_k` is our extension).
+    NaN and infinities are refused (`allow_inf_nan=False`)."""
 
-    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
-    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0, allow_inf_nan=False)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0, allow_inf_nan=False)
     top_k: int | None = Field(default=None, ge=0)
-    seed: int | None = Field(default=None, ge=-(1 << 63), lt=1 << 64)
+    seed: int | None = Field(default=None, ge=-(1 << 63), lt=1 << 63)  # int64, as OpenAI
+
+
+ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice | AllowedToolChoice
 
 
 class ChatCompletionRequest(SamplingOptions):
     model: str
     messages: list[ChatMessage] = Field(min_length=1)
     tools: list[ToolSpec] | None = None
-    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    tool_choice: ToolChoice | dict[str, Any] | None = None  # other shapes: refused by name
     parallel_tool_calls: bool | None = None
     max_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS_CEILING)
     max_completion_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS_CEILING)
-    stream: bool = False
+    stream: bool | None = False
     stream_options: StreamOptions | None = None
     n: int | None = Field(default=None, ge=1, le=1)  # one choice per request: no batching
-    # Options that would change the answer if ignored: only their neutral values pass.
-    logprobs: Literal[False] | None = None
-    stop: str | list[str] | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    stop: Annotated[str, Field(min_length=1)] | Annotated[
+        list[Annotated[str, Field(min_length=1)]], Field(max_length=4)] | None = None
+    response_format: ResponseFormat | None = None
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh",
+                              "max"] | None = None
+    # Accepted only at their neutral values (fields.py): the answer does not depend on them.
+    presence_penalty: float | None = Field(default=None, allow_inf_nan=False)
+    frequency_penalty: float | None = Field(default=None, allow_inf_nan=False)
     logit_bias: dict[str, float] | None = None
-
-    @model_validator(mode="after")
-    def _supported(self) -> ChatCompletionRequest:
-        if self.max_tokens is not None and self.max_completion_tokens is not None:
-            if self.max_tokens != self.max_completion_tokens:
-                raise ValueError("max_tokens and max_completion_tokens disagree: send one")
-        for name in ("stop", "presence_penalty", "frequency_penalty", "logit_bias"):
-            if getattr(self, name):
-                raise ValueError(f"'{name}' is not supported by this server")
-        return self
+    store: bool | None = None
+    metadata: dict[str, str] | None = None
+    service_tier: str | None = None
+    modalities: list[str] | None = None
+    # Identifiers for the caller's own bookkeeping (logged at debug level, never used).
+    user: str | None = None
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
+    # Features this server does not have: any value but null is refused by name.
+    functions: list[Any] | None = None
+    function_call: Any = None
+    audio: Any = None
+    prediction: Any = None
+    web_search_options: Any = None
+    verbosity: Any = None
+    moderation: Any = None
+    prompt_cache_options: Any = None
+    prompt_cache_retention: Any = None
 
     @property
     def token_limit(self) -> int | None:
@@ -174,11 +223,26 @@ class AssistantMessage(BaseModel):
     reasoning_content: str | None = None
 
 
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class TokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob] = Field(default_factory=list)
+
+
+class ChoiceLogprobs(BaseModel):
+    content: list[TokenLogprob] | None = None
+    refusal: list[TokenLogprob] | None = None
+
+
 class Choice(BaseModel):
     index: int = 0
     message: AssistantMessage
     finish_reason: Literal["stop", "length", "tool_calls"]
-    logprobs: None = None
+    logprobs: ChoiceLogprobs | None = None
 
 
 class Usage(BaseModel):
@@ -233,6 +297,7 @@ class ChunkChoice(BaseModel):
     index: int = 0
     delta: ChunkDelta
     finish_reason: Literal["stop", "length", "tool_calls"] | None = None
+    logprobs: ChoiceLogprobs | None = None
 
 
 class ChatCompletionChunk(BaseModel):

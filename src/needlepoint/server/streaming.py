@@ -13,7 +13,15 @@ import json
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from .schemas import ChatCompletionChunk, ChunkChoice, ChunkDelta, ChunkFunction, ChunkToolCall
+from .schemas import (
+    ChatCompletionChunk,
+    ChoiceLogprobs,
+    ChunkChoice,
+    ChunkDelta,
+    ChunkFunction,
+    ChunkToolCall,
+    TokenLogprob,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     from .engine import ChatJob, ChatResult, Delta
@@ -169,13 +177,16 @@ class ChunkWriter:
         self.with_args: set[int] = set()  # calls whose arguments text was streamed
 
     def _chunk(
-        self, delta: ChunkDelta, finish_reason: str | None = None, usage: Any = None
+        self, delta: ChunkDelta, finish_reason: str | None = None, usage: Any = None,
+        logprobs: list[dict[str, Any]] | None = None,
     ) -> dict[str, Any]:
+        scores = None if logprobs is None else ChoiceLogprobs(
+            content=[TokenLogprob(**entry) for entry in logprobs])
         chunk = ChatCompletionChunk(
             id=self.job.completion_id,
             created=self.job.created,
             model=self.job.model_name,
-            choices=[ChunkChoice(delta=delta, finish_reason=finish_reason)],
+            choices=[ChunkChoice(delta=delta, finish_reason=finish_reason, logprobs=scores)],
             usage=usage,
         )
         payload = chunk.model_dump(exclude_none=True)
@@ -193,8 +204,8 @@ class ChunkWriter:
             return
         if item.reasoning:
             yield self._chunk(ChunkDelta(reasoning_content=item.reasoning))
-        if item.content:
-            yield self._chunk(ChunkDelta(content=item.content))
+        if item.content or item.logprobs:
+            yield self._chunk(ChunkDelta(content=item.content), logprobs=item.logprobs)
         if item.call_text:
             for kind, index, text in merge_args(self.splitter.feed(item.call_text)):
                 yield self._call_chunk(kind, index, text)
