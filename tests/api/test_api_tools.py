@@ -133,14 +133,10 @@ def variadic(*args: int) -> None: ...
 def bad_type(x: Opaque) -> None: ...
 
 
-def bad_union(x: int | str) -> None: ...
-
-
 @pytest.mark.parametrize("bad, message", [
     (no_hint, "no type hint"),
     (variadic, "args"),
     (bad_type, "unsupported type"),
-    (bad_union, "union"),
     ({"name": "x", "parameters": {"type": "object", "properties": {"a": {"default": {1, 2}}}}},
      "JSON-serialisable"),
     ({"name": "has space", "parameters": {}}, "tool name"),

@@ -4,8 +4,14 @@ Accepted: plain functions (signature -> parameter schema, docstring -> descripti
 Google-style `Args:` parameter descriptions; `@tool` only attaches a name/description
 override), pydantic models (`model_json_schema()`; name = `__tool_name__` or the class name),
 and JSON schema dicts (`{"name", "description", "parameters"}`, or OpenAI's
-`{"type": "function", "function": {...}}`). Pydantic is optional: it is only touched through
-the classes a user passes in.
+`{"type": "function", "function": {...}}`).
+
+A parameter's schema is pydantic's (`TypeAdapter(hint).json_schema()`), so every hint pydantic
+understands works: dates and times, unions, `Literal`, `Enum`, nested models, dataclasses,
+`Annotated[float, Field(gt=0, le=10000, description="USD")]` constraints. The arguments the
+model writes are converted back through the same adapter before the function runs. A top-level
+`Optional[T]` is T's schema (optionality is `required`); pydantic's titles are dropped, and a
+`Field(description=...)` wins over the docstring's.
 
 Every problem (unsupported type hint, unannotated or variadic parameter, a value that is not
 JSON-serialisable, duplicate names) is a `ToolSchemaError` raised when the tools are built.
@@ -14,7 +20,6 @@ JSON-serialisable, duplicate names) is a `ToolSchemaError` raised when the tools
 from __future__ import annotations
 
 import copy
-import enum
 import inspect
 import json
 import re
@@ -23,6 +28,8 @@ import typing
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+import pydantic
 
 from ..errors import ToolSchemaError
 
@@ -76,26 +83,6 @@ def tool(func: Callable | None = None, *, name: str | None = None,
 
 
 # ---------------------------------------------------------------------------- type hints
-def _json_type(value: Any, where: str) -> str:
-    # bool before int: True is an int in Python but a boolean in JSON.
-    for kind, json_name in ((bool, "boolean"), (int, "integer"), (float, "number"),
-                            (str, "string")):
-        if isinstance(value, kind):
-            return json_name
-    raise ToolSchemaError(f"{where}: enum value {value!r} is not a JSON string/number/boolean")
-
-
-def _enum_schema(values: list[Any], where: str) -> dict[str, Any]:
-    kinds = {_json_type(v, where) for v in values}
-    if not values:
-        raise ToolSchemaError(f"{where}: empty enumeration")
-    if kinds == {"integer", "number"}:
-        kinds = {"number"}
-    if len(kinds) != 1:
-        raise ToolSchemaError(f"{where}: enum mixes JSON types {sorted(kinds)}")
-    return {"type": kinds.pop(), "enum": values}
-
-
 def _is_pydantic_model(tp: Any) -> bool:
     return isinstance(tp, type) and callable(getattr(tp, "model_json_schema", None))
 
@@ -126,42 +113,58 @@ def _pydantic_schema(model: type, defs: dict[str, Any]) -> dict[str, Any]:
     return schema
 
 
+def _without_none(tp: Any) -> Any:
+    """`Optional[T]` -> T (also inside `Annotated`): the parameter is then simply not
+    required; a JSON `null` is never needed to leave it out."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is typing.Annotated:
+        inner = _without_none(args[0])
+        return tp if inner is args[0] else typing.Annotated[(inner, *tp.__metadata__)]
+    if origin in (typing.Union, types.UnionType) and type(None) in args:
+        members = tuple(a for a in args if a is not type(None))
+        if len(members) == 1:
+            return members[0]
+        return typing.Union[members]  # noqa: UP007 - built from a runtime tuple
+    return tp
+
+
+def _field_description(tp: Any) -> bool:
+    """Whether an `Annotated` hint carries its own `Field(description=...)`."""
+    if typing.get_origin(tp) is not typing.Annotated:
+        return False
+    return any(getattr(meta, "description", None) for meta in tp.__metadata__)
+
+
+def _tidy(schema: dict[str, Any]) -> dict[str, Any]:
+    """Keys in the order the prompt shows them best: type first, description last."""
+    head = {k: schema[k] for k in ("type",) if k in schema}
+    tail = {k: schema[k] for k in ("description",) if k in schema}
+    return {**head, **{k: v for k, v in schema.items() if k not in head and k not in tail},
+            **tail}
+
+
 def type_schema(
     tp: Any, where: str, defs: dict[str, Any]
 ) -> tuple[dict[str, Any], Converter | None]:
-    """JSON schema of a type hint and the converter from its JSON value back to Python."""
+    """JSON schema of a type hint (pydantic's) and the converter from its JSON value back to
+    Python (None for plain str/int/float/bool)."""
+    tp = _without_none(tp)
     if tp in SCALARS:
         return {"type": SCALARS[tp]}, None
-    if isinstance(tp, type) and issubclass(tp, enum.Enum):
-        return _enum_schema([member.value for member in tp], where), tp
-    if _is_pydantic_model(tp):
-        return _pydantic_schema(tp, defs), tp.model_validate
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin is typing.Annotated:
-        return type_schema(args[0], where, defs)
-    if origin is typing.Literal:
-        return _enum_schema(list(args), where), None
-    if tp is list or origin is list:
-        if not args:
-            return {"type": "array"}, None
-        item, convert = type_schema(args[0], f"{where} items", defs)
-        return {"type": "array", "items": item}, (
-            (lambda xs: [convert(x) for x in xs]) if convert else None)
-    if tp is dict or origin is dict:
-        if not args:
-            return {"type": "object"}, None
-        if args[0] is not str:
-            raise ToolSchemaError(f"{where}: dict keys must be str (JSON object keys)")
-        value, convert = type_schema(args[1], f"{where} values", defs)
-        return {"type": "object", "additionalProperties": value}, (
-            (lambda d: {k: convert(v) for k, v in d.items()}) if convert else None)
-    if origin in (typing.Union, types.UnionType):
-        members = [a for a in args if a is not type(None)]
-        if len(members) == 1:  # Optional[T]: the schema of T; optionality is `required`
-            return type_schema(members[0], where, defs)
-        raise ToolSchemaError(f"{where}: union {tp!r} is not supported (only Optional[T])")
-    raise ToolSchemaError(f"{where}: unsupported type hint {tp!r} (use str, int, float, bool, "
-                          "list[T], dict[str, T], Literal, Enum, Optional or a pydantic model)")
+    try:
+        adapter = pydantic.TypeAdapter(tp)
+        schema = adapter.json_schema(ref_template="#/$defs/{model}")
+    except (pydantic.PydanticSchemaGenerationError, pydantic.PydanticInvalidForJsonSchema,
+            pydantic.PydanticUserError, TypeError) as error:
+        first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        raise ToolSchemaError(f"{where}: unsupported type hint {tp!r} (pydantic cannot "
+                              f"describe it as JSON: {first})") from None
+    schema = _strip_titles(schema)
+    for name, sub in schema.pop("$defs", {}).items():
+        if name in defs and defs[name] != sub:
+            raise ToolSchemaError(f"{where}: two different types are both named {name!r}")
+        defs[name] = sub
+    return _tidy(schema), adapter.validate_python
 
 
 # ---------------------------------------------------------------------------- docstrings
@@ -231,7 +234,7 @@ def from_function(func: Callable, *, name: str | None = None,
             raise ToolSchemaError(f"{where} has no type hint")
         schema, convert = type_schema(hints[param.name], where, defs)
         schema = dict(schema)
-        if param.name in param_docs and param_docs[param.name]:
+        if param_docs.get(param.name) and not _field_description(hints[param.name]):
             schema["description"] = param_docs[param.name]
         properties[param.name] = schema
         if convert is not None:
