@@ -1,0 +1,121 @@
+"""GGUF tensor payloads to float32: the ggml block layouts, in numpy.
+
+Our own decoders (the layouts of ggml's `ggml-common.h`; every block covers 32 consecutive
+values of a row, `d`/`m` are float16, and for the 4-bit types byte j of `qs` holds value j in
+its low nibble and value j+16 in its high nibble):
+
+| type | bytes | block | value |
+|---|---|---|---|
+| F32 / F16 / BF16 | 4 / 2 / 2 | 1 | as stored (BF16: the upper half of a float32) |
+| Q8_0 | 34 | `d`, `qs` int8[32] | `d * q` |
+| Q4_0 | 18 | `d`, `qs` u8[16] | `d * (q - 8)` |
+| Q4_1 | 20 | `d`, `m`, `qs` u8[16] | `d * q + m` |
+| Q5_0 | 22 | `d`, `qh` u32, `qs` u8[16] | `d * ((q | h << 4) - 16)` |
+| Q5_1 | 24 | `d`, `m`, `qh` u32, `qs` u8[16] | `d * (q | h << 4) + m` |
+
+(bit j of `qh` is the fifth bit of value j.) Any other ggml type goes through the `gguf`
+package's own numpy decoders (`gguf.quants.dequantize`: the K-quants, IQ types, ...); a type it
+cannot decode either is an `UnsupportedTensorTypeError` naming the tensor.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from ..errors import UnsupportedTensorTypeError
+
+F32 = np.float32
+QK = 32
+
+
+def _blocks(raw: np.ndarray, block_bytes: int) -> np.ndarray:
+    data = np.ascontiguousarray(raw).view(np.uint8).reshape(-1)
+    if data.size % block_bytes:
+        raise ValueError(f"{data.size} bytes is not a whole number of {block_bytes}-byte blocks")
+    return data.reshape(-1, block_bytes)
+
+
+def _half(blocks: np.ndarray, at: int) -> np.ndarray:
+    return blocks[:, at : at + 2].copy().view("<f2").astype(F32)  # [n, 1]
+
+
+def _nibbles(qs: np.ndarray) -> np.ndarray:
+    """u8[n, 16] -> values [n, 32]: low nibbles (values 0..15), then high (16..31)."""
+    return np.concatenate([qs & 0x0F, qs >> 4], axis=1).astype(F32)
+
+
+def _fifth_bits(qh: np.ndarray) -> np.ndarray:
+    bits = qh.copy().view("<u4")  # [n, 1]
+    return ((bits >> np.arange(QK, dtype=np.uint32)) & 1).astype(F32) * F32(16)
+
+
+def q8_0(raw: np.ndarray) -> np.ndarray:
+    b = _blocks(raw, 34)
+    return _half(b, 0) * b[:, 2:].view(np.int8).astype(F32)
+
+
+def q4_0(raw: np.ndarray) -> np.ndarray:
+    b = _blocks(raw, 18)
+    return _half(b, 0) * (_nibbles(b[:, 2:]) - F32(8))
+
+
+def q4_1(raw: np.ndarray) -> np.ndarray:
+    b = _blocks(raw, 20)
+    return _half(b, 0) * _nibbles(b[:, 4:]) + _half(b, 2)
+
+
+def q5_0(raw: np.ndarray) -> np.ndarray:
+    b = _blocks(raw, 22)
+    return _half(b, 0) * (_nibbles(b[:, 6:]) + _fifth_bits(b[:, 2:6]) - F32(16))
+
+
+def q5_1(raw: np.ndarray) -> np.ndarray:
+    b = _blocks(raw, 24)
+    return _half(b, 0) * (_nibbles(b[:, 8:]) + _fifth_bits(b[:, 4:8])) + _half(b, 2)
+
+
+def _plain(kind: str) -> Callable[[np.ndarray], np.ndarray]:
+    def decode(raw: np.ndarray) -> np.ndarray:
+        data = np.ascontiguousarray(raw).view(np.uint8).reshape(-1)
+        if kind == "BF16":
+            return (data.view("<u2").astype(np.uint32) << np.uint32(16)).view(F32)
+        return data.view({"F32": "<f4", "F16": "<f2"}[kind]).astype(F32, copy=False)
+
+    return decode
+
+
+DECODERS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
+    "F32": _plain("F32"), "F16": _plain("F16"), "BF16": _plain("BF16"),
+    "Q8_0": q8_0, "Q4_0": q4_0, "Q4_1": q4_1, "Q5_0": q5_0, "Q5_1": q5_1,
+}
+
+
+def dequantize(raw: np.ndarray, type_name: str, shape: tuple[int, ...], name: str) -> np.ndarray:
+    """The float32 tensor `shape` (numpy order: rows last-but-one) of a tensor's raw payload."""
+    decode = DECODERS.get(type_name)
+    try:
+        if decode is not None:
+            values = decode(raw)
+        else:
+            values = _gguf_dequantize(raw, type_name, name)
+        return np.asarray(values, F32).reshape(shape)
+    except ValueError as error:
+        raise UnsupportedTensorTypeError(
+            f"GGUF tensor {name!r} ({type_name}): payload does not decode to {list(shape)}: "
+            f"{error}") from None
+
+
+def _gguf_dequantize(raw: np.ndarray, type_name: str, name: str) -> np.ndarray:
+    try:
+        import gguf
+        from gguf.quants import dequantize as gguf_dequantize
+
+        qtype = gguf.GGMLQuantizationType[type_name]
+        return gguf_dequantize(np.ascontiguousarray(raw).view(np.uint8), qtype)
+    except (KeyError, NotImplementedError, ImportError, AttributeError) as error:
+        raise UnsupportedTensorTypeError(
+            f"GGUF tensor {name!r}: type {type_name} cannot be decoded "
+            f"(needlepoint decodes {', '.join(DECODERS)} and what gguf.quants supports): "
+            f"{error!r}") from None
