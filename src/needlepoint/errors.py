@@ -62,3 +62,7 @@ class InvalidOptionError(NeedlepointError, ValueError):
 
 class InvalidQueryError(NeedlepointError, ValueError):
     """The user's query is empty, blank or not a string."""
+
+
+class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
+    """A named model (e.g. "smollm2") whose package or file is not installed."""

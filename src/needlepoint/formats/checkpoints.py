@@ -13,8 +13,14 @@ from .hf_checkpoint import is_hf_directory, open_hf_directory
 GGUF_MAGIC = b"GGUF"
 
 
+def _as_path(path: object) -> Path | None:
+    return Path(path) if isinstance(path, str | os.PathLike) else None
+
+
 def is_gguf_file(path: str | os.PathLike[str]) -> bool:
-    file = Path(path)
+    file = _as_path(path)
+    if file is None:
+        return False
     if not file.is_file():
         return False
     if file.suffix.lower() == ".gguf":
@@ -27,8 +33,9 @@ def is_gguf_file(path: str | os.PathLike[str]) -> bool:
 
 
 def is_checkpoint(path: str | os.PathLike[str]) -> bool:
-    """True for a Hugging Face model directory or a GGUF file."""
-    return is_hf_directory(path) or is_gguf_file(path)
+    """True for a Hugging Face model directory or a GGUF file (False for anything else,
+    bytes included)."""
+    return _as_path(path) is not None and (is_hf_directory(path) or is_gguf_file(path))
 
 
 def open_checkpoint(path: str | os.PathLike[str]) -> Any:

@@ -10,6 +10,7 @@ import os
 from typing import Any
 
 from ..formats.cact import open_archive
+from ..formats.checkpoints import is_checkpoint
 
 NUMERICS = ("deploy", "float")
 
@@ -22,6 +23,8 @@ def load(
     cache: bool | None = None,
 ) -> Any:
     """Load a `.cact` model; the generation (Needle 3 or 2) comes from the archive's tag.
+    A Hugging Face model directory, a `.gguf` file or a known name ("smollm2") loads a
+    Llama-family / GPT-2 model instead (`models/transformer/`, docs/hf.md).
 
     `layers=N` selects the N-layer rung of the depth ladder as upstream selects it;
     `numerics="deploy"` (A8 activations, int8 KV: what the archive is meant to run at) or
@@ -31,6 +34,14 @@ def load(
     """
     if numerics not in NUMERICS:
         raise ValueError(f"numerics must be one of {NUMERICS}, got {numerics!r}")
+    from .transformer.known import is_known_name, resolve_known
+
+    if is_known_name(path):  # a model shipped in a package, e.g. "smollm2"
+        path = resolve_known(str(path))
+    if is_checkpoint(path):  # a Hugging Face model directory or a GGUF file
+        from .transformer.model import load_transformer
+
+        return load_transformer(path, layers=layers, numerics=numerics)
     archive = open_archive(path)
     if archive.generation == 3:
         from .needle3.model import V3Model
