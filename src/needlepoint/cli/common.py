@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ..errors import ToolSchemaError
+from ..errors import InvalidQueryError, ToolSchemaError
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
@@ -38,7 +38,9 @@ def load_tools(path: Path | None) -> list[Any]:
     if path is None:
         return []
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(decode_utf8(path.read_bytes(), str(path)))
+    except InvalidQueryError as error:
+        raise ToolSchemaError(str(error)) from None
     except json.JSONDecodeError as error:
         raise ToolSchemaError(f"{path}: not valid JSON ({error})") from None
     if isinstance(data, dict) and isinstance(data.get("tools"), list):
@@ -46,6 +48,21 @@ def load_tools(path: Path | None) -> list[Any]:
     if not isinstance(data, list):
         raise ToolSchemaError(f"{path}: expected a JSON list of tools")
     return data
+
+
+def decode_utf8(data: bytes, where: str) -> str:
+    """`data` as text, or one clear error naming `where` and the first bad byte."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        bad = data[error.start : error.start + 1].hex()
+        raise InvalidQueryError(f"{where}: not UTF-8 text (byte 0x{bad} at offset "
+                                f"{error.start}); save it as UTF-8") from None
+
+
+def notice(message: str) -> None:
+    """One line for the user on stderr, before any model work."""
+    print(f"needlepoint: note: {message}", file=sys.stderr, flush=True)
 
 
 def build_needle(args: argparse.Namespace) -> Any:

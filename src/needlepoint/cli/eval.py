@@ -1,10 +1,18 @@
-"""`needlepoint eval MODEL data.jsonl`: exact-match accuracy, greedy, grammar on and off."""
+"""`needlepoint eval MODEL data.jsonl`: exact-match accuracy, greedy, grammar on and off.
+
+Progress goes to stderr: a live bar at a terminal; otherwise (a log file, CI) plain lines,
+one per tenth of the examples and at least every `PLAIN_EVERY_S` seconds.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
+import time
 from pathlib import Path
+
+PLAIN_EVERY_S = 15.0
 
 HELP = "exact-match accuracy of greedy tool calls on a JSONL of {query, tools, answers}"
 
@@ -39,10 +47,12 @@ def run(args: argparse.Namespace) -> int:
     modes = {"both": ("grammar", "free"), "on": ("grammar",), "off": ("free",)}[args.grammar]
     model = load(args.model)
     console = Console(stderr=True)
+    terminal = sys.stderr.isatty()
     progress = Progress(TextColumn("eval"), BarColumn(), MofNCompleteColumn(),
                         TextColumn("{task.description}"), TimeElapsedColumn(),
                         TimeRemainingColumn(), console=console,
-                        disable=args.no_progress or args.json)
+                        disable=args.no_progress or args.json or not terminal)
+    plain = PlainProgress(len(examples)) if not terminal and not args.no_progress else None
     tally = dict.fromkeys(modes, 0)
     with progress:
         task = progress.add_task("", total=len(examples))
@@ -52,6 +62,8 @@ def run(args: argparse.Namespace) -> int:
                 tally[mode] += right
             shown = "  ".join(f"{m} {tally[m]}/{index + 1}" for m in modes)
             progress.update(task, advance=1, description=shown)
+            if plain is not None:
+                plain.update(index + 1, shown)
 
         scores = evaluate(model, examples, max_new_tokens=args.max_new_tokens, modes=modes,
                           on_example=advance)
@@ -70,3 +82,21 @@ def run(args: argparse.Namespace) -> int:
                       splits, str(score.malformed), f"{rate:.0f}")
     Console().print(table)
     return 0
+
+
+class PlainProgress:
+    """Progress lines for a stderr that is not a terminal (no bar to redraw)."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.every = max(1, total // 10)
+        self.start = self.last = time.monotonic()
+
+    def update(self, done: int, shown: str) -> None:
+        now = time.monotonic()
+        if done % self.every and done != self.total and now - self.last < PLAIN_EVERY_S:
+            return
+        self.last = now
+        percent = 100 * done / self.total if self.total else 100.0
+        print(f"eval: {done}/{self.total} ({percent:.0f}%)  {shown}  {now - self.start:.0f} s",
+              file=sys.stderr, flush=True)

@@ -43,6 +43,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--json", action="store_true", help="print one JSON object instead of tables"
     )
+    parser.add_argument(
+        "--verify", action="store_true",
+        help="also decode every tensor and check its values are finite (exit 2 if not)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -53,11 +57,21 @@ def run(args: argparse.Namespace) -> int:
         if str(error).startswith(str(args.model)):
             raise
         raise CactFormatError(f"{args.model}: {error}") from error
+    report = None
+    if args.verify:
+        from .verify import describe, verify
+
+        report = summary["verify"] = verify(archive)
     if args.json:
         json.dump(summary, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
         render(summary)
+        if report is not None and not report["bad"]:
+            print(describe(report))
+    if report is not None and report["bad"]:
+        sys.stdout.flush()
+        raise CactFormatError(f"{args.model}: {describe(report)}")
     return 0
 
 

@@ -1,20 +1,54 @@
-"""`needlepoint run "query" --tools tools.json`: one tool-calling turn."""
+"""`needlepoint run "query" --tools tools.json`: one tool-calling turn.
+
+The query is the argument, or read whole: `-` reads it from stdin, `--query-file PATH` (or
+`@PATH`, when PATH is a file) from a file, so a query of any size never meets the shell's
+argument-length limit. It must be UTF-8 and not blank.
+"""
 
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
-from .common import add_model_arguments, build_needle, print_events
+from ..errors import InvalidQueryError
+from .common import add_model_arguments, build_needle, decode_utf8, notice, print_events
 
 HELP = "answer one query with tool calls (pretty output, or --json for the raw envelope)"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("query", help="the user's request")
+    parser.add_argument("query", nargs="?", help="the user's request; '-' reads it from stdin, "
+                        "'@PATH' from a file")
+    parser.add_argument("--query-file", type=Path, metavar="PATH",
+                        help="read the query from a file (UTF-8)")
     add_model_arguments(parser)
 
 
+def read_query(args: argparse.Namespace) -> str:
+    """The query text from the argument, stdin or a file."""
+    if args.query is not None and args.query_file is not None:
+        raise InvalidQueryError("give the query once: as an argument or with --query-file")
+    if args.query_file is not None:
+        return decode_utf8(args.query_file.read_bytes(), str(args.query_file))
+    if args.query is None:
+        raise InvalidQueryError("no query: pass it as an argument, '-' to read stdin, or "
+                                "--query-file PATH")
+    if args.query == "-":
+        raw = getattr(sys.stdin, "buffer", None)
+        return sys.stdin.read() if raw is None else decode_utf8(raw.read(), "stdin")
+    if args.query.startswith("@") and Path(args.query[1:]).is_file():
+        return decode_utf8(Path(args.query[1:]).read_bytes(), args.query[1:])
+    return args.query
+
+
 def run(args: argparse.Namespace) -> int:
+    from ..api.needle import check_query
+
+    query = check_query(read_query(args)).strip()  # before the model loads
     needle = build_needle(args)
-    print_events(needle.stream(args.query), args)
+    if not needle.tools:
+        notice("no tools given (--tools FILE), so there is nothing to call: the answer is "
+               "an immediate refusal")
+    print_events(needle.stream(query), args)
     return 0
