@@ -37,8 +37,8 @@ TAYLOR = (
 def exp64_reference(x: np.ndarray) -> np.ndarray:
     """The float64 exp polynomial of `np_exp64` (C), operation for operation."""
     x = np.asarray(x, F64)
-    finite = np.isfinite(x)
-    x = np.where(finite, x, np.where(x > 0, 1000.0, -1000.0))
+    nan = np.isnan(x)
+    x = np.where(np.isfinite(x), x, np.where(x > 0, 1000.0, -1000.0))
     k = np.rint(x * LOG2E)
     r = x - k * LN2_HI
     r = r - k * LN2_LO
@@ -48,13 +48,44 @@ def exp64_reference(x: np.ndarray) -> np.ndarray:
     with np.errstate(over="ignore", under="ignore", invalid="ignore"):
         out = np.ldexp(p, np.clip(k, -2000, 2000).astype(np.int32))
     out = np.where(x < -745.0, 0.0, out)
-    return np.where(x > 709.0, np.inf, out)
+    out = np.where(x > 709.0, np.inf, out)
+    return np.where(nan, np.nan, out)
 
 
-def exp32(x: np.ndarray) -> np.ndarray:
+def exp32_reference(x: np.ndarray) -> np.ndarray:
     """exp of float32 values as float32: `float32(exp64(float64(x)))` (module doc)."""
     with np.errstate(over="ignore", invalid="ignore"):
         return exp64_reference(np.asarray(x, F32).astype(F64)).astype(F32)
+
+
+def exp32(x: np.ndarray, use_native: bool | None = None) -> np.ndarray:
+    """`exp32_reference`, by the native kernel when it is built (same bits)."""
+    lib = native.LIBRARY if use_native is not False else None
+    if lib is None:
+        return exp32_reference(x)
+    x = np.ascontiguousarray(x, F32)
+    out = np.empty_like(x)
+    lib.np_exp32_array(x.ctypes.data, x.size, out.ctypes.data)
+    return out
+
+
+def exp64(x: np.ndarray, use_native: bool | None = None) -> np.ndarray:
+    """`exp64_reference` of float64 values, by the native kernel when it is built."""
+    lib = native.LIBRARY if use_native is not False else None
+    if lib is None:
+        with np.errstate(over="ignore", invalid="ignore"):
+            return exp64_reference(x)
+    x = np.ascontiguousarray(x, F64)
+    out = np.empty_like(x)
+    lib.np_exp64_array(x.ctypes.data, x.size, out.ctypes.data)
+    return out
+
+
+def sigmoid(x: np.ndarray) -> np.ndarray:
+    """`1 / (1 + exp32(-x))` in float32 (pinned exp)."""
+    out = exp32(np.negative(x, dtype=F32))
+    out += F32(1.0)
+    return np.divide(F32(1.0), out, out=out)
 
 
 def matmul_seq_reference(x: np.ndarray, w: np.ndarray) -> np.ndarray:
@@ -105,7 +136,7 @@ def attend_reference(
     valid = np.arange(longest)[None, :] < count[:, None]
     scores = np.where(valid, scores, F32(-np.inf))
     peak = scores.max(axis=1, keepdims=True)
-    weights = np.where(valid, exp32(scores - peak), F32(0.0))
+    weights = np.where(valid, exp32_reference(scores - peak), F32(0.0))
     total = np.zeros(rows, F32)
     for j in range(longest):
         total = np.where(valid[:, j], total + weights[:, j], total)

@@ -16,6 +16,7 @@ from conftest import NEEDLE3_FIXTURES, get_fixture
 
 import needlepoint
 from needlepoint.kernels import dequantize, hadamard_matrix
+from needlepoint.kernels.pinned import dequant_rows
 from needlepoint.models import weight_cache
 from needlepoint.models.needle3 import weights as v3weights
 
@@ -76,7 +77,7 @@ class Builds:
 def test_arena_is_the_dequantised_archive(name):
     """Every fused matrix equals `kernels.cq.dequantize` of its parts, bit for bit; the LM
     head is the embedding in the rotated domain (`W = R H` per 128-group)."""
-    model = needlepoint.load(get_fixture("needle3", name).cact, cache=False)
+    model = needlepoint.load(get_fixture("needle3", name).cact, numerics="float", cache=False)
     archive, w, n = model.archive, model.weights, model.config.mhc_lanes
 
     def deq(record, rows=slice(None)):
@@ -96,7 +97,8 @@ def test_arena_is_the_dequantised_archive(name):
         np.testing.assert_array_equal(site.key_value, np.concatenate(kv, axis=1))
     vocab, width = w.lm_head.shape[1], model.config.d_model
     head = np.ascontiguousarray(w.lm_head.T)
-    unrotated = (head.reshape(vocab, -1, 128) @ hadamard_matrix(128)).reshape(vocab, -1)
+    # `R @ H` in the pinned order of `dequantize` (kernels.pinned), not BLAS's own
+    unrotated = dequant_rows(head.reshape(vocab, -1, 128), float(hadamard_matrix(128)[0, 0]))
     np.testing.assert_array_equal(unrotated[:, :width], deq("embedding", slice(vocab)).T)
     for matrix in _matrices(model):
         assert matrix.flags.c_contiguous and not matrix.flags.writeable

@@ -14,7 +14,7 @@ import os
 import warnings
 from pathlib import Path
 
-ABI_VERSION = 3
+ABI_VERSION = 4
 HERE = Path(__file__).resolve().parent
 
 c_int64_p = ctypes.POINTER(ctypes.c_int64)
@@ -47,6 +47,10 @@ def _signatures(lib: ctypes.CDLL) -> None:
     lib.np_exp32.restype = f32
     lib.np_attend.argtypes = [p, p, i64, i64, p, p, p, p, i64, p, p, i64, f64, p, p]
     lib.np_attend.restype = None
+    lib.np_exp32_array.argtypes = [p, i64, p]
+    lib.np_exp32_array.restype = None
+    lib.np_exp64_array.argtypes = [p, i64, p]
+    lib.np_exp64_array.restype = None
     lib.np_dequant_rows.argtypes = [p, i64, i64, f32, p]
     lib.np_dequant_rows.restype = None
 

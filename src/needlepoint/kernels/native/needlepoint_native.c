@@ -63,7 +63,7 @@ static int np_pick(void) {
 #define NP_DISPATCH(name, ...) name##_base(__VA_ARGS__)
 #endif
 
-int np_abi_version(void) { return 3; }
+int np_abi_version(void) { return 4; }
 
 /* 1 when the AVX2 + FMA variant runs, 0 for the baseline one. */
 int np_simd_variant(void) { return np_pick(); }
@@ -94,6 +94,14 @@ void np_attend(const int8_t *qcode, const float *qscale, int64_t Q, int64_t qk,
                int64_t slots_stride, double inv_sqrt_qk, float *out, float *work) {
     NP_DISPATCH(np_attend, qcode, qscale, Q, qk, kcode, kscale, vcode, vscale, vd, slots, count,
                 slots_stride, inv_sqrt_qk, out, work);
+}
+
+void np_exp32_array(const float *x, int64_t n, float *out) {
+    NP_DISPATCH(np_exp32_array, x, n, out);
+}
+
+void np_exp64_array(const double *x, int64_t n, double *out) {
+    NP_DISPATCH(np_exp64_array, x, n, out);
 }
 
 void np_dequant_rows(const float *rotated, int64_t rows, int64_t groups, float h, float *out) {

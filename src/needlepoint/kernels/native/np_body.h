@@ -239,6 +239,7 @@ static void NP_NAME(np_matmul_seq)(const float *x, int64_t T, int64_t K, int64_t
  * Taylor polynomial in float64 (Horner, no FMA), then one rounding. Plain IEEE operations
  * only, so kernels/exact.py's numpy version gives the same bits on every machine. */
 static inline double NP_NAME(np_exp64)(double x) {
+    if (x != x) return x;
     if (x < -745.0) return 0.0;
     if (x > 709.0) return INFINITY;
     double k = nearbyint(x * 1.4426950408889634);
@@ -343,4 +344,13 @@ static void NP_NAME(np_dequant_rows)(const float *rotated, int64_t rows, int64_t
             memcpy(dst, acc, sizeof(acc));
         }
     }
+}
+
+/* exp32 / exp64 of every element of an array (the same polynomial as np_exp64). */
+static void NP_NAME(np_exp32_array)(const float *x, int64_t n, float *out) {
+    for (int64_t i = 0; i < n; i++) out[i] = (float)NP_NAME(np_exp64)((double)x[i]);
+}
+
+static void NP_NAME(np_exp64_array)(const double *x, int64_t n, double *out) {
+    for (int64_t i = 0; i < n; i++) out[i] = NP_NAME(np_exp64)(x[i]);
 }

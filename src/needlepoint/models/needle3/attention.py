@@ -24,8 +24,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ...formats.needle3_geometry import V3Config
+from . import exact_ops
 from .cache import LayerCache
-from .fastnum import a8_rows, sigmoid
+from .exact_attention import attend_chunk
+from .exact_ops import product
+from .fastnum import sigmoid
 from .norms import zc_norm
 from .step import LayerPlan, StepPlan
 from .weights import LayerWeights
@@ -159,9 +162,7 @@ def attention(
     k_end = (heads + kv_heads) * qk
     v_end = k_end + kv_heads * vd
     h = zc_norm(u, layer.norm_in)
-    if quantized:
-        h = a8_rows(h, out=h)  # h is a fresh array: quantised in place
-    fused = h @ layer.qkvg
+    fused = product(h, layer.qkvg)  # deploy: the exact A8 product (exact_ops)
     raw = _conv(fused[:, :v_end], layer.qkv_taps, cache)
     # ZC(q_norm) / ZC(k_norm) of every head row at once, then rotate-half RoPE as
     # `x cos2 + swap(x) sin2` (x1 cos - x2 sin == x1 cos + x2 (-sin) exactly)
@@ -174,13 +175,14 @@ def attention(
     swapped *= frame.sin
     rows += swapped
     values = raw[:, k_end:v_end].reshape(count, kv_heads, vd)
-    if quantized:
-        rows, values = a8_rows(rows, out=rows), a8_rows(values)
+    if quantized:  # int8 q, K and V (exact_attention), then the gate, A8 inside out_proj
+        out = attend_chunk(rows[:, :heads], rows[:, heads:], values, cache, frame.start)
+        gate = exact_ops.sigmoid(fused[:, v_end:])
+        gate *= out.reshape(count, heads * vd)
+        return product(gate, layer.out_proj)
     keys, stored, first = _context(cache, frame.start, rows[:, heads:], values)
     out = attend(rows[:, :heads], keys, stored, frame, first, cache.window)
     gate = sigmoid(fused[:, v_end:])  # [C, H*v], then times the attention in place
     gate4 = gate.reshape(count, kv_heads, heads // kv_heads, vd)
     np.multiply(out.reshape(kv_heads, count, -1, vd).transpose(1, 0, 2, 3), gate4, out=gate4)
-    if quantized:
-        gate = a8_rows(gate, out=gate)
     return gate @ layer.out_proj

@@ -21,7 +21,8 @@ from ...formats.needle3_geometry import V3Config
 from ...kernels.cq import dequantize_rows, gather_rows
 from ...kernels.cq_tensor import CQTensor
 from ..ops import engram_slots, sigmoid
-from .fastnum import a8_rows
+from . import exact_ops
+from .exact_ops import product
 from .norms import rms_unit
 from .weights import EngramSite
 
@@ -116,9 +117,7 @@ class EngramChunk:
         if self.valid is not None:
             lookup *= self.valid[:, :, None]
         lookup = lookup.reshape(count, -1)
-        if self.quantized:
-            lookup = a8_rows(lookup, out=lookup)
-        projected = lookup @ site.key_value
+        projected = product(lookup, site.key_value)  # deploy: the exact A8 product
         del lookup
         key = projected[:, :d]
         raw = projected[:, d:]
@@ -139,8 +138,11 @@ class EngramChunk:
         return key, tapped
 
 
-def engram_gate(u: np.ndarray, key: np.ndarray, value: np.ndarray) -> np.ndarray:
+def engram_gate(
+    u: np.ndarray, key: np.ndarray, value: np.ndarray, quantized: bool = False
+) -> np.ndarray:
     """`u + sigmoid(rms_unit(u) . rms_unit(k) / sqrt(d)) v'` per position (README `B(u)`)."""
     width = u.shape[-1]
-    affinity = np.sum(rms_unit(u) * rms_unit(key), axis=-1, keepdims=True)
-    return u + sigmoid(affinity / F32(math.sqrt(width))) * value
+    affinity = np.add.reduce(rms_unit(u) * rms_unit(key), axis=-1, keepdims=True)
+    gate = exact_ops.sigmoid if quantized else sigmoid
+    return u + gate(affinity / F32(math.sqrt(width))) * value

@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .fastnum import a8_rows, sigmoid
+from ...kernels.pinned import exp64 as pinned_exp64
+from . import exact_ops
+from .exact_ops import product
+from .fastnum import sigmoid
 from .norms import rms_unit
 from .sinkhorn import sinkhorn_rows
 from .weights import MhcWeights
@@ -26,13 +29,15 @@ def route(lanes: np.ndarray, mhc: MhcWeights, quantized: bool):
     """Routing gates of one block for lanes [T, n, d]: (u [T, d], hpost [T, n], hres [T, n, n])."""
     rows, n, width = lanes.shape
     normed = rms_unit(lanes.reshape(rows, n * width))
-    if quantized:
-        normed = a8_rows(normed, out=normed)  # our own array: quantised in place
-    mixed = normed @ mhc.phi  # [T, n + n + n*n]
-    hpre = sigmoid(mhc.a_pre * mixed[:, :n] + mhc.b_pre + mhc.pre_offset)
-    hpost = sigmoid(mhc.a_post * mixed[:, n : 2 * n] + mhc.b_post + mhc.post_offset)
+    mixed = product(normed, mhc.phi)  # [T, n + n + n*n]; deploy: the exact A8 product
+    gate = exact_ops.sigmoid if quantized else sigmoid
+    hpre = gate(mhc.a_pre * mixed[:, :n] + mhc.b_pre + mhc.pre_offset)
+    hpost = gate(mhc.a_post * mixed[:, n : 2 * n] + mhc.b_post + mhc.post_offset)
     hpost *= F32(2.0)
-    hres = sinkhorn_rows(mhc.a_res * mixed[:, 2 * n :].reshape(rows, n, n) + mhc.b_res)
+    logits = mhc.a_res * mixed[:, 2 * n :].reshape(rows, n, n) + mhc.b_res
+    hres = sinkhorn_rows(logits, exp64=pinned_exp64 if quantized else None)
+    if quantized:
+        return exact_ops.lane_sum(hpre, lanes), hpost, hres
     u = (hpre[:, None, :] @ lanes)[:, 0]
     return u, hpost, hres
 

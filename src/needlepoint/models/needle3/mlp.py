@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import exact_ops
 from .fastnum import sigmoid, softmax_rows
 from .weights import MlpWeights
 
@@ -29,23 +30,30 @@ def monarch(z: np.ndarray, wsa: np.ndarray, wsb: np.ndarray) -> np.ndarray:
 
 
 def hadamard_mlp(
-    x: np.ndarray, weights: MlpWeights, perm1: np.ndarray, perm2: np.ndarray, hada_n: int
+    x: np.ndarray, weights: MlpWeights, perm1: np.ndarray, perm2: np.ndarray, hada_n: int,
+    pinned: bool = False,
 ) -> np.ndarray:
-    """HadamardMLP(x) for x [T, d] -> [T, d]."""
+    """HadamardMLP(x) for x [T, d] -> [T, d]. `pinned` (deploy numerics): every product and
+    exp in pinned order (`exact_ops`), so a row's result does not depend on the batch."""
     rows, width = x.shape
     (w1a, w1b), (w2a, w2b), (w3a, w3b) = weights.stages
-    logits = x @ weights.cond_v
-    cond = softmax_rows(logits) @ weights.cond_u
+    mix, act_of = (exact_ops.monarch, exact_ops.sigmoid) if pinned else (monarch, sigmoid)
+    if pinned:
+        cond = exact_ops.small_product(
+            exact_ops.softmax_rows(exact_ops.small_product(x, weights.cond_v)), weights.cond_u
+        )
+    else:
+        cond = softmax_rows(x @ weights.cond_v) @ weights.cond_u
     cond += F32(1.0)
     z = np.zeros((rows, hada_n), F32)  # d1 * pad(x): the padding stays zero
     np.multiply(weights.d1[:width], x, out=z[:, :width])
-    z = np.take(monarch(z, w1a, w1b), perm1, axis=1)  # take: ~5x faster than z[:, perm]
+    z = np.take(mix(z, w1a, w1b), perm1, axis=1)  # take: ~5x faster than z[:, perm]
     # silu(d2 * cond * z + b2), in upstream's order
     act = weights.d2 * cond
     act *= z
     act += weights.b2
-    act *= sigmoid(act)
-    z = np.take(monarch(act, w2a, w2b), perm2, axis=1)
+    act *= act_of(act)
+    z = np.take(mix(act, w2a, w2b), perm2, axis=1)
     z *= weights.d3
-    out = monarch(z, w3a, w3b)[:, :width]
+    out = mix(z, w3a, w3b)[:, :width]
     return out * weights.d4[:width]

@@ -19,8 +19,9 @@ from ...errors import ModelInputError
 from ...formats.cact import CactArchive
 from ...formats.needle3_geometry import V3Config
 from ..ops import rope_tables
+from .exact_weights import exact_slots
 from .ladder import ladder_config, ladder_layer_indices
-from .session import Trace, V3Session
+from .session import CHUNK, Trace, V3Session
 from .step import StepPlan, build_plan
 from .weights import V3Weights, load_weights
 
@@ -67,7 +68,8 @@ class V3Model:
         depth = full.num_layers if layers is None else int(layers)
         kept = ladder_layer_indices(full.num_layers, depth)
         config = ladder_config(full, kept)
-        weights = load_weights(archive, config, kept, cache=cache)
+        products = exact_slots if numerics == "deploy" else None
+        weights = load_weights(archive, config, kept, cache=cache, products=products)
         return cls(archive, config, weights, kept, numerics)
 
     @cached_property
@@ -112,10 +114,13 @@ class V3Model:
             )
         return tokens.astype(np.int64)
 
-    def session(self, kv_window: int | None = None, *, trace: Trace | None = None) -> V3Session:
+    def session(
+        self, kv_window: int | None = None, *, trace: Trace | None = None, chunk: int = CHUNK
+    ) -> V3Session:
         """A fresh, independent decode state. `kv_window=config.kv_window` bounds every layer
-        to the archive's kv window (ring buffers), as the shipped engine does."""
-        return V3Session(self, kv_window=kv_window, trace=trace)
+        to the archive's kv window (ring buffers), as the shipped engine does; `chunk` is the
+        prefill chunk size (deploy numerics give the same bits for every chunk size)."""
+        return V3Session(self, kv_window=kv_window, trace=trace, chunk=chunk)
 
     def forward(
         self, ids: Sequence[int] | np.ndarray, *, trace: Trace | None = None

@@ -15,10 +15,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ...errors import ModelInputError
-from ..ops import fake_quant_a8
 from .attention import ChunkFrame, attention
 from .cache import LayerCache
 from .engram import EngramChunk, engram_gate, new_tail
+from .exact_attention import Int8LayerCache
+from .exact_ops import lane_mean, mix_lanes, product
 from .heads import ConfidencePool
 from .mhc import route, scatter
 from .mlp import hadamard_mlp
@@ -70,11 +71,15 @@ class V3Session:
     """Incremental decoding state of one sequence; the model's weights are shared read-only."""
 
     def __init__(
-        self, model: V3Model, kv_window: int | None = None, trace: Trace | None = None
+        self, model: V3Model, kv_window: int | None = None, trace: Trace | None = None,
+        chunk: int = CHUNK,
     ) -> None:
         cfg = model.config
         if kv_window is not None and kv_window <= 0:
             raise ModelInputError(f"kv_window must be positive, got {kv_window}")
+        if not isinstance(chunk, int) or chunk <= 0:
+            raise ModelInputError(f"chunk must be a positive int, got {chunk!r}")
+        self.chunk = chunk
         self.model = model
         self.kv_window = kv_window
         self.trace = trace
@@ -82,8 +87,9 @@ class V3Session:
         conv_rows = max(0, cfg.qkv_conv_taps - 1)
         conv_width = (cfg.num_heads + cfg.num_kv_heads) * cfg.qk_head_dim
         conv_width += cfg.num_kv_heads * cfg.v_head_dim
+        cache_type = Int8LayerCache if model.quantized else LayerCache
         self.caches = [
-            LayerCache(
+            cache_type(
                 bounded_window(layer.window, kv_window), cfg.num_kv_heads, cfg.qk_head_dim,
                 cfg.v_head_dim, conv_rows, conv_width, cfg.max_seq_len,
             )
@@ -135,6 +141,7 @@ class V3Session:
         """An independent copy of this state (both may continue differently)."""
         other = V3Session.__new__(V3Session)
         other.model, other.kv_window, other.trace = self.model, self.kv_window, self.trace
+        other.chunk = self.chunk
         other.caches = [cache.copy() for cache in self.caches]
         other.engram_tail = self.engram_tail.copy()
         other.pool = self.pool.copy() if self.pool is not None else None
@@ -186,15 +193,19 @@ class V3Session:
         tokens = self.model.check_ids(ids, self.position)
         trace = trace or self.trace
         collect = _Collector() if trace is not None else None
-        if len(tokens) == 1 and collect is None and want != "all":
+        # Float numerics step through the folded one-token path (`step.py`); deploy numerics
+        # run every position through the chunk path, whose operations are batch-invariant
+        # (docs/numerics.md): a step is a chunk of one, with the same bits as in any prefill.
+        if len(tokens) == 1 and collect is None and want != "all" and not self.model.quantized:
             return decode_step(self, int(tokens[0]), want == "last")
         self.consumed()
         if self.pending:
             self._flush_pool()
         outputs = []
-        for first in range(0, len(tokens), CHUNK):
-            chunk = tokens[first : first + CHUNK]
-            last_chunk = first + CHUNK >= len(tokens)
+        size = self.chunk
+        for first in range(0, len(tokens), size):
+            chunk = tokens[first : first + size]
+            last_chunk = first + size >= len(tokens)
             rows = want == "all" or (want == "last" and last_chunk)
             logits = self._chunk(chunk, rows and want, collect)
             if logits is not None:
@@ -231,7 +242,7 @@ class V3Session:
             u, hpost, hres = route(lanes, layer.mhc, quantized)
             block = u
             if layer.engram_site is not None:
-                block = engram_gate(u, *engram.site(layer.engram_site))
+                block = engram_gate(u, *engram.site(layer.engram_site), quantized)
             attn = attention(cfg, layer, plans[index], block, cache, frame, quantized)
             # block + gate * ZC(attn), block + MLP(ZC(block)), block - u: in place, same sums
             attn = zc_norm(attn, layer.post_norm)
@@ -239,29 +250,37 @@ class V3Session:
             attn += block
             block = attn
             update = hadamard_mlp(zc_norm(block, layer.pre_hada), layer.mlp, weights.hada_p1,
-                                  weights.hada_p2, cfg.hada_n)
+                                  weights.hada_p2, cfg.hada_n, pinned=quantized)
             update += block
             update -= u
             del block, attn, u
-            lanes = scatter(lanes, update, hpost, hres)
+            if quantized:
+                lanes = mix_lanes(hres, lanes, hpost, update)
+            else:
+                lanes = scatter(lanes, update, hpost, hres)
             del update
             if head is not None or cells is not None:
                 # lanes.mean(axis=1), bit for bit, in two cheaper calls
                 row = cells[:, index + 1] if cells is not None else mean
-                np.add.reduce(lanes, axis=1, out=row)
-                row /= F32(lanes_n)
+                if quantized:
+                    row[...] = lane_mean(lanes)
+                else:
+                    np.add.reduce(lanes, axis=1, out=row)
+                    row /= F32(lanes_n)
                 if head is not None:
                     self.pool.update(head, row[:, None, :], index + 1)
         self.tokens = np.concatenate([self.tokens, tokens])
         hidden = None
         if want or collect is not None:
-            hidden = zc_norm(lanes.mean(axis=1), weights.final_norm)
+            mean_lanes = lane_mean(lanes) if quantized else lanes.mean(axis=1)
+            hidden = zc_norm(mean_lanes, weights.final_norm)
         logits = None
         if want:
             rows = hidden if want == "all" else hidden[-1:]
-            if quantized:
-                rows = fake_quant_a8(rows)
-            logits = rotate(rows) @ weights.lm_head  # rotated domain (weights.py)
+            if quantized:  # the exact A8 product with the tied embedding rows (exact_ops)
+                logits = product(rows, weights.lm_head)
+            else:
+                logits = rotate(rows) @ weights.lm_head  # rotated domain (weights.py)
         if collect is not None:
             collect("tokens", tokens)
             collect("emb_row", emb)

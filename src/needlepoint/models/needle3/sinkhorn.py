@@ -31,7 +31,7 @@ def sinkhorn(logits: np.ndarray, iterations: int = 20) -> np.ndarray:
     return exp(z)
 
 
-def sinkhorn_rows(logits: np.ndarray, rounds: int = 20) -> np.ndarray:
+def sinkhorn_rows(logits: np.ndarray, rounds: int = 20, exp64=None) -> np.ndarray:
     """Sinkhorn of every matrix of logits [T, n, n], as `fastnum.sinkhorn4` computes one (the
     decode step's form, so prefill and stepping agree): `K = exp(z - max z)` in float64, then
     `r = 1 / (K c)`, `c = 1 / (K^T r)` alternated `rounds` times, `diag(r) K diag(c)` cast to
@@ -43,7 +43,8 @@ def sinkhorn_rows(logits: np.ndarray, rounds: int = 20) -> np.ndarray:
     peak = logits.reshape(rows, n * n).max(axis=1)
     # [i, j, T]: positions innermost, so every product and sum runs over long vectors
     shifted = np.ascontiguousarray(logits.transpose(1, 2, 0)) - peak  # float32, as sinkhorn4
-    kernel = np.exp(shifted, dtype=F64)
+    # `exp64` (deploy numerics: kernels.pinned.exp64) pins the exponential across machines
+    kernel = np.exp(shifted, dtype=F64) if exp64 is None else exp64(shifted.astype(F64))
     row = col = np.ones(kernel.shape[1:], F64)  # [i, T], [j, T]
     scratch = np.empty_like(kernel)
     with np.errstate(divide="ignore", over="ignore", invalid="ignore"):

@@ -29,6 +29,7 @@ and takes its new index for the mHC lane one-hot (README "Ladder").
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -347,15 +348,24 @@ def _confidence(archive: CactArchive, cfg: V3Config, kept: tuple[int, ...]):
 
 
 def load_weights(
-    archive: CactArchive, cfg: V3Config, kept: tuple[int, ...], cache: bool | None = None
+    archive: CactArchive,
+    cfg: V3Config,
+    kept: tuple[int, ...],
+    cache: bool | None = None,
+    products: Callable[[CactArchive, list[Slot]], dict] | None = None,
 ) -> V3Weights:
     """Prepare every weight the rung keeping blocks `kept` needs. `cfg` is the rung geometry;
-    `cache` as `weight_cache.arena` (None: on unless NEEDLEPOINT_CACHE=0)."""
+    `cache` as `weight_cache.arena` (None: on unless NEEDLEPOINT_CACHE=0). `products` builds
+    the product slots instead of the float arena (deploy numerics: `exact_weights.exact_slots`,
+    packed CQ rows of the archive, nothing cached)."""
     slots = plan(archive, cfg, kept)
-    mats = weight_cache.arena(archive, slots, Filler(archive), cache)
-    # the packed matrices were read once to build the arena (or not at all, from the cache):
-    # their pages need not count in this process's RSS (README "The `.cact` archive")
-    archive.release(sorted({name for slot in slots for name, _, _ in slot.parts}))
+    if products is not None:
+        mats = products(archive, slots)
+    else:
+        mats = weight_cache.arena(archive, slots, Filler(archive), cache)
+        # the packed matrices were read once to build the arena (or not at all, from the
+        # cache): their pages need not count in this process's RSS (README "The `.cact` archive")
+        archive.release(sorted({name for slot in slots for name, _, _ in slot.parts}))
     full = archive.config
     kept_sites = _kept_sites(archive, kept)
     sites = {full.engram_sites[s]: i for i, s in enumerate(kept_sites)}

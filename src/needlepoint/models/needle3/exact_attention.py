@@ -1,0 +1,148 @@
+"""Deploy attention: an int8 K/V cache and the pinned int8 attention kernel (fixture README
+"Deploy quantization" (2)-(3); docs/numerics.md "Attention").
+
+Keys (after k_norm and RoPE) and values (after their taps) are A8-quantised per head row and
+stored as int8 codes plus one float32 scale: exactly upstream's int8 KV. A query row attends
+its visible keys in position order through `kernels.pinned.attend` (exact int32 q.k, scales in
+a float64 epilogue, pinned exp, float32 sums in position order), so a row's result is the same
+whether it is computed in a prefill chunk of any size or in a decode step.
+
+The cache keeps `window` slots as a ring (position p in slot p % window) for bounded layers,
+or `max_len` linear slots; stores are lazily mapped (a page is resident once written).
+"""
+
+from __future__ import annotations
+
+import math
+import mmap
+
+import numpy as np
+
+from ...kernels import exact, pinned
+
+F32 = np.float32
+LAZY_BYTES = 1 << 16
+
+
+def _lazy(shape: tuple[int, ...], dtype) -> np.ndarray:
+    nbytes = math.prod(shape) * np.dtype(dtype).itemsize
+    if nbytes < LAZY_BYTES:
+        return np.zeros(shape, dtype)
+    return np.frombuffer(mmap.mmap(-1, nbytes), dtype).reshape(shape)
+
+
+class Int8LayerCache:
+    """K/V of one layer for one sequence as int8 codes [KV, capacity, dim] + scales."""
+
+    def __init__(
+        self, window: int, kv_heads: int, qk_dim: int, v_dim: int, conv_rows: int,
+        conv_width: int, max_len: int,
+    ) -> None:
+        self.window = window
+        self.max_len = max_len
+        capacity = window if window else max_len
+        self.kcode = _lazy((kv_heads, capacity, qk_dim), np.int8)
+        self.kscale = _lazy((kv_heads, capacity), F32)
+        self.vcode = _lazy((kv_heads, capacity, v_dim), np.int8)
+        self.vscale = _lazy((kv_heads, capacity), F32)
+        self.filled = 0
+        self.conv_tail = np.zeros((conv_rows, conv_width), F32)  # raw q|k|v, oldest first
+
+    @property
+    def capacity(self) -> int:
+        return self.kcode.shape[1]
+
+    def copy(self) -> Int8LayerCache:
+        other = Int8LayerCache.__new__(Int8LayerCache)
+        other.window, other.max_len, other.filled = self.window, self.max_len, self.filled
+        for name in ("kcode", "kscale", "vcode", "vscale"):
+            source = getattr(self, name)
+            fresh = _lazy(source.shape, source.dtype)
+            fresh[:, : self.filled] = source[:, : self.filled]
+            setattr(other, name, fresh)
+        other.conv_tail = self.conv_tail.copy()
+        return other
+
+    def slot(self, positions: np.ndarray) -> np.ndarray:
+        return positions % self.capacity if self.window else positions
+
+    def write(self, start: int, codes: tuple[np.ndarray, ...]) -> None:
+        """Store `quantize_kv` codes of positions start .. start+C-1 (the last `capacity` of
+        them when a chunk is longer than a ring)."""
+        kcode, kscale, vcode, vscale = codes  # [C, KV, qk], [C, KV], [C, KV, v], [C, KV]
+        count = kcode.shape[0]
+        keep = min(count, self.capacity)
+        slots = self.slot(np.arange(start + count - keep, start + count))
+        self.kcode[:, slots] = kcode[count - keep :].transpose(1, 0, 2)
+        self.kscale[:, slots] = kscale[count - keep :].T
+        self.vcode[:, slots] = vcode[count - keep :].transpose(1, 0, 2)
+        self.vscale[:, slots] = vscale[count - keep :].T
+        self.filled = min(self.capacity, max(self.filled, start + count))
+
+
+def quantize_kv(keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, ...]:
+    """A8 codes (int8) and scales of keys [C, KV, qk] and values [C, KV, v], per head row."""
+    count, kv_heads, _ = keys.shape
+    kcode, kscale = exact.a8_codes(keys.reshape(count * kv_heads, -1))
+    vcode, vscale = exact.a8_codes(values.reshape(count * kv_heads, -1))
+    return (
+        kcode.astype(np.int8).reshape(count, kv_heads, -1), kscale.reshape(count, kv_heads),
+        vcode.astype(np.int8).reshape(count, kv_heads, -1), vscale.reshape(count, kv_heads),
+    )
+
+
+def attend_chunk(
+    q: np.ndarray, keys: np.ndarray, values: np.ndarray, cache: Int8LayerCache, start: int
+) -> np.ndarray:
+    """Attention of the chunk's queries q [C, H, qk] (positions start..) over everything they
+    see, the chunk's own keys [C, KV, qk] / values [C, KV, v] included, which are then stored;
+    -> [C, H, v] float32. Query at position p sees positions j <= p with p - j < window
+    (window 0: all of them)."""
+    count = q.shape[0]
+    codes = quantize_kv(keys, values)
+    window = cache.window
+    if not window or count == 1:
+        # a linear store, or one position: storing first overwrites nothing a query needs
+        cache.write(start, codes)
+        store = (cache.kcode, cache.kscale, cache.vcode, cache.vscale)
+        return _attend_rows(q, store, start, window, cache.slot)
+    # a chunk over a ring: attend an unrolled context (old positions, then the chunk's)
+    first = max(0, start - window + 1)
+    old = cache.slot(np.arange(first, start))
+    kcode, kscale, vcode, vscale = codes
+    store = (
+        np.concatenate([cache.kcode[:, old], kcode.transpose(1, 0, 2)], axis=1),
+        np.concatenate([cache.kscale[:, old], kscale.T], axis=1),
+        np.concatenate([cache.vcode[:, old], vcode.transpose(1, 0, 2)], axis=1),
+        np.concatenate([cache.vscale[:, old], vscale.T], axis=1),
+    )
+    out = _attend_rows(q, store, start, window, lambda positions: positions - first)
+    cache.write(start, codes)
+    return out
+
+
+def _attend_rows(q: np.ndarray, store: tuple, start: int, window: int, slot_of) -> np.ndarray:
+    kcode, kscale, vcode, vscale = store
+    count, heads, qk = q.shape
+    kv_heads, vd = kcode.shape[0], vcode.shape[2]
+    group = heads // kv_heads
+    positions = np.arange(start, start + count)
+    lo = np.maximum(0, positions - window + 1) if window else np.zeros(count, np.int64)
+    counts = positions - lo + 1
+    offsets = np.arange(int(counts.max()))
+    visible = np.minimum(lo[:, None] + offsets[None, :], positions[:, None])  # oldest first
+    slots = slot_of(visible)
+    qcode, qscale = exact.a8_codes(q.reshape(count * heads, qk))
+    qcode = qcode.astype(np.int8).reshape(count, kv_heads, group, qk)
+    qscale = qscale.reshape(count, kv_heads, group)
+    out = np.empty((count, kv_heads, group, vd), F32)
+    row_slots = np.repeat(slots, group, axis=0)  # [count * group, longest]
+    row_counts = np.repeat(counts, group)
+    for head in range(kv_heads):
+        out[:, head] = pinned.attend(
+            qcode[:, head].reshape(count * group, qk), qscale[:, head].reshape(-1),
+            np.ascontiguousarray(kcode[head]), np.ascontiguousarray(kscale[head]),
+            np.ascontiguousarray(vcode[head]), np.ascontiguousarray(vscale[head]),
+            row_slots, row_counts,
+        ).reshape(count, group, vd)
+    return out.reshape(count, heads, vd)
