@@ -19,9 +19,10 @@ def _piece(data: bytes) -> dict[str, Any]:
 
 
 def token_logprob(logits: np.ndarray, token: int, token_bytes: list[bytes], top: int,
-                  first: bool) -> dict[str, Any]:
+                  leading: bool) -> dict[str, Any]:
     """The entry of `token` chosen from `logits`, with the `top` most likely alternatives.
-    `first`: the answer's first token, whose dummy-prefix space is not part of the text."""
+    `leading`: no answer text has been written yet, so leading whitespace (the dummy-prefix
+    space, blank lines) is not part of the text, as the answer is reported stripped."""
     x = np.asarray(logits, dtype=np.float64)
     n = min(x.shape[0], len(token_bytes))  # LM-head rows past the vocabulary are not tokens
     x = x[:n]
@@ -30,7 +31,7 @@ def token_logprob(logits: np.ndarray, token: int, token_bytes: list[bytes], top:
 
     def text(tid: int) -> bytes:
         data = token_bytes[tid]
-        return data[1:] if first and data.startswith(b" ") else data
+        return data.lstrip() if leading else data
 
     entry = {**_piece(text(token)), "logprob": float(x[token] - logz)}
     alternatives = []

@@ -283,11 +283,12 @@ def generate_turn(
             elif answer is not None:
                 answer.advance(token)
             chosen = True
-        was_answer, first = parser.mode == ANSWER, not tokens
+        was_answer, leading = parser.mode == ANSWER, not parser.text
         yield from emit(token)
         if logprobs is not None and chosen and was_answer and parser.mode == ANSWER \
                 and token not in m.stops and token != m.think_open:
-            entry = token_logprob(logits, token, vocab.token_bytes, config.logprobs or 0, first)
+            entry = token_logprob(logits, token, vocab.token_bytes, config.logprobs or 0,
+                                  leading)
             logprobs.append(entry)
             yield LogprobDelta(entry)
         if token in m.stops or (matcher is not None and matcher.is_finished()):
