@@ -186,7 +186,9 @@ def _validation_error(exc: RequestValidationError, content_type: str = "") -> Ap
         return bad_request("The request body must be a JSON object (the chat-completion "
                            "request)", code="invalid_body")
     message, param = validation_message(first)
-    more = f" (and {len(errors) - 1} more problems)" if len(errors) > 1 else ""
+    # A union field reports one error per alternative: count other fields only.
+    others = {validation_message(e)[1] for e in errors[1:]} - {param}
+    more = f" (and {len(others)} more invalid fields)" if others else ""
     return bad_request(f"{message}{more}", param=param)
 
 
