@@ -179,6 +179,21 @@ class GGUFCheckpoint:
             transform = "transpose"
         return f"{target.format(i=layer)}.{suffix}", transform
 
+    def source_name(self, name: str) -> str | None:
+        """The GGUF tensor name that holds (or would hold) the Hugging Face tensor `name`."""
+        globals_, per_layer = _TABLES[self.architecture]
+        stem, _, suffix = name.rpartition(".")
+        for base, target in globals_.items():
+            if target == stem:
+                return f"{base}.{suffix}"
+        for base, target in per_layer.items():
+            head, _, tail = target.partition("{i}")
+            if stem.startswith(head) and stem.endswith(tail):
+                index = stem[len(head) : len(stem) - len(tail)]
+                if index.isdigit():
+                    return f"blk.{index}.{base}.{suffix}"
+        return None
+
     def names(self) -> list[str]:
         return list(self._tensors)
 

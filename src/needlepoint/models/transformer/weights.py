@@ -64,14 +64,20 @@ class _Fetcher:
     def has(self, name: str) -> bool:
         return self.prefix + name in self.present
 
+    def _label(self, full: str) -> str:
+        source = getattr(self.checkpoint, "source_name", None)
+        stored = source(full) if source is not None else None
+        return f"{full!r}" + (f" (stored as {stored!r})" if stored and stored != full else "")
+
     def get(self, name: str, shape: tuple[int, ...], *, prefixed: bool = True) -> np.ndarray:
         full = self.prefix + name if prefixed else name
         if full not in self.present:
-            raise MissingTensorError(f"{self.checkpoint.path}: missing tensor {full!r}")
+            raise MissingTensorError(f"{self.checkpoint.path}: missing tensor "
+                                     f"{self._label(full)}")
         stored = tuple(self.checkpoint.shape(full))
         if stored != tuple(shape):
-            raise TensorShapeError(f"{self.checkpoint.path}: tensor {full!r} has shape "
-                                   f"{list(stored)}, the config needs {list(shape)}")
+            raise TensorShapeError(f"{self.checkpoint.path}: tensor {self._label(full)} has "
+                                   f"shape {list(stored)}, the config needs {list(shape)}")
         return self.checkpoint.tensor(full)
 
     def linear(self, name: str, n_in: int, n_out: int, bias: bool) -> Linear:

