@@ -15,7 +15,7 @@ NATIVE = Extension(
     define_macros=[("NP_PYTHON_MODULE", "1")],
     # Exactness contract (docs/numerics.md): no fused or reassociated float operations.
     extra_compile_args=["-O3", "-ffp-contract=off", "-fno-fast-math", "-fno-math-errno"],
-    libraries=["m"],
+    libraries=["m", "pthread"],
     optional=True,
 )
 

@@ -109,7 +109,11 @@ def test_a8_codes_match_fake_quant():
     rng = np.random.default_rng(2)
     x = (rng.standard_normal((6, 200)) * 5).astype(F32)
     codes, scale = exact.a8_codes(x)
+    assert codes.dtype == np.int8
     np.testing.assert_array_equal(codes.astype(F32) * scale[:, None], fake_quant_a8(x))
+    reference = exact.a8_codes(x, use_native=False)
+    np.testing.assert_array_equal(codes, reference[0])
+    np.testing.assert_array_equal(scale, reference[1])
     v_native, s_native = exact.a8_rotate(x, 256, use_native=True)
     v_ref, s_ref = exact.a8_rotate(x, 256, use_native=False)
     np.testing.assert_array_equal(v_native, v_ref)
@@ -124,6 +128,8 @@ def test_non_finite_activations_are_refused(use_native, bad):
     x[1, 5] = bad
     with pytest.raises(NonFiniteActivationError):
         exact.a8_rotate(x, 128, use_native)
+    with pytest.raises(NonFiniteActivationError):
+        exact.a8_codes(x, use_native)
 
 
 def test_codebook_check_refuses_inexact_codebooks():

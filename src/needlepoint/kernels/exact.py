@@ -80,6 +80,7 @@ class ExactMatrix:
     storage_bits: int
     codebook: np.ndarray  # float32
     parts: tuple[ExactPart, ...]
+    threads: int = 1  # native kernel threads for large products (same bits for any count)
 
     @property
     def nbytes(self) -> int:
@@ -100,9 +101,12 @@ class ExactMatrix:
         return cached
 
 
-def exact_matrices(pieces: list[tuple[CQTensor, int, int]]) -> list[ExactMatrix]:
+def exact_matrices(
+    pieces: list[tuple[CQTensor, int, int]], threads: int = 1
+) -> list[ExactMatrix]:
     """The fused product of `pieces` (tensor, first row, end row), concatenated along the
-    output: one ExactMatrix per run of pieces sharing storage width and codebook."""
+    output: one ExactMatrix per run of pieces sharing storage width and codebook; `threads`
+    for the native kernel (large products split their output rows)."""
     runs: list[tuple[tuple, CQTensor, list[ExactPart]]] = []
     column = 0
     for cq, row0, row1 in pieces:
@@ -124,7 +128,7 @@ def exact_matrices(pieces: list[tuple[CQTensor, int, int]]) -> list[ExactMatrix]
         column += row1 - row0
     return [
         ExactMatrix(cq.cols, cq.in_pad, column, cq.storage_bits,
-                    np.ascontiguousarray(cq.codebook, F32), tuple(parts))
+                    np.ascontiguousarray(cq.codebook, F32), tuple(parts), threads)
         for _, cq, parts in runs
     ]
 
@@ -139,18 +143,32 @@ def a8_scale(x: np.ndarray) -> np.ndarray:
     return np.where(peak > 0, peak / LEVEL, F32(1.0)).astype(F32)
 
 
-def a8_codes(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(codes int32 [T, cols], scale [T]): `clip(rint(x / s), -128, 127)` (README A8)."""
+def a8_codes_reference(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(codes int8 [T, cols], scale [T]): `clip(rint(x / s), -128, 127)` (README A8)."""
     x = np.asarray(x, F32)
     scale = a8_scale(x)
-    codes = np.clip(np.rint(x / scale[:, None]), -128, 127).astype(np.int32)
+    codes = np.clip(np.rint(x / scale[:, None]), -128, 127).astype(np.int8)
+    return codes, scale
+
+
+def a8_codes(x: np.ndarray, use_native: bool | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """`a8_codes_reference` of x [T, cols], by the native kernel when it is built."""
+    lib = native.LIBRARY if use_native is not False else None
+    if lib is None:
+        return a8_codes_reference(x)
+    x = np.ascontiguousarray(x, F32)
+    rows, cols = x.shape
+    codes = np.empty((rows, cols), np.int8)
+    scale = np.empty(rows, F32)
+    if lib.np_a8_codes(x.ctypes.data, rows, cols, codes.ctypes.data, scale.ctypes.data):
+        raise NonFiniteActivationError("non-finite activation entering an int8 quantiser")
     return codes, scale
 
 
 def a8_rotate_reference(x: np.ndarray, in_pad: int) -> tuple[np.ndarray, np.ndarray]:
     """(v int32 [T, in_pad], scale [T]): A8 codes zero-padded to `in_pad`, each 128-group
     rotated by the unnormalised Walsh-Hadamard transform (exact in int32)."""
-    codes, scale = a8_codes(x)
+    codes, scale = a8_codes_reference(x)
     rows, cols = codes.shape
     padded = np.zeros((rows, in_pad), np.int32)
     padded[:, :cols] = codes
@@ -234,10 +252,10 @@ def cq_matmul(
     out = np.empty((rows, width), F32)
     # the kernel writes column out_col + r: shift the pointer so the first part lands at 0
     base = out.ctypes.data - 4 * first
-    status = lib.np_cq_matmul(
+    status = lib.np_cq_matmul_threads(
         v.ctypes.data, scale.ctypes.data, rows, matrix.in_pad, matrix.storage_bits,
         matrix.codebook.ctypes.data, matrix.codebook.size, matrix.c_parts(), len(matrix.parts),
-        base, width, 0, width + first,
+        base, width, 0, width, matrix.threads,
     )
     if status:
         raise MemoryError(f"np_cq_matmul failed ({status})")

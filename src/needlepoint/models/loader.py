@@ -13,6 +13,27 @@ from ..formats.cact import open_archive
 from ..formats.checkpoints import is_checkpoint
 
 NUMERICS = ("deploy", "float")
+THREADS_ENV = "NEEDLEPOINT_THREADS"
+
+
+def resolve_threads(threads: int | None) -> int:
+    """The thread count to use: `threads`, else $NEEDLEPOINT_THREADS, else 1 (decode is fastest
+    on one thread and a second core is often busy; prefill gains from 2). Caps BLAS/OpenMP
+    pools to it for the whole process (threadpoolctl): the float path's BLAS never spins more
+    threads than asked for. The deploy path's native kernels start their threads per large
+    product and join them before returning (no pool)."""
+    if threads is None:
+        raw = os.environ.get(THREADS_ENV, "1")
+        try:
+            threads = int(raw)
+        except ValueError:
+            raise ValueError(f"{THREADS_ENV} must be a positive integer, got {raw!r}") from None
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise ValueError(f"threads must be a positive integer, got {threads!r}")
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(limits=threads)
+    return threads
 
 
 def load(
@@ -21,6 +42,7 @@ def load(
     layers: int | None = None,
     numerics: str = "deploy",
     cache: bool | None = None,
+    threads: int | None = None,
 ) -> Any:
     """Load a `.cact` model; the generation (Needle 3 or 2) comes from the archive's tag.
     A Hugging Face model directory, a `.gguf` file or a known name ("smollm2") loads a
@@ -30,10 +52,13 @@ def load(
     `numerics="deploy"` (A8 activations, int8 KV: what the archive is meant to run at) or
     `"float"` (the stored weights with no activation or KV quantisation). `cache` (Needle 3):
     reuse/write the prepared weights in the on-disk cache (`needlepoint.weight_cache`; None =
-    on unless the environment sets NEEDLEPOINT_CACHE=0).
+    on unless the environment sets NEEDLEPOINT_CACHE=0). `threads`: CPU threads for the
+    model's products (`resolve_threads`: default 1); it also caps the process's BLAS/OpenMP
+    pools (threadpoolctl), so no pool is left spinning on a busy machine.
     """
     if numerics not in NUMERICS:
         raise ValueError(f"numerics must be one of {NUMERICS}, got {numerics!r}")
+    threads = resolve_threads(threads)
     from .transformer.known import is_known_name, resolve_known
 
     if is_known_name(path):  # a model shipped in a package, e.g. "smollm2"
@@ -46,7 +71,8 @@ def load(
     if archive.generation == 3:
         from .needle3.model import V3Model
 
-        return V3Model.from_archive(archive, layers=layers, numerics=numerics, cache=cache)
+        return V3Model.from_archive(archive, layers=layers, numerics=numerics, cache=cache,
+                                    threads=threads)
     from .needle2.model import V2Model
 
     return V2Model.from_archive(archive, layers=layers, numerics=numerics)

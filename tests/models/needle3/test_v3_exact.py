@@ -78,13 +78,16 @@ def test_toy_model_is_bit_identical_across_paths():
 
 @pytest.mark.parametrize("name", NEEDLE3_FIXTURES)
 def test_thread_count_does_not_change_the_bits(name):
-    net = model(name)
-    ids = _prompt(name)[:40]
-    with threadpool_limits(limits=1):
-        one = net.forward(ids)
+    """`threads=2` splits the native products' rows between two threads; BLAS pools at 1 or
+    2 threads: the same bits either way."""
+    ids = _prompt(name)[:64]
+    one = needlepoint.load(get_fixture("needle3", name).cact, threads=1).forward(ids)
+    two_threads = needlepoint.load(get_fixture("needle3", name).cact, threads=2)
+    assert two_threads.threads == 2
+    np.testing.assert_array_equal(two_threads.forward(ids), one)
     with threadpool_limits(limits=2):
-        two = net.forward(ids)
-    np.testing.assert_array_equal(one, two)
+        np.testing.assert_array_equal(model(name).forward(ids), one)
+    threadpool_limits(limits=1)
 
 
 @pytest.mark.parametrize("name", NEEDLE3_FIXTURES)

@@ -14,7 +14,7 @@ import os
 import warnings
 from pathlib import Path
 
-ABI_VERSION = 4
+ABI_VERSION = 7
 HERE = Path(__file__).resolve().parent
 
 c_int64_p = ctypes.POINTER(ctypes.c_int64)
@@ -41,6 +41,8 @@ def _signatures(lib: ctypes.CDLL) -> None:
     lib.np_a8_rotate.restype = i32
     lib.np_cq_matmul.argtypes = [p, p, i64, i64, i32, p, i64, p, i64, p, i64, i64, i64]
     lib.np_cq_matmul.restype = i32
+    lib.np_cq_matmul_threads.argtypes = [p, p, i64, i64, i32, p, i64, p, i64, p, i64, i64, i64, i32]
+    lib.np_cq_matmul_threads.restype = i32
     lib.np_matmul_seq.argtypes = [p, i64, i64, i64, p, i64, p]
     lib.np_matmul_seq.restype = None
     lib.np_exp32.argtypes = [f32]
@@ -51,6 +53,10 @@ def _signatures(lib: ctypes.CDLL) -> None:
     lib.np_exp32_array.restype = None
     lib.np_exp64_array.argtypes = [p, i64, p]
     lib.np_exp64_array.restype = None
+    lib.np_a8_codes.argtypes = [p, i64, i64, p, p]
+    lib.np_a8_codes.restype = i32
+    lib.np_sinkhorn.argtypes = [p, i64, i64, i32, p]
+    lib.np_sinkhorn.restype = i32
     lib.np_dequant_rows.argtypes = [p, i64, i64, f32, p]
     lib.np_dequant_rows.restype = None
 

@@ -11,6 +11,7 @@
  * pinned-order kernels use no FMA and no reassociation in either variant.
  */
 #include <math.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,10 +32,13 @@ typedef struct {
 #if defined(__GNUC__) && defined(__x86_64__) && !defined(NP_BASELINE_ONLY)
 #define NP_HAVE_AVX2 1
 #define NP_NAME(name) name##_avx2
+#define NP_SIMD_AVX2 1
 #pragma GCC push_options
 #pragma GCC target("avx2,fma")
+#include <immintrin.h>
 #include "np_body.h"
 #pragma GCC pop_options
+#undef NP_SIMD_AVX2
 #undef NP_NAME
 #endif
 
@@ -63,7 +67,7 @@ static int np_pick(void) {
 #define NP_DISPATCH(name, ...) name##_base(__VA_ARGS__)
 #endif
 
-int np_abi_version(void) { return 4; }
+int np_abi_version(void) { return 7; }
 
 /* 1 when the AVX2 + FMA variant runs, 0 for the baseline one. */
 int np_simd_variant(void) { return np_pick(); }
@@ -79,6 +83,67 @@ int np_cq_matmul(const int32_t *v, const float *scale, int64_t T, int64_t in_pad
                  int64_t r_first, int64_t r_last) {
     return NP_DISPATCH(np_cq_matmul, v, scale, T, in_pad, storage_bits, codebook, codebook_len,
                        parts, n_parts, out, out_stride, r_first, r_last);
+}
+
+/* np_cq_matmul with the output rows split between `threads` POSIX threads (started for this
+ * call and joined before it returns: no pool, nothing left spinning). Each thread computes
+ * whole outputs, so the bits do not depend on the thread count. Small products (under about
+ * a million multiply-adds) stay on the calling thread. */
+typedef struct {
+    const int32_t *v;
+    const float *scale;
+    int64_t T, in_pad;
+    int storage_bits;
+    const float *codebook;
+    int64_t codebook_len;
+    const np_cq_part *parts;
+    int64_t n_parts;
+    float *out;
+    int64_t out_stride, r_first, r_last;
+    int status;
+} np_cq_job;
+
+static void *np_cq_worker(void *arg) {
+    np_cq_job *job = (np_cq_job *)arg;
+    job->status = np_cq_matmul(job->v, job->scale, job->T, job->in_pad, job->storage_bits,
+                               job->codebook, job->codebook_len, job->parts, job->n_parts,
+                               job->out, job->out_stride, job->r_first, job->r_last);
+    return NULL;
+}
+
+int np_cq_matmul_threads(const int32_t *v, const float *scale, int64_t T, int64_t in_pad,
+                         int storage_bits, const float *codebook, int64_t codebook_len,
+                         const np_cq_part *parts, int64_t n_parts, float *out,
+                         int64_t out_stride, int64_t r_first, int64_t r_last, int threads) {
+    int64_t total = 0;
+    for (int64_t p = 0; p < n_parts; p++) total += parts[p].rows;
+    if (r_last > total) r_last = total;
+    int64_t rows = r_last - r_first;
+    if (threads > 16) threads = 16;
+    if (threads <= 1 || rows < 2 * threads || T * rows * in_pad < (1 << 20))
+        return np_cq_matmul(v, scale, T, in_pad, storage_bits, codebook, codebook_len, parts,
+                            n_parts, out, out_stride, r_first, r_last);
+    np_cq_job jobs[16];
+    pthread_t ids[16];
+    int started[16] = {0};
+    for (int i = 0; i < threads; i++) {
+        np_cq_job job = {v, scale, T, in_pad, storage_bits, codebook, codebook_len, parts,
+                         n_parts, out, out_stride, r_first + rows * i / threads,
+                         r_first + rows * (i + 1) / threads, 0};
+        jobs[i] = job;
+    }
+    for (int i = 1; i < threads; i++)
+        started[i] = pthread_create(&ids[i], NULL, np_cq_worker, &jobs[i]) == 0;
+    np_cq_worker(&jobs[0]);
+    int status = jobs[0].status;
+    for (int i = 1; i < threads; i++) {
+        if (started[i])
+            pthread_join(ids[i], NULL);
+        else
+            np_cq_worker(&jobs[i]); /* could not start a thread: do its share here */
+        if (jobs[i].status) status = jobs[i].status;
+    }
+    return status;
 }
 
 void np_matmul_seq(const float *x, int64_t T, int64_t K, int64_t x_stride, const float *w,
@@ -102,6 +167,14 @@ void np_exp32_array(const float *x, int64_t n, float *out) {
 
 void np_exp64_array(const double *x, int64_t n, double *out) {
     NP_DISPATCH(np_exp64_array, x, n, out);
+}
+
+int np_a8_codes(const float *x, int64_t T, int64_t cols, int8_t *codes, float *scale) {
+    return NP_DISPATCH(np_a8_codes, x, T, cols, codes, scale);
+}
+
+int np_sinkhorn(const float *logits, int64_t T, int64_t n, int rounds, float *out) {
+    return NP_DISPATCH(np_sinkhorn, logits, T, n, rounds, out);
 }
 
 void np_dequant_rows(const float *rotated, int64_t rows, int64_t groups, float h, float *out) {

@@ -162,6 +162,137 @@ static void NP_NAME(np_rows_direct)(const int32_t *v, const double *cb, int stor
  * activation (v, s) = NP_NAME(np_a8_rotate)(x). Parts share one storage width and codebook. Rows in
  * [r_first, r_last) of the concatenation of the parts (so callers may split the rows of a
  * product between threads). */
+
+#ifdef NP_SIMD_AVX2
+#define NP_RB 4
+
+/* 2-bit storage: one packed byte is four codes, and a 256-entry table of their four levels as
+ * float64 (8 KB, L1-resident) turns it into one 256-bit load; four accumulator chains per row
+ * hide the fused multiply-add latency. Exact sums, so equal to np_rows_direct. */
+static inline __attribute__((always_inline)) void NP_NAME(np_simd2_block)(
+    const double *vd, const int nrb, int64_t in_pad, const double *levels4,
+    const np_cq_part *part, int64_t groups, int64_t r0, int64_t r1, const double *s,
+    float *out, int64_t out_stride, double *dots) {
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *p = part->packed + r * part->row_bytes;
+        for (int64_t g = 0; g < groups; g++) {
+            __m256d acc[NP_RB][4];
+            for (int b = 0; b < nrb; b++)
+                for (int u = 0; u < 4; u++) acc[b][u] = _mm256_setzero_pd();
+            const uint8_t *bytes = p + g * 32;
+            const double *col = vd + g * 128;
+            for (int k = 0; k < 32; k += 4) {
+                for (int u = 0; u < 4; u++) {
+                    __m256d lv = _mm256_load_pd(levels4 + 4 * bytes[k + u]);
+                    for (int b = 0; b < nrb; b++)
+                        acc[b][u] = _mm256_fmadd_pd(
+                            lv, _mm256_loadu_pd(col + b * in_pad + 4 * (k + u)), acc[b][u]);
+                }
+            }
+            for (int b = 0; b < nrb; b++) {
+                __m256d sum = _mm256_add_pd(_mm256_add_pd(acc[b][0], acc[b][1]),
+                                            _mm256_add_pd(acc[b][2], acc[b][3]));
+                __m128d half = _mm_add_pd(_mm256_castpd256_pd128(sum),
+                                          _mm256_extractf128_pd(sum, 1));
+                dots[b * groups + g] = _mm_cvtsd_f64(_mm_add_sd(half, _mm_unpackhi_pd(half, half)));
+            }
+        }
+        for (int b = 0; b < nrb; b++)
+            out[b * out_stride + part->out_col + r] =
+                NP_NAME(np_epilogue)(dots + b * groups, part->norms + r * groups, groups, s[b]);
+    }
+}
+
+/* 4-bit storage: a byte is two codes; a 256-entry table of their two levels as float64
+ * (4 KB) gives them in one 128-bit load, two bytes make one 256-bit operand. */
+static inline __attribute__((always_inline)) void NP_NAME(np_simd4_block)(
+    const double *vd, const int nrb, int64_t in_pad, const double *levels2,
+    const np_cq_part *part, int64_t groups, int64_t r0, int64_t r1, const double *s,
+    float *out, int64_t out_stride, double *dots) {
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *p = part->packed + r * part->row_bytes;
+        for (int64_t g = 0; g < groups; g++) {
+            __m256d acc[NP_RB][4];
+            for (int b = 0; b < nrb; b++)
+                for (int u = 0; u < 4; u++) acc[b][u] = _mm256_setzero_pd();
+            const uint8_t *bytes = p + g * 64;
+            const double *col = vd + g * 128;
+            for (int k = 0; k < 64; k += 8) {
+                for (int u = 0; u < 4; u++) {
+                    int j = k + 2 * u;
+                    __m256d lv = _mm256_insertf128_pd(
+                        _mm256_castpd128_pd256(_mm_load_pd(levels2 + 2 * bytes[j])),
+                        _mm_load_pd(levels2 + 2 * bytes[j + 1]), 1);
+                    for (int b = 0; b < nrb; b++)
+                        acc[b][u] = _mm256_fmadd_pd(
+                            lv, _mm256_loadu_pd(col + b * in_pad + 2 * j), acc[b][u]);
+                }
+            }
+            for (int b = 0; b < nrb; b++) {
+                __m256d sum = _mm256_add_pd(_mm256_add_pd(acc[b][0], acc[b][1]),
+                                            _mm256_add_pd(acc[b][2], acc[b][3]));
+                __m128d half = _mm_add_pd(_mm256_castpd256_pd128(sum),
+                                          _mm256_extractf128_pd(sum, 1));
+                dots[b * groups + g] = _mm_cvtsd_f64(_mm_add_sd(half, _mm_unpackhi_pd(half, half)));
+            }
+        }
+        for (int b = 0; b < nrb; b++)
+            out[b * out_stride + part->out_col + r] =
+                NP_NAME(np_epilogue)(dots + b * groups, part->norms + r * groups, groups, s[b]);
+    }
+}
+
+static void NP_NAME(np_cq_simd)(const int32_t *v, const float *scale, int64_t T,
+                                int64_t in_pad, int storage_bits, const float *codebook,
+                                int64_t codebook_len, const np_cq_part *parts, int64_t n_parts,
+                                float *out, int64_t out_stride, int64_t r_first,
+                                int64_t r_last, double *vd, double *dots) {
+    float cb16[16] = {0};
+    for (int64_t k = 0; k < codebook_len && k < 16; k++) cb16[k] = codebook[k];
+    int64_t groups = in_pad / 128;
+    double levels4[256 * 4] __attribute__((aligned(32)));
+    if (storage_bits == 2)
+        for (int b = 0; b < 256; b++)
+            for (int u = 0; u < 4; u++) levels4[4 * b + u] = (double)cb16[(b >> (2 * u)) & 3];
+    double levels2[256 * 2] __attribute__((aligned(32)));
+    if (storage_bits == 4)
+        for (int b = 0; b < 256; b++) {
+            levels2[2 * b] = (double)cb16[b & 15];
+            levels2[2 * b + 1] = (double)cb16[b >> 4];
+        }
+    for (int64_t t0 = 0; t0 < T; t0 += NP_RB) {
+        int nrb = (int)(T - t0 < NP_RB ? T - t0 : NP_RB);
+        double s[NP_RB];
+        for (int b = 0; b < nrb; b++) {
+            s[b] = (double)scale[t0 + b];
+            for (int64_t c = 0; c < in_pad; c++) vd[b * in_pad + c] = (double)v[(t0 + b) * in_pad + c];
+        }
+        int64_t base = 0;
+        for (int64_t p = 0; p < n_parts; p++) {
+            int64_t lo = r_first > base ? r_first - base : 0;
+            int64_t hi = r_last - base < parts[p].rows ? r_last - base : parts[p].rows;
+            if (lo < hi) {
+                float *o = out + t0 * out_stride;
+                if (storage_bits == 2) {
+                    switch (nrb) {
+                    case 4: NP_NAME(np_simd2_block)(vd, 4, in_pad, levels4, &parts[p], groups, lo, hi, s, o, out_stride, dots); break;
+                    case 3: NP_NAME(np_simd2_block)(vd, 3, in_pad, levels4, &parts[p], groups, lo, hi, s, o, out_stride, dots); break;
+                    case 2: NP_NAME(np_simd2_block)(vd, 2, in_pad, levels4, &parts[p], groups, lo, hi, s, o, out_stride, dots); break;
+                    default: NP_NAME(np_simd2_block)(vd, 1, in_pad, levels4, &parts[p], groups, lo, hi, s, o, out_stride, dots); break;
+                    }
+                } else switch (nrb) {
+                case 4: NP_NAME(np_simd4_block)(vd, 4, in_pad, levels2, &parts[p], groups, lo, hi, s, o, out_stride, dots); break;
+                case 3: NP_NAME(np_simd4_block)(vd, 3, in_pad, levels2, &parts[p], groups, lo, hi, s, o, out_stride, dots); break;
+                case 2: NP_NAME(np_simd4_block)(vd, 2, in_pad, levels2, &parts[p], groups, lo, hi, s, o, out_stride, dots); break;
+                default: NP_NAME(np_simd4_block)(vd, 1, in_pad, levels2, &parts[p], groups, lo, hi, s, o, out_stride, dots); break;
+                }
+            }
+            base += parts[p].rows;
+        }
+    }
+}
+#endif
+
 static int NP_NAME(np_cq_matmul)(const int32_t *v, const float *scale, int64_t T, int64_t in_pad,
                  int storage_bits, const float *codebook, int64_t codebook_len,
                  const np_cq_part *parts, int64_t n_parts, float *out, int64_t out_stride,
@@ -176,6 +307,22 @@ static int NP_NAME(np_cq_matmul)(const int32_t *v, const float *scale, int64_t T
     for (int64_t p = 0; p < n_parts; p++) total += parts[p].rows;
     if (r_last > total) r_last = total;
     int64_t span = r_last - r_first;
+#ifdef NP_SIMD_AVX2
+    if ((storage_bits == 2 || storage_bits == 4) && codebook_len <= 16) {
+        double *vd = (double *)malloc(sizeof(double) * (size_t)(NP_RB * in_pad));
+        double *dots4 = (double *)malloc(sizeof(double) * (size_t)(NP_RB * groups));
+        if (!vd || !dots4) {
+            free(vd);
+            free(dots4);
+            return NP_NOMEM;
+        }
+        NP_NAME(np_cq_simd)(v, scale, T, in_pad, storage_bits, codebook, codebook_len, parts,
+                            n_parts, out, out_stride, r_first, r_last, vd, dots4);
+        free(vd);
+        free(dots4);
+        return NP_OK;
+    }
+#endif
     /* tables pay off once enough rows share them (their build costs ~1.2 row sweeps) */
     int use_table = (storage_bits == 2 || storage_bits == 4) && span >= 64;
     int64_t bytes_per_group = storage_bits == 2 ? 32 : 64;
@@ -353,4 +500,73 @@ static void NP_NAME(np_exp32_array)(const float *x, int64_t n, float *out) {
 
 static void NP_NAME(np_exp64_array)(const double *x, int64_t n, double *out) {
     for (int64_t i = 0; i < n; i++) out[i] = NP_NAME(np_exp64)(x[i]);
+}
+
+/* Sinkhorn of every n x n matrix of logits [T, n, n] (models/needle3/sinkhorn.py
+ * `sinkhorn_rows` with the pinned exp, operation for operation): K = exp64(z - max z) with the
+ * subtraction in float32; `rounds` of r_i = 1 / sum_j K_ij c_j, then c_j = 1 / sum_i K_ij r_i
+ * (float64, each sum in index order); out = float32((r_i K_ij) c_j). NP_NONFINITE when a
+ * scaling under- or overflows (the caller then takes the reference, which falls back to the
+ * log-domain form for that matrix). */
+static int NP_NAME(np_sinkhorn)(const float *logits, int64_t T, int64_t n, int rounds,
+                                float *out) {
+    if (n > 16) return NP_BADARG;
+    double K[256], r[16], c[16];
+    for (int64_t t = 0; t < T; t++) {
+        const float *z = logits + t * n * n;
+        float peak = z[0];
+        for (int64_t i = 1; i < n * n; i++)
+            if (z[i] > peak) peak = z[i];
+        for (int64_t i = 0; i < n * n; i++) {
+            float shifted = z[i] - peak;
+            K[i] = NP_NAME(np_exp64)((double)shifted);
+        }
+        for (int64_t j = 0; j < n; j++) c[j] = 1.0;
+        for (int round = 0; round < rounds; round++) {
+            for (int64_t i = 0; i < n; i++) {
+                double sum = K[i * n] * c[0];
+                for (int64_t j = 1; j < n; j++) sum = sum + K[i * n + j] * c[j];
+                r[i] = 1.0 / sum;
+            }
+            for (int64_t j = 0; j < n; j++) {
+                double sum = K[j] * r[0];
+                for (int64_t i = 1; i < n; i++) sum = sum + K[i * n + j] * r[i];
+                c[j] = 1.0 / sum;
+            }
+        }
+        float *o = out + t * n * n;
+        for (int64_t i = 0; i < n; i++)
+            for (int64_t j = 0; j < n; j++) {
+                double v = (r[i] * K[i * n + j]) * c[j];
+                if (!(v <= 1.7976931348623157e308) || v != v) return NP_NONFINITE;
+                o[i * n + j] = (float)v;
+            }
+    }
+    return NP_OK;
+}
+
+/* A8 codes of each row of x [T, cols] as int8 plus one float32 scale (np_a8_rotate without
+ * the rotation): the int8 KV cache and the int8 queries. */
+static int NP_NAME(np_a8_codes)(const float *x, int64_t T, int64_t cols, int8_t *codes,
+                                float *scale) {
+    for (int64_t t = 0; t < T; t++) {
+        const float *row = x + t * cols;
+        float peak = 0.0f;
+        int finite = 1;
+        for (int64_t c = 0; c < cols; c++) {
+            float a = fabsf(row[c]);
+            if (!(a <= 3.4028234663852886e38f)) finite = 0;
+            if (a > peak) peak = a;
+        }
+        if (!finite) return NP_NONFINITE;
+        float s = peak > 0.0f ? peak / 127.0f : 1.0f;
+        scale[t] = s;
+        for (int64_t c = 0; c < cols; c++) {
+            float q = nearbyintf(row[c] / s);
+            if (q > 127.0f) q = 127.0f;
+            if (q < -128.0f) q = -128.0f;
+            codes[t * cols + c] = (int8_t)q;
+        }
+    }
+    return NP_OK;
 }

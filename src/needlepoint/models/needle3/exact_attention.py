@@ -86,8 +86,8 @@ def quantize_kv(keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, ...]:
     kcode, kscale = exact.a8_codes(keys.reshape(count * kv_heads, -1))
     vcode, vscale = exact.a8_codes(values.reshape(count * kv_heads, -1))
     return (
-        kcode.astype(np.int8).reshape(count, kv_heads, -1), kscale.reshape(count, kv_heads),
-        vcode.astype(np.int8).reshape(count, kv_heads, -1), vscale.reshape(count, kv_heads),
+        kcode.reshape(count, kv_heads, -1), kscale.reshape(count, kv_heads),
+        vcode.reshape(count, kv_heads, -1), vscale.reshape(count, kv_heads),
     )
 
 
@@ -133,7 +133,7 @@ def _attend_rows(q: np.ndarray, store: tuple, start: int, window: int, slot_of) 
     visible = np.minimum(lo[:, None] + offsets[None, :], positions[:, None])  # oldest first
     slots = slot_of(visible)
     qcode, qscale = exact.a8_codes(q.reshape(count * heads, qk))
-    qcode = qcode.astype(np.int8).reshape(count, kv_heads, group, qk)
+    qcode = qcode.reshape(count, kv_heads, group, qk)
     qscale = qscale.reshape(count, kv_heads, group)
     out = np.empty((count, kv_heads, group, vd), F32)
     row_slots = np.repeat(slots, group, axis=0)  # [count * group, longest]

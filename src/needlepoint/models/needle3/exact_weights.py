@@ -20,7 +20,7 @@ class DeployUnsupportedError(NeedlepointError, ValueError):
     128); `needlepoint.load(path, numerics="float")` runs it."""
 
 
-def exact_slot(archive: CactArchive, slot: Slot) -> list[ExactMatrix]:
+def exact_slot(archive: CactArchive, slot: Slot, threads: int = 1) -> list[ExactMatrix]:
     pieces = []
     for name, first, end in slot.parts:
         record = archive.record(name)
@@ -31,11 +31,14 @@ def exact_slot(archive: CactArchive, slot: Slot) -> list[ExactMatrix]:
             )
         pieces.append((archive.cq(name), first, end))
     try:
-        return exact_matrices(pieces)
+        return exact_matrices(pieces, threads)
     except ExactEngineError as error:
         raise DeployUnsupportedError(f"{slot.key}: {error} (load with numerics='float')") from None
 
 
-def exact_slots(archive: CactArchive, slots: list[Slot]) -> dict[str, list[ExactMatrix]]:
-    """The deploy products of `slots` by key (same keys as the float arena)."""
-    return {slot.key: exact_slot(archive, slot) for slot in slots}
+def exact_slots(
+    archive: CactArchive, slots: list[Slot], threads: int = 1
+) -> dict[str, list[ExactMatrix]]:
+    """The deploy products of `slots` by key (same keys as the float arena); `threads` for
+    the native kernel's large products."""
+    return {slot.key: exact_slot(archive, slot, threads) for slot in slots}

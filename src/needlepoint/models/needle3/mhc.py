@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...kernels.pinned import exp64 as pinned_exp64
 from . import exact_ops
 from .exact_ops import product
 from .fastnum import sigmoid
 from .norms import rms_unit
-from .sinkhorn import sinkhorn_rows
+from .sinkhorn import sinkhorn_pinned, sinkhorn_rows
 from .weights import MhcWeights
 
 F32 = np.float32
@@ -35,7 +34,7 @@ def route(lanes: np.ndarray, mhc: MhcWeights, quantized: bool):
     hpost = gate(mhc.a_post * mixed[:, n : 2 * n] + mhc.b_post + mhc.post_offset)
     hpost *= F32(2.0)
     logits = mhc.a_res * mixed[:, 2 * n :].reshape(rows, n, n) + mhc.b_res
-    hres = sinkhorn_rows(logits, exp64=pinned_exp64 if quantized else None)
+    hres = sinkhorn_pinned(logits) if quantized else sinkhorn_rows(logits)
     if quantized:
         return exact_ops.lane_sum(hpre, lanes), hpost, hres
     u = (hpre[:, None, :] @ lanes)[:, 0]

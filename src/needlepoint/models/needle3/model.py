@@ -10,7 +10,7 @@ with no activation quantisation.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import cached_property
+from functools import cached_property, partial
 from typing import Any
 
 import numpy as np
@@ -45,6 +45,7 @@ class V3Model:
         self.layer_indices = layer_indices
         self.numerics = numerics
         self.quantized = numerics == "deploy"
+        self.threads = 1  # set by from_archive: native threads of the deploy products
         cos, sin = rope_tables(np.arange(config.max_seq_len), config.qk_head_dim,
                                config.rope_theta)
         self.rope_cos, self.rope_sin = cos, sin
@@ -59,6 +60,7 @@ class V3Model:
         layers: int | None = None,
         numerics: str = "deploy",
         cache: bool | None = None,
+        threads: int = 1,
     ) -> V3Model:
         """Prepare the weights of `archive` (the `layers`-deep ladder rung if given), from the
         weight cache when one is valid (`cache=None`: unless NEEDLEPOINT_CACHE=0)."""
@@ -68,9 +70,11 @@ class V3Model:
         depth = full.num_layers if layers is None else int(layers)
         kept = ladder_layer_indices(full.num_layers, depth)
         config = ladder_config(full, kept)
-        products = exact_slots if numerics == "deploy" else None
+        products = partial(exact_slots, threads=threads) if numerics == "deploy" else None
         weights = load_weights(archive, config, kept, cache=cache, products=products)
-        return cls(archive, config, weights, kept, numerics)
+        model = cls(archive, config, weights, kept, numerics)
+        model.threads = threads
+        return model
 
     @cached_property
     def step_plan(self) -> StepPlan:

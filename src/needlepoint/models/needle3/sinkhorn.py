@@ -12,6 +12,8 @@ import math
 
 import numpy as np
 
+from ...kernels import native, pinned
+
 F32 = np.float32
 F64 = np.float64
 maximum_reduce = np.maximum.reduce
@@ -95,3 +97,15 @@ def sinkhorn4(logits: np.ndarray, rounds: int = 20) -> np.ndarray:
         ],
         F32,
     )
+
+
+def sinkhorn_pinned(logits: np.ndarray, rounds: int = 20) -> np.ndarray:
+    """`sinkhorn_rows` with the pinned exp (deploy numerics), by the native kernel when it is
+    built (the same operations: kernels/native `np_sinkhorn`), else in numpy."""
+    lib = native.LIBRARY
+    if lib is not None:
+        z = np.ascontiguousarray(logits, F32)
+        out = np.empty_like(z)
+        if lib.np_sinkhorn(z.ctypes.data, z.shape[0], z.shape[1], rounds, out.ctypes.data) == 0:
+            return out
+    return sinkhorn_rows(logits, rounds, exp64=pinned.exp64)
