@@ -16,7 +16,7 @@ from ..errors import ToolSchemaError
 # No whitespace anywhere: the model was trained on compact JSON only.
 _JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ",", "key_separator": ":",
                  "coerce_one_of": True}  # oneOf as anyOf where llguidance cannot do better
-# Schema keywords whose values are schemas (so `_closed` never rewrites data such as an
+# Schema keywords whose values are schemas (so `closed_schema` never rewrites data such as an
 # `enum`, a `default`, or the name->schema map under `properties`).
 _SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
 _SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
