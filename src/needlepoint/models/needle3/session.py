@@ -15,14 +15,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ...errors import ModelInputError
-from .attention import ChunkFrame, attention
+from .attention import ChunkFrame
+from .block import cell_row, run_block
 from .cache import LayerCache
-from .engram import EngramChunk, engram_gate, new_tail
+from .engram import EngramChunk, new_tail
 from .exact_attention import Int8LayerCache
-from .exact_ops import lane_mean, mix_lanes, product
+from .exact_ops import product
 from .heads import ConfidencePool
-from .mhc import route, scatter
-from .mlp import hadamard_mlp
 from .norms import zc_norm
 from .step import decode_step
 from .weights import rotate
@@ -237,42 +236,19 @@ class V3Session:
             cells[:, 0] = x0
         if head is not None:
             self.pool.update(head, x0[:, None, :], 0)
-        plans = model.step_plan.layers
         for index, (layer, cache) in enumerate(zip(weights.layers, self.caches, strict=True)):
-            u, hpost, hres = route(lanes, layer.mhc, quantized)
-            block = u
-            if layer.engram_site is not None:
-                block = engram_gate(u, *engram.site(layer.engram_site), quantized)
-            attn = attention(cfg, layer, plans[index], block, cache, frame, quantized)
-            # block + gate * ZC(attn), block + MLP(ZC(block)), block - u: in place, same sums
-            attn = zc_norm(attn, layer.post_norm)
-            attn *= layer.attn_gate
-            attn += block
-            block = attn
-            update = hadamard_mlp(zc_norm(block, layer.pre_hada), layer.mlp, weights.hada_p1,
-                                  weights.hada_p2, cfg.hada_n, pinned=quantized)
-            update += block
-            update -= u
-            del block, attn, u
-            if quantized:
-                lanes = mix_lanes(hres, lanes, hpost, update)
-            else:
-                lanes = scatter(lanes, update, hpost, hres)
-            del update
+            site = layer.engram_site
+            site_kv = engram.site(site) if site is not None else None
+            lanes = run_block(model, index, lanes, cache, frame, site_kv)
             if head is not None or cells is not None:
-                # lanes.mean(axis=1), bit for bit, in two cheaper calls
                 row = cells[:, index + 1] if cells is not None else mean
-                if quantized:
-                    row[...] = lane_mean(lanes)
-                else:
-                    np.add.reduce(lanes, axis=1, out=row)
-                    row /= F32(lanes_n)
+                cell_row(lanes, quantized, out=row)
                 if head is not None:
                     self.pool.update(head, row[:, None, :], index + 1)
         self.tokens = np.concatenate([self.tokens, tokens])
         hidden = None
         if want or collect is not None:
-            mean_lanes = lane_mean(lanes) if quantized else lanes.mean(axis=1)
+            mean_lanes = cell_row(lanes, quantized) if quantized else lanes.mean(axis=1)
             hidden = zc_norm(mean_lanes, weights.final_norm)
         logits = None
         if want:

@@ -1,0 +1,72 @@
+"""One transformer block of a chunk of positions (fixture README "Forward pass", step 5): the
+code a single-process session and a pipeline stage (`needlepoint.stages`) both run, so the
+two agree by construction.
+
+`run_block` takes the block's lanes [C, n, d], its own cache (advanced in place) and, at an
+engram site, the site's key and tapped value [C, d] (computed by whoever holds the tokens);
+it returns the new lanes. `cell_row` is the lane mean after a block (the parity-ladder cell
+and the confidence head's input).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from .attention import ChunkFrame, attention
+from .engram import engram_gate
+from .exact_ops import lane_mean, mix_lanes
+from .mhc import route, scatter
+from .mlp import hadamard_mlp
+from .norms import zc_norm
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .model import V3Model
+
+F32 = np.float32
+
+
+def run_block(
+    model: V3Model,
+    index: int,
+    lanes: np.ndarray,
+    cache,
+    frame: ChunkFrame,
+    site_kv: tuple[np.ndarray, np.ndarray] | None,
+) -> np.ndarray:
+    """Lanes after block `index` for the chunk `frame` (README step 5, `B(u)` and mHC)."""
+    cfg, weights, quantized = model.config, model.weights, model.quantized
+    layer = weights.layers[index]
+    u, hpost, hres = route(lanes, layer.mhc, quantized)
+    block = u
+    if site_kv is not None:
+        block = engram_gate(u, site_kv[0], site_kv[1], quantized)
+    attn = attention(cfg, layer, model.step_plan.layers[index], block, cache, frame, quantized)
+    # block + gate * ZC(attn), block + MLP(ZC(block)), block - u: in place, same sums
+    attn = zc_norm(attn, layer.post_norm)
+    attn *= layer.attn_gate
+    attn += block
+    block = attn
+    update = hadamard_mlp(zc_norm(block, layer.pre_hada), layer.mlp, weights.hada_p1,
+                          weights.hada_p2, cfg.hada_n, pinned=quantized)
+    update += block
+    update -= u
+    del block, attn, u
+    if quantized:
+        return mix_lanes(hres, lanes, hpost, update)
+    return scatter(lanes, update, hpost, hres)
+
+
+def cell_row(lanes: np.ndarray, quantized: bool, out: np.ndarray | None = None) -> np.ndarray:
+    """Mean over the lanes [C, n, d] -> [C, d] (deploy: in lane order, `exact_ops.lane_mean`)."""
+    if quantized:
+        if out is None:
+            return lane_mean(lanes)
+        out[...] = lane_mean(lanes)
+        return out
+    if out is None:
+        out = np.empty((lanes.shape[0], lanes.shape[2]), F32)
+    np.add.reduce(lanes, axis=1, out=out)
+    out /= F32(lanes.shape[1])
+    return out
