@@ -67,6 +67,8 @@ def test_every_openai_field_is_declared() -> None:
     ({"messages": [{"role": "user", "content": "hi", "name": "ana"}]}, "messages.0.name"),
     ({"messages": [{"role": "user", "content": "hi", "colour": "red"}]}, "messages.0.colour"),
     ({"tools": [{"type": "custom", "custom": {"name": "x"}}]}, "tools.0"),
+    ({"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]}, "messages.0.content"),
     ({"tools": [{"type": "function", "function": {**WEATHER, "extra": 1}}]},
      "tools.0.function.extra"),
 ])

@@ -43,6 +43,9 @@ class ToolCallIn(_Lenient):
 
 
 class ContentPart(_Lenient):
+    # Other part types (image_url, input_audio, file, ...) carry their own keys: kept, so
+    # that `ChatMessage.text` refuses them by type, with one clear message.
+    model_config = ConfigDict(extra="allow")
     type: str
     text: str | None = None
 
@@ -68,6 +71,9 @@ class ChatMessage(_Lenient):
         for part in self.content:
             if part.type != "text" or part.text is None:
                 raise ValueError(f"unsupported content part type {part.type!r}: text only")
+            if part.model_extra:
+                raise ValueError(f"unsupported key(s) {sorted(part.model_extra)} in a text "
+                                 "content part")
             parts.append(part.text)
         return "".join(parts)
 
