@@ -85,6 +85,20 @@ def rope_tables(
     return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
 
 
+def rope_tables_pinned(
+    positions: np.ndarray, head_dim: int, theta: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """`rope_tables` computed in float64 and rounded once to float32 (deploy numerics,
+    docs/numerics.md): the float64 power/cos/sin of any libm are within an ulp of each other,
+    so the float32 tables agree across machines (numpy's float32 cos/sin take SIMD paths
+    that differ by CPU)."""
+    half = head_dim // 2
+    exponent = np.arange(half, dtype=np.float64) * (2.0 / head_dim)
+    inv_freq = 1.0 / np.power(np.float64(np.float32(theta)), exponent)
+    angles = np.asarray(positions, np.float64)[:, None] * inv_freq[None, :]
+    return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+
+
 def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
     """Rotate-half RoPE on the last axis: `[x1 cos - x2 sin, x2 cos + x1 sin]`.
 

@@ -18,7 +18,7 @@ import numpy as np
 from ...errors import ModelInputError
 from ...formats.cact import CactArchive
 from ...formats.needle3_geometry import V3Config
-from ..ops import rope_tables
+from ..ops import rope_tables, rope_tables_pinned
 from .exact_weights import exact_slots
 from .ladder import ladder_config, ladder_layer_indices
 from .session import CHUNK, Trace, V3Session
@@ -46,8 +46,8 @@ class V3Model:
         self.numerics = numerics
         self.quantized = numerics == "deploy"
         self.threads = 1  # set by from_archive: native threads of the deploy products
-        cos, sin = rope_tables(np.arange(config.max_seq_len), config.qk_head_dim,
-                               config.rope_theta)
+        tables = rope_tables_pinned if self.quantized else rope_tables
+        cos, sin = tables(np.arange(config.max_seq_len), config.qk_head_dim, config.rope_theta)
         self.rope_cos, self.rope_sin = cos, sin
         for array in (cos, sin):
             array.setflags(write=False)
