@@ -116,3 +116,40 @@ def test_other_machine_settings_give_the_same_bits(tmp_path):
     subprocess.run([sys.executable, "-c", script], check=True, env=env, cwd=REPO_ROOT,
                    timeout=120)
     np.testing.assert_array_equal(np.load(out), expected)
+
+
+@pytest.mark.parametrize("name", ["tiny", "small"])
+def test_batched_sessions_get_the_bits_they_get_alone(name):
+    """`model.run_batch`: chunks of several sessions stacked into one pass (the products read
+    the weights once); each session's logits equal the same work done alone, through prefill,
+    mixed lengths, decode steps and an all-logits extend."""
+    net = model(name)
+    arrays = get_fixture("needle3", name).arrays
+    prompts = [arrays[f"p{i}_tokens"] for i in (1, 2, 3, 4)]
+    alone = []
+    for ids in prompts:
+        session = net.session(chunk=32)
+        first = session.prefill(ids)
+        steps = [session.step(int(t)) for t in (5, 9, 11)]
+        alone.append((first, steps, session.extend([20, 21, 22])))
+    sessions = [net.session(chunk=32) for _ in prompts]
+    firsts = net.run_batch([(s, ids, False) for s, ids in zip(sessions, prompts, strict=True)])
+    for (first, _, _), got in zip(alone, firsts, strict=True):
+        np.testing.assert_array_equal(got, first)
+    for step_index, token in enumerate((5, 9, 11)):
+        got = net.run_batch([(s, [token], False) for s in sessions])
+        for (_, steps, _), row in zip(alone, got, strict=True):
+            np.testing.assert_array_equal(row, steps[step_index])
+    got = net.run_batch([(s, [20, 21, 22], True) for s in sessions])
+    for (_, _, extended), rows in zip(alone, got, strict=True):
+        np.testing.assert_array_equal(rows, extended)
+
+
+def test_extend_equals_stepping_one_by_one():
+    net = model("tiny")
+    ids = _prompt("tiny")
+    stepped = _stepped(net, ids, kv_window=net.config.kv_window)
+    session = net.session(kv_window=net.config.kv_window)
+    session.prefill(ids[:100])
+    np.testing.assert_array_equal(session.extend(ids[100:190]), stepped[100:190])
+    np.testing.assert_array_equal(session.extend(ids[190:]), stepped[190:])

@@ -161,8 +161,10 @@ def attention(
     heads, kv_heads, qk, vd = cfg.num_heads, cfg.num_kv_heads, cfg.qk_head_dim, cfg.v_head_dim
     k_end = (heads + kv_heads) * qk
     v_end = k_end + kv_heads * vd
+    if quantized:  # one code path for one sequence and for a stack of them
+        return attention_parts(cfg, layer, plan, u, [(slice(None), cache, frame)], quantized)
     h = zc_norm(u, layer.norm_in)
-    fused = product(h, layer.qkvg)  # deploy: the exact A8 product (exact_ops)
+    fused = h @ layer.qkvg
     raw = _conv(fused[:, :v_end], layer.qkv_taps, cache)
     # ZC(q_norm) / ZC(k_norm) of every head row at once, then rotate-half RoPE as
     # `x cos2 + swap(x) sin2` (x1 cos - x2 sin == x1 cos + x2 (-sin) exactly)
@@ -175,14 +177,50 @@ def attention(
     swapped *= frame.sin
     rows += swapped
     values = raw[:, k_end:v_end].reshape(count, kv_heads, vd)
-    if quantized:  # int8 q, K and V (exact_attention), then the gate, A8 inside out_proj
-        out = attend_chunk(rows[:, :heads], rows[:, heads:], values, cache, frame.start)
-        gate = exact_ops.sigmoid(fused[:, v_end:])
-        gate *= out.reshape(count, heads * vd)
-        return product(gate, layer.out_proj)
     keys, stored, first = _context(cache, frame.start, rows[:, heads:], values)
     out = attend(rows[:, :heads], keys, stored, frame, first, cache.window)
     gate = sigmoid(fused[:, v_end:])  # [C, H*v], then times the attention in place
     gate4 = gate.reshape(count, kv_heads, heads // kv_heads, vd)
     np.multiply(out.reshape(kv_heads, count, -1, vd).transpose(1, 0, 2, 3), gate4, out=gate4)
     return gate @ layer.out_proj
+
+
+def attention_parts(
+    cfg: V3Config,
+    layer: LayerWeights,
+    plan: LayerPlan,
+    u: np.ndarray,
+    parts: list[tuple[slice, object, ChunkFrame]],
+    quantized: bool,
+) -> np.ndarray:
+    """`attention` of a stack of chunks from several sequences: `parts` are (rows of u, that
+    sequence's cache, its frame). In deploy numerics the products run once over all rows
+    (the weights are read once; every row's result is its own, exact) and each sequence
+    attends its own cache; float numerics run `attention` per part."""
+    if not quantized:
+        if len(parts) == 1:
+            return attention(cfg, layer, plan, u, parts[0][1], parts[0][2], quantized)
+        return np.concatenate([attention(cfg, layer, plan, u[rows], cache, frame, quantized)
+                               for rows, cache, frame in parts])
+    heads, kv_heads, qk, vd = cfg.num_heads, cfg.num_kv_heads, cfg.qk_head_dim, cfg.v_head_dim
+    k_end = (heads + kv_heads) * qk
+    v_end = k_end + kv_heads * vd
+    fused = product(zc_norm(u, layer.norm_in), layer.qkvg)  # the exact A8 product
+    gate = exact_ops.sigmoid(fused[:, v_end:])
+    half = qk // 2
+    for rows, cache, frame in parts:
+        raw = _conv(fused[rows, :v_end], layer.qkv_taps, cache)
+        count = raw.shape[0]
+        # ZC(q_norm) / ZC(k_norm) per head row, then rotate-half RoPE (`attention`)
+        heads_rows = zc_norm(raw[:, :k_end].reshape(count, heads + kv_heads, qk), plan.qk_scale)
+        swapped = np.empty_like(heads_rows)
+        swapped[..., :half] = heads_rows[..., half:]
+        swapped[..., half:] = heads_rows[..., :half]
+        heads_rows *= frame.cos
+        swapped *= frame.sin
+        heads_rows += swapped
+        values = raw[:, k_end:v_end].reshape(count, kv_heads, vd)
+        out = attend_chunk(heads_rows[:, :heads], heads_rows[:, heads:], values, cache,
+                           frame.start)
+        gate[rows] *= out.reshape(count, heads * vd)
+    return product(gate, layer.out_proj)

@@ -2,9 +2,9 @@
 code a single-process session and a pipeline stage (`needlepoint.stages`) both run, so the
 two agree by construction.
 
-`run_block` takes the block's lanes [C, n, d], its own cache (advanced in place) and, at an
-engram site, the site's key and tapped value [C, d] (computed by whoever holds the tokens);
-it returns the new lanes. `cell_row` is the lane mean after a block (the parity-ladder cell
+`run_block` takes the block's lanes, the cache of each sequence in them (advanced in place)
+and, at an engram site, the site's key and tapped value (computed by whoever holds the
+tokens); it returns the new lanes. `cell_row` is the lane mean after a block (the parity-ladder cell
 and the confidence head's input).
 """
 
@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .attention import ChunkFrame, attention
+from .attention import ChunkFrame, attention_parts
 from .engram import engram_gate
 from .exact_ops import lane_mean, mix_lanes
 from .mhc import route, scatter
@@ -31,18 +31,19 @@ def run_block(
     model: V3Model,
     index: int,
     lanes: np.ndarray,
-    cache,
-    frame: ChunkFrame,
+    parts: list[tuple[slice, object, ChunkFrame]],
     site_kv: tuple[np.ndarray, np.ndarray] | None,
 ) -> np.ndarray:
-    """Lanes after block `index` for the chunk `frame` (README step 5, `B(u)` and mHC)."""
+    """Lanes after block `index` (README step 5, `B(u)` and mHC) for lanes [R, n, d]: the rows
+    of one or several sequences' chunks, `parts` = (their rows, that sequence's cache of this
+    block, its ChunkFrame). `site_kv`: the engram site's key and tapped value for every row."""
     cfg, weights, quantized = model.config, model.weights, model.quantized
     layer = weights.layers[index]
     u, hpost, hres = route(lanes, layer.mhc, quantized)
     block = u
     if site_kv is not None:
         block = engram_gate(u, site_kv[0], site_kv[1], quantized)
-    attn = attention(cfg, layer, model.step_plan.layers[index], block, cache, frame, quantized)
+    attn = attention_parts(cfg, layer, model.step_plan.layers[index], block, parts, quantized)
     # block + gate * ZC(attn), block + MLP(ZC(block)), block - u: in place, same sums
     attn = zc_norm(attn, layer.post_norm)
     attn *= layer.attn_gate

@@ -19,6 +19,7 @@ from ...errors import ModelInputError
 from ...formats.cact import CactArchive
 from ...formats.needle3_geometry import V3Config
 from ..ops import rope_tables, rope_tables_pinned
+from .batch import run_batch
 from .exact_weights import exact_slots
 from .ladder import ladder_config, ladder_layer_indices
 from .session import CHUNK, Trace, V3Session
@@ -125,6 +126,13 @@ class V3Model:
         to the archive's kv window (ring buffers), as the shipped engine does; `chunk` is the
         prefill chunk size (deploy numerics give the same bits for every chunk size)."""
         return V3Session(self, kv_window=kv_window, trace=trace, chunk=chunk)
+
+    def run_batch(self, requests: Sequence[tuple[V3Session, Sequence[int] | np.ndarray, bool]]):
+        """Continuous batching: per request (session, ids, all_logits), append ids to that
+        session and return its logits ([len(ids), vocab] if all_logits, else the last row),
+        all sessions' chunks in one stacked pass per round (`batch.run_batch`); in deploy
+        numerics each request's logits are the same bits as running it alone."""
+        return run_batch(self, requests)
 
     def forward(
         self, ids: Sequence[int] | np.ndarray, *, trace: Trace | None = None

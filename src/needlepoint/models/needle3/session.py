@@ -16,6 +16,7 @@ import numpy as np
 
 from ...errors import ModelInputError
 from .attention import ChunkFrame
+from .batch import chunk_pass
 from .block import cell_row, run_block
 from .cache import LayerCache
 from .engram import EngramChunk, new_tail
@@ -165,6 +166,11 @@ class V3Session:
         """Consume one token; returns the logits [vocab_out] for the next position."""
         return self._run([token_id], "last", trace)[-1]
 
+    def extend(self, ids: Sequence[int] | np.ndarray) -> np.ndarray:
+        """Consume `ids`; returns the logits [len(ids), vocab_out] after each of them (a
+        multi-position step: in deploy numerics bit-identical to stepping them one by one)."""
+        return self._run(ids, "all", None)
+
     def confidence_logit(self) -> float | None:
         """Confidence-head logit over every token consumed so far (None without the head).
 
@@ -217,6 +223,8 @@ class V3Session:
 
     def _chunk(self, tokens: np.ndarray, want, collect: _Collector | None) -> np.ndarray | None:
         model = self.model
+        if model.quantized and collect is None:  # the batched pass, with one sequence in it
+            return chunk_pass(model, [(0, self, tokens, want or "none")])[0]
         cfg, weights, quantized = model.config, model.weights, model.quantized
         start, count = self.position, len(tokens)
         d, lanes_n = cfg.d_model, cfg.mhc_lanes
@@ -239,7 +247,7 @@ class V3Session:
         for index, (layer, cache) in enumerate(zip(weights.layers, self.caches, strict=True)):
             site = layer.engram_site
             site_kv = engram.site(site) if site is not None else None
-            lanes = run_block(model, index, lanes, cache, frame, site_kv)
+            lanes = run_block(model, index, lanes, [(slice(None), cache, frame)], site_kv)
             if head is not None or cells is not None:
                 row = cells[:, index + 1] if cells is not None else mean
                 cell_row(lanes, quantized, out=row)
