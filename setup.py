@@ -19,4 +19,16 @@ NATIVE = Extension(
     optional=True,
 )
 
-setup(ext_modules=[NATIVE])
+# The block-scaled int8 kernels of the transformer models' int8 numerics (kernels/i8.py is
+# their numpy reference): a second optional extension, same exactness flags.
+I8 = Extension(
+    "needlepoint.kernels.i8native._np_i8",
+    sources=["src/needlepoint/kernels/i8native/np_i8.c"],
+    depends=["src/needlepoint/kernels/i8native/np_i8_body.h"],
+    define_macros=[("I8_PYTHON_MODULE", "1")],
+    extra_compile_args=["-O3", "-ffp-contract=off", "-fno-fast-math", "-fno-math-errno"],
+    libraries=["m", "pthread"],
+    optional=True,
+)
+
+setup(ext_modules=[NATIVE, I8])

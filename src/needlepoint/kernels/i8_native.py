@@ -1,0 +1,67 @@
+"""The native int8 kernels (`i8native/np_i8.c`), loaded with ctypes.
+
+The C file is built by setup.py (`pip install -e .`) as its own optional extension module
+(`needlepoint.kernels.i8native._np_i8`). `LIBRARY` is the loaded library, or None when the
+build is missing or disabled with `NEEDLEPOINT_NATIVE=0`; `kernels.i8` then runs its numpy
+reference, which computes the same bits (one warning says so).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.machinery
+import os
+import warnings
+from pathlib import Path
+
+ABI_VERSION = 1
+FOLDER = Path(__file__).resolve().parent / "i8native"
+
+
+def _signatures(lib: ctypes.CDLL) -> None:
+    p, i64, i32, f64 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_double
+    lib.i8_abi_version.restype = i32
+    lib.i8_simd_variant.restype = i32
+    lib.i8_force_variant.argtypes = [i32]
+    lib.i8_force_variant.restype = i32
+    lib.i8_quantize.argtypes = [p, i64, i64, i64, p, p, p]
+    lib.i8_quantize.restype = i32
+    lib.i8_norm.argtypes = [p, i64, i64, p, p, f64, i32, p]
+    lib.i8_norm.restype = i32
+    lib.i8_matmul.argtypes = [p, p, p, i64, i64, i32, p, p, p, i64, i64, p, p, i64, i32]
+    lib.i8_matmul.restype = i32
+
+
+def load_library() -> tuple[ctypes.CDLL | None, str]:
+    """(library, why not) for the built int8 kernels."""
+    if os.environ.get("NEEDLEPOINT_NATIVE", "1") == "0":
+        return None, "disabled by NEEDLEPOINT_NATIVE=0"
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        path = FOLDER / f"_np_i8{suffix}"
+        if path.exists():
+            try:
+                lib = ctypes.CDLL(str(path))
+                _signatures(lib)
+            except (OSError, AttributeError) as error:
+                return None, f"could not load {path.name}: {error}"
+            if lib.i8_abi_version() != ABI_VERSION:
+                return None, f"{path.name} is from another version (reinstall: pip install -e .)"
+            return lib, ""
+    return None, "the extension was not built (no C compiler at install time?)"
+
+
+LIBRARY, UNAVAILABLE_REASON = load_library()
+if LIBRARY is None and not UNAVAILABLE_REASON.startswith("disabled"):
+    warnings.warn(
+        f"needlepoint: native int8 kernels unavailable ({UNAVAILABLE_REASON}); using the numpy "
+        "reference kernels (same results, slower)",
+        RuntimeWarning,
+        stacklevel=2,
+    )
+
+
+def simd_variant() -> str:
+    """Which compiled variant runs: "avx2", "baseline", or "none" (numpy reference)."""
+    if LIBRARY is None:
+        return "none"
+    return "avx2" if LIBRARY.i8_simd_variant() else "baseline"

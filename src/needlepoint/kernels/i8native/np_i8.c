@@ -1,0 +1,159 @@
+/* needlepoint's block-scaled int8 kernels (kernels/i8.py is the contract and the numpy
+ * reference of every function here; both compute the same bits).
+ *
+ * Built by setup.py as its own optional extension and called through ctypes (kernels/
+ * i8_native.py; ctypes releases the GIL during each call). Compiled with -ffp-contract=off:
+ * every float operation is one IEEE operation. Each kernel is compiled twice from
+ * np_i8_body.h (AVX2, and baseline x86-64 / any other CPU); the first call picks the variant
+ * by CPU features (NEEDLEPOINT_I8_VARIANT=0 forces the baseline). The variants differ only in
+ * how the exact integer dots are formed, so they give the same bits.
+ */
+#include <math.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define I8_OK 0
+#define I8_NONFINITE 1
+#define I8_NOMEM 2
+#define I8_BADARG 3
+#define I8_MAX_THREADS 16
+
+#if defined(__GNUC__) && defined(__x86_64__) && !defined(I8_BASELINE_ONLY)
+#define I8_HAVE_AVX2 1
+#define I8_NAME(name) name##_avx2
+#define I8_SIMD_AVX2 1
+#pragma GCC push_options
+#pragma GCC target("avx2")
+#include <immintrin.h>
+#include "np_i8_body.h"
+#pragma GCC pop_options
+#undef I8_SIMD_AVX2
+#undef I8_NAME
+#endif
+
+#define I8_NAME(name) name##_base
+#include "np_i8_body.h"
+#undef I8_NAME
+
+static int i8_variant = -1; /* 0 baseline, 1 AVX2 */
+
+static int i8_pick(void) {
+    if (i8_variant < 0) {
+        int v = 0;
+#ifdef I8_HAVE_AVX2
+        __builtin_cpu_init();
+        if (__builtin_cpu_supports("avx2")) v = 1;
+#endif
+        const char *force = getenv("NEEDLEPOINT_I8_VARIANT");
+        if (force && force[0] == '0') v = 0;
+        i8_variant = v;
+    }
+    return i8_variant;
+}
+
+#ifdef I8_HAVE_AVX2
+#define I8_DISPATCH(name, ...) (i8_pick() ? name##_avx2(__VA_ARGS__) : name##_base(__VA_ARGS__))
+#else
+#define I8_DISPATCH(name, ...) name##_base(__VA_ARGS__)
+#endif
+
+int i8_abi_version(void) { return 1; }
+
+/* 1 when the AVX2 variant runs, 0 for the baseline one. */
+int i8_simd_variant(void) { return i8_pick(); }
+
+/* Run the baseline (0) or, where the CPU has it, the AVX2 variant (1) from now on (tests);
+ * returns the variant that runs. */
+int i8_force_variant(int v) {
+    i8_pick();
+#ifdef I8_HAVE_AVX2
+    if (v == 0 || __builtin_cpu_supports("avx2")) i8_variant = v ? 1 : 0;
+#else
+    (void)v;
+#endif
+    return i8_variant;
+}
+
+int i8_quantize(const float *x, int64_t T, int64_t K, int64_t k_pad, int8_t *codes,
+                float *scale, int32_t *sums) {
+    if (k_pad % 32 || K > k_pad) return I8_BADARG;
+    return I8_DISPATCH(i8_quantize, x, T, K, k_pad, codes, scale, sums);
+}
+
+int i8_norm(const float *x, int64_t T, int64_t d, const float *w, const float *bias,
+            double eps, int center, float *out) {
+    return I8_DISPATCH(i8_norm, x, T, d, w, bias, eps, center, out);
+}
+
+typedef struct {
+    const int8_t *codes;
+    const float *xscale;
+    const int32_t *xsums;
+    int64_t T, nb;
+    int bits;
+    const uint8_t *wdata;
+    const float *wscale, *woffset;
+    int64_t g_first, g_last, n_out;
+    const float *bias;
+    float *out;
+    int64_t out_stride;
+} i8_job;
+
+static void i8_run(const i8_job *j) {
+    I8_DISPATCH(i8_matmul_groups, j->codes, j->xscale, j->xsums, j->T, j->nb, j->bits, j->wdata,
+                j->wscale, j->woffset, j->g_first, j->g_last, j->n_out, j->bias, j->out,
+                j->out_stride);
+}
+
+static void *i8_worker(void *arg) {
+    i8_run((const i8_job *)arg);
+    return NULL;
+}
+
+/* y [T, n_out] (row stride out_stride) of quantised rows times a packed weight of `groups`
+ * groups of 8 outputs. The groups are split between `threads` POSIX threads started for
+ * this call and joined before it returns (no pool); each output is computed whole by one
+ * thread, so the bits do not depend on the thread count. Products under about a million
+ * multiply-adds stay on the calling thread. */
+int i8_matmul(const int8_t *codes, const float *xscale, const int32_t *xsums, int64_t T,
+              int64_t nb, int bits, const uint8_t *wdata, const float *wscale,
+              const float *woffset, int64_t groups, int64_t n_out, const float *bias,
+              float *out, int64_t out_stride, int threads) {
+    if ((bits != 8 && bits != 4) || n_out > groups * 8) return I8_BADARG;
+    if (threads > I8_MAX_THREADS) threads = I8_MAX_THREADS;
+    if (threads > groups) threads = (int)groups;
+    if (T * groups * 8 * nb * 32 < (1 << 20)) threads = 1;
+    i8_job jobs[I8_MAX_THREADS];
+    pthread_t ids[I8_MAX_THREADS];
+    int started[I8_MAX_THREADS] = {0};
+    if (threads < 1) threads = 1;
+    for (int i = 0; i < threads; i++) {
+        i8_job job = {codes, xscale, xsums, T, nb, bits, wdata, wscale, woffset,
+                      groups * i / threads, groups * (i + 1) / threads, n_out, bias, out,
+                      out_stride};
+        jobs[i] = job;
+    }
+    for (int i = 1; i < threads; i++)
+        started[i] = pthread_create(&ids[i], NULL, i8_worker, &jobs[i]) == 0;
+    i8_run(&jobs[0]);
+    for (int i = 1; i < threads; i++) {
+        if (started[i])
+            pthread_join(ids[i], NULL);
+        else
+            i8_run(&jobs[i]); /* could not start a thread: do its share here */
+    }
+    return I8_OK;
+}
+
+/* A module entry point so setup.py can build the file as an extension module;
+ * kernels/i8_native.py loads the same file with ctypes. */
+#ifdef I8_PYTHON_MODULE
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+static struct PyModuleDef i8_module = {PyModuleDef_HEAD_INIT, "_np_i8",
+                                       "needlepoint's int8 kernels (used through ctypes)", -1,
+                                       NULL, NULL, NULL, NULL, NULL};
+PyMODINIT_FUNC PyInit__np_i8(void) { return PyModule_Create(&i8_module); }
+#endif

@@ -1,0 +1,235 @@
+/* The kernels of np_i8.c, included once per instruction-set variant (I8_NAME appends the
+ * variant's suffix). kernels/i8.py and kernels/i8_ops.py hold the numpy reference of each
+ * function; both give the same bits. No float operation here is fused or reordered
+ * (-ffp-contract=off): integer sums are exact in any order, float sums run in the documented
+ * order in both variants. */
+
+/* -- activation quantiser --------------------------------------------------------------- */
+/* Row t of x [T, K] -> codes [T, k_pad] int8, per 32-block b: s = max|x| / 127 (1 if the
+ * block is all zero), q = clip(rint(x / s), -127, 127), sums = sum q. */
+static int I8_NAME(i8_quantize)(const float *x, int64_t T, int64_t K, int64_t k_pad,
+                                int8_t *codes, float *scale, int32_t *sums) {
+    int64_t nb = k_pad / 32;
+    for (int64_t t = 0; t < T; t++) {
+        const float *row = x + t * K;
+        for (int64_t b = 0; b < nb; b++) {
+            int64_t k0 = b * 32;
+            int64_t n = K - k0 < 32 ? (K - k0 > 0 ? K - k0 : 0) : 32;
+            float v[32];
+            float peak = 0.0f;
+            int finite = 1;
+            for (int i = 0; i < 32; i++) {
+                v[i] = i < n ? row[k0 + i] : 0.0f;
+                float a = fabsf(v[i]);
+                if (!(a <= 3.4028234663852886e38f)) finite = 0;
+                if (a > peak) peak = a;
+            }
+            if (!finite) return I8_NONFINITE;
+            float s = peak > 0.0f ? peak / 127.0f : 1.0f;
+            int8_t *out = codes + t * k_pad + k0;
+            int32_t total = 0;
+#if defined(I8_SIMD_AVX2)
+            __m256 sv = _mm256_set1_ps(s), hi = _mm256_set1_ps(127.0f), lo = _mm256_set1_ps(-127.0f);
+            int32_t qi[32];
+            for (int i = 0; i < 32; i += 8) {
+                __m256 q = _mm256_div_ps(_mm256_loadu_ps(v + i), sv);
+                q = _mm256_round_ps(q, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+                q = _mm256_min_ps(_mm256_max_ps(q, lo), hi);
+                _mm256_storeu_si256((__m256i *)(qi + i), _mm256_cvtps_epi32(q));
+            }
+            for (int i = 0; i < 32; i++) {
+                out[i] = (int8_t)qi[i];
+                total += qi[i];
+            }
+#else
+            for (int i = 0; i < 32; i++) {
+                float q = nearbyintf(v[i] / s);
+                if (q > 127.0f) q = 127.0f;
+                if (q < -127.0f) q = -127.0f;
+                out[i] = (int8_t)q;
+                total += (int32_t)q;
+            }
+#endif
+            scale[t * nb + b] = s;
+            sums[t * nb + b] = total;
+        }
+    }
+    return I8_OK;
+}
+
+/* -- the product -------------------------------------------------------------------------- */
+/* Rows t0 .. t0+R-1 against one group of 8 outputs: exact int32 block dots, then the pinned
+ * float64 epilogue over the blocks in order (kernels/i8.py module doc). */
+static inline void I8_NAME(i8_group)(const int8_t *codes, const float *xscale,
+                                     const int32_t *xsums, int64_t t0, int R, int64_t nb,
+                                     int bits, const uint8_t *wg, const float *sg,
+                                     const float *mg, double acc[4][8]) {
+    int64_t k_pad = nb * 32;
+    for (int r = 0; r < R; r++)
+        for (int j = 0; j < 8; j++) acc[r][j] = 0.0;
+    for (int64_t b = 0; b < nb; b++) {
+        int32_t dot[4][8];
+#if defined(I8_SIMD_AVX2)
+        __m256i iacc[4];
+        const __m256i ones = _mm256_set1_epi16(1);
+        for (int r = 0; r < R; r++) iacc[r] = _mm256_setzero_si256();
+        if (bits == 8) {
+            const uint8_t *wb = wg + b * 256;
+            for (int q = 0; q < 8; q++) {
+                __m256i w = _mm256_loadu_si256((const __m256i *)(wb + q * 32));
+                for (int r = 0; r < R; r++) {
+                    int32_t four;
+                    memcpy(&four, codes + (t0 + r) * k_pad + b * 32 + 4 * q, 4);
+                    __m256i xv = _mm256_set1_epi32(four);
+                    __m256i p = _mm256_maddubs_epi16(_mm256_abs_epi8(xv), _mm256_sign_epi8(w, xv));
+                    iacc[r] = _mm256_add_epi32(iacc[r], _mm256_madd_epi16(p, ones));
+                }
+            }
+        } else {
+            const uint8_t *wb = wg + b * 128;
+            const __m256i mask = _mm256_set1_epi8(0x0F);
+            for (int q = 0; q < 4; q++) {
+                __m256i packed = _mm256_loadu_si256((const __m256i *)(wb + q * 32));
+                __m256i wlo = _mm256_and_si256(packed, mask);
+                __m256i whi = _mm256_and_si256(_mm256_srli_epi16(packed, 4), mask);
+                for (int r = 0; r < R; r++) {
+                    int32_t four_lo, four_hi;
+                    const int8_t *xr = codes + (t0 + r) * k_pad + b * 32;
+                    memcpy(&four_lo, xr + 4 * q, 4);
+                    memcpy(&four_hi, xr + 4 * q + 16, 4);
+                    __m256i p0 = _mm256_maddubs_epi16(wlo, _mm256_set1_epi32(four_lo));
+                    __m256i p1 = _mm256_maddubs_epi16(whi, _mm256_set1_epi32(four_hi));
+                    __m256i s = _mm256_add_epi32(_mm256_madd_epi16(p0, ones),
+                                                 _mm256_madd_epi16(p1, ones));
+                    iacc[r] = _mm256_add_epi32(iacc[r], s);
+                }
+            }
+        }
+        for (int r = 0; r < R; r++) _mm256_storeu_si256((__m256i *)dot[r], iacc[r]);
+#else
+        for (int r = 0; r < R; r++) {
+            const int8_t *xr = codes + (t0 + r) * k_pad + b * 32;
+            for (int j = 0; j < 8; j++) {
+                int32_t d = 0;
+                for (int q = 0; q < 8; q++)
+                    for (int i = 0; i < 4; i++) {
+                        int32_t w;
+                        if (bits == 8) {
+                            w = (int8_t)wg[b * 256 + q * 32 + j * 4 + i];
+                        } else {
+                            uint8_t byte = wg[b * 128 + (q & 3) * 32 + j * 4 + i];
+                            w = q < 4 ? (byte & 0x0F) : (byte >> 4);
+                        }
+                        d += w * (int32_t)xr[4 * q + i];
+                    }
+                dot[r][j] = d;
+            }
+        }
+#endif
+        const float *sb = sg + b * 8;
+        const float *mb = mg ? mg + b * 8 : NULL;
+        for (int r = 0; r < R; r++) {
+            double xs = (double)xscale[(t0 + r) * nb + b];
+            double ss = (double)xsums[(t0 + r) * nb + b];
+            for (int j = 0; j < 8; j++) {
+                double inner = (double)sb[j] * (double)dot[r][j];
+                if (mb) {
+                    double off = (double)mb[j] * ss;
+                    inner = inner + off;
+                }
+                double term = inner * xs;
+                acc[r][j] = acc[r][j] + term;
+            }
+        }
+    }
+}
+
+/* out[t, n] for groups g_first .. g_last-1 (outputs n < n_out), every row. */
+static void I8_NAME(i8_matmul_groups)(const int8_t *codes, const float *xscale,
+                                      const int32_t *xsums, int64_t T, int64_t nb, int bits,
+                                      const uint8_t *wdata, const float *wscale,
+                                      const float *woffset, int64_t g_first, int64_t g_last,
+                                      int64_t n_out, const float *bias, float *out,
+                                      int64_t out_stride) {
+    int64_t group_bytes = nb * (bits == 8 ? 256 : 128);
+    for (int64_t g = g_first; g < g_last; g++) {
+        const uint8_t *wg = wdata + g * group_bytes;
+        const float *sg = wscale + g * nb * 8;
+        const float *mg = woffset ? woffset + g * nb * 8 : NULL;
+        for (int64_t t0 = 0; t0 < T; t0 += 4) {
+            int R = T - t0 < 4 ? (int)(T - t0) : 4;
+            double acc[4][8];
+            switch (R) {  /* constant R: each case is unrolled on its own */
+            case 4:
+                I8_NAME(i8_group)(codes, xscale, xsums, t0, 4, nb, bits, wg, sg, mg, acc);
+                break;
+            case 3:
+                I8_NAME(i8_group)(codes, xscale, xsums, t0, 3, nb, bits, wg, sg, mg, acc);
+                break;
+            case 2:
+                I8_NAME(i8_group)(codes, xscale, xsums, t0, 2, nb, bits, wg, sg, mg, acc);
+                break;
+            default:
+                I8_NAME(i8_group)(codes, xscale, xsums, t0, 1, nb, bits, wg, sg, mg, acc);
+            }
+            for (int r = 0; r < R; r++) {
+                float *o = out + (t0 + r) * out_stride;
+                for (int j = 0; j < 8; j++) {
+                    int64_t n = g * 8 + j;
+                    if (n >= n_out) break;
+                    float y = (float)acc[r][j];
+                    if (bias) y = y + bias[n];
+                    o[n] = y;
+                }
+            }
+        }
+    }
+}
+
+/* -- pinned norms ------------------------------------------------------------------------- */
+/* The halving tree of kernels/i8_ops.py: v zero-padded to a power of two P, then
+ * v[i] = v[i] + v[i + P/2] for P/2, P/4, ..., 1; returns v[0]. */
+static double I8_NAME(i8_tree)(double *v, int64_t n, int64_t p) {
+    for (int64_t i = n; i < p; i++) v[i] = 0.0;
+    while (p > 1) {
+        p >>= 1;
+        for (int64_t i = 0; i < p; i++) v[i] = v[i] + v[i + p];
+    }
+    return v[0];
+}
+
+/* RMSNorm (bias NULL, center 0) or LayerNorm (center 1) of each row of x [T, d]:
+ * rms:   ss = tree(x*x), inv = 1 / sqrt(ss / d + eps), y = f32((x * inv) * w)
+ * layer: m = tree(x) / d, c = x - m, var = tree(c*c) / d, inv = 1 / sqrt(var + eps),
+ *        y = f32(((c * inv) * w) + b); all in float64. */
+static int I8_NAME(i8_norm)(const float *x, int64_t T, int64_t d, const float *w,
+                            const float *bias, double eps, int center, float *out) {
+    int64_t p = 1;
+    while (p < d) p <<= 1;
+    double *buf = (double *)malloc(sizeof(double) * (size_t)(2 * p));
+    if (!buf) return I8_NOMEM;
+    double *c = buf + p;
+    for (int64_t t = 0; t < T; t++) {
+        const float *row = x + t * d;
+        double mean = 0.0;
+        if (center) {
+            for (int64_t k = 0; k < d; k++) buf[k] = (double)row[k];
+            mean = I8_NAME(i8_tree)(buf, d, p) / (double)d;
+        }
+        for (int64_t k = 0; k < d; k++) {
+            c[k] = center ? (double)row[k] - mean : (double)row[k];
+            buf[k] = c[k] * c[k];
+        }
+        double var = I8_NAME(i8_tree)(buf, d, p) / (double)d;
+        double inv = 1.0 / sqrt(var + eps);
+        float *o = out + t * d;
+        for (int64_t k = 0; k < d; k++) {
+            double y = c[k] * inv;
+            y = y * (double)w[k];
+            if (bias) y = y + (double)bias[k];
+            o[k] = (float)y;
+        }
+    }
+    free(buf);
+    return I8_OK;
+}
