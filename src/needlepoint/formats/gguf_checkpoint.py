@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import CheckpointError, MissingTensorError, UnsupportedArchitectureError
-from .gguf_quants import dequantize
+from .gguf_quants import dequantize, integer_blocks
 from .hf_tokenizer import HFTokenizer
 
 _LLAMA_LAYER = {
@@ -226,6 +226,21 @@ class GGUFCheckpoint:
             heads = int(self._arch(key, self._arch("attention.head_count")))
             values = unpermute_rope_rows(values, heads)
         return values
+
+    def blocks(self, name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray | None] | None:
+        """A 2-D tensor's stored integer blocks (`gguf_quants.integer_blocks`) in the stored
+        `[out, in]` orientation, blocks of 32 along `in` (q/k rows un-permuted, as `tensor`);
+        None when its type is not one of the integer block types."""
+        tensor, transform = self._entry(name)
+        stored = tuple(int(n) for n in reversed(tensor.shape.tolist()))
+        if len(stored) != 2:
+            return None
+        found = integer_blocks(tensor.data, tensor.tensor_type.name, *stored)
+        if found is None or transform not in ("attn_q", "attn_k"):
+            return found
+        key = "attention.head_count" if transform == "attn_q" else "attention.head_count_kv"
+        heads = int(self._arch(key, self._arch("attention.head_count")))
+        return tuple(None if a is None else unpermute_rope_rows(a, heads) for a in found)
 
     @cached_property
     def tokenizer(self) -> HFTokenizer:

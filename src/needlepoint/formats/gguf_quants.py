@@ -16,6 +16,11 @@ its low nibble and value j+16 in its high nibble):
 (bit j of `qh` is the fifth bit of value j.) Any other ggml type goes through the `gguf`
 package's own numpy decoders (`gguf.quants.dequantize`: the K-quants, IQ types, ...); a type it
 cannot decode either is an `UnsupportedTensorTypeError` naming the tensor.
+
+`integer_blocks` gives the same five block types as integers instead (the int8 numerics run
+them as stored): codes, one float32 scale per block and an optional offset, with
+`value = scale * code + offset` per block of 32 (Q8_0: `d * q`; Q4_0: `d * q - 8 d`; Q4_1:
+`d * q + m`; Q5_0: `d * q5 - 16 d`; Q5_1: `d * q5 + m`).
 """
 
 from __future__ import annotations
@@ -74,6 +79,48 @@ def q5_0(raw: np.ndarray) -> np.ndarray:
 def q5_1(raw: np.ndarray) -> np.ndarray:
     b = _blocks(raw, 24)
     return _half(b, 0) * (_nibbles(b[:, 8:]) + _fifth_bits(b[:, 4:8])) + _half(b, 2)
+
+
+def _integer_q8_0(b: np.ndarray):
+    return b[:, 2:].view(np.int8), _half(b, 0), None
+
+
+def _integer_q4(b: np.ndarray, zero: bool):
+    qs = b[:, 4 if zero else 2 :]
+    codes = np.concatenate([qs & 0x0F, qs >> 4], axis=1).astype(np.int8)
+    d = _half(b, 0)
+    return codes, d, _half(b, 2) if zero else d * F32(-8)
+
+
+def _integer_q5(b: np.ndarray, zero: bool):
+    head = 4 if zero else 2
+    bits = b[:, head : head + 4].copy().view("<u4")
+    fifth = ((bits >> np.arange(QK, dtype=np.uint32)) & 1).astype(np.uint8) << 4
+    qs = b[:, head + 4 :]
+    codes = (np.concatenate([qs & 0x0F, qs >> 4], axis=1) | fifth).astype(np.int8)
+    d = _half(b, 0)
+    return codes, d, _half(b, 2) if zero else d * F32(-16)
+
+
+_INTEGER = {"Q8_0": (34, _integer_q8_0), "Q4_0": (18, lambda b: _integer_q4(b, False)),
+            "Q4_1": (20, lambda b: _integer_q4(b, True)),
+            "Q5_0": (22, lambda b: _integer_q5(b, False)),
+            "Q5_1": (24, lambda b: _integer_q5(b, True))}
+
+
+def integer_blocks(raw: np.ndarray, type_name: str, rows: int, cols: int
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None] | None:
+    """(codes int8 [rows, cols], scale float32 [rows, cols / 32], offset or None) of a
+    Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 payload (module doc); None for any other type."""
+    entry = _INTEGER.get(type_name)
+    if entry is None or cols % QK:
+        return None
+    size, decode = entry
+    codes, scale, offset = decode(_blocks(raw, size))
+    nb = cols // QK
+    shaped = lambda a: np.ascontiguousarray(a.reshape(rows, nb))  # noqa: E731
+    return (np.ascontiguousarray(codes.reshape(rows, cols)), shaped(scale),
+            None if offset is None else shaped(offset))
 
 
 def _plain(kind: str) -> Callable[[np.ndarray], np.ndarray]:

@@ -12,7 +12,8 @@ from typing import Any
 from ..formats.cact import open_archive
 from ..formats.checkpoints import is_checkpoint
 
-NUMERICS = ("deploy", "float")
+NUMERICS = ("deploy", "float")  # Needle .cact archives
+TRANSFORMER_NUMERICS = ("deploy", "float", "int8")  # Hugging Face / GGUF models (docs/hf.md)
 THREADS_ENV = "NEEDLEPOINT_THREADS"
 
 
@@ -50,13 +51,15 @@ def load(
 
     `layers=N` selects the N-layer rung of the depth ladder as upstream selects it;
     `numerics="deploy"` (A8 activations, int8 KV: what the archive is meant to run at) or
-    `"float"` (the stored weights with no activation or KV quantisation). `cache` (Needle 3):
+    `"float"` (the stored weights with no activation or KV quantisation). For a transformer
+    model `numerics` is "float", "int8" (block-scaled int8 products, pinned elementwise parts,
+    int8 KV: the same bits on every machine) or "deploy", which is "int8". `cache` (Needle 3):
     reuse/write the prepared weights in the on-disk cache (`needlepoint.weight_cache`; None =
     on unless the environment sets NEEDLEPOINT_CACHE=0). `threads`: CPU threads for the
     model's products (`resolve_threads`: default 1); it also caps the process's BLAS/OpenMP
     pools (threadpoolctl), so no pool is left spinning on a busy machine.
     """
-    if numerics not in NUMERICS:
+    if numerics not in TRANSFORMER_NUMERICS:
         raise ValueError(f"numerics must be one of {NUMERICS}, got {numerics!r}")
     threads = resolve_threads(threads)
     from .transformer.known import is_known_name, resolve_known
@@ -66,7 +69,10 @@ def load(
     if is_checkpoint(path):  # a Hugging Face model directory or a GGUF file
         from .transformer.model import load_transformer
 
-        return load_transformer(path, layers=layers, numerics=numerics)
+        return load_transformer(path, layers=layers, numerics=numerics, threads=threads)
+    if numerics not in NUMERICS:
+        raise ValueError(f"numerics must be one of {NUMERICS}, got {numerics!r} "
+                         f"(\"int8\" is for Hugging Face / GGUF transformer models)")
     archive = open_archive(path)
     if archive.generation == 3:
         from .needle3.model import V3Model

@@ -18,7 +18,8 @@ HIDDEN_TOLERANCE = 1e-4
 
 @pytest.fixture(scope="module")
 def models():
-    return {name: needlepoint.load(hf_reference(name).folder) for name in HF_FIXTURES}
+    return {name: needlepoint.load(hf_reference(name).folder, numerics="float")
+            for name in HF_FIXTURES}
 
 
 @pytest.mark.parametrize("name", HF_FIXTURES)
@@ -97,7 +98,7 @@ def test_config_and_input_errors(models) -> None:
 
 def test_first_layers_only(models) -> None:
     ref = hf_reference("llama-tiny")
-    model = needlepoint.load(ref.folder, layers=2)
+    model = needlepoint.load(ref.folder, layers=2, numerics="float")
     assert model.config.num_layers == 2
     hidden = model.hidden_states(ref["p1_ids"])
     # hidden[2] is after the final norm here; hidden[1] is the residual after block 0

@@ -17,7 +17,8 @@ from needlepoint.errors import MissingTensorError, TensorShapeError
 @pytest.fixture(scope="module")
 def gguf_models(tmp_path_factory):
     folder = tmp_path_factory.mktemp("gguf")
-    return {name: needlepoint.load(write_fixture_gguf(name, folder / f"{name}.gguf"))
+    return {name: needlepoint.load(write_fixture_gguf(name, folder / f"{name}.gguf"),
+                                   numerics="float")
             for name in HF_FIXTURES}
 
 

@@ -28,7 +28,7 @@ def reference() -> SmolLM2Reference:
 
 @pytest.fixture(scope="module")
 def model(reference):
-    return needlepoint.load(reference.path)
+    return needlepoint.load(reference.path, numerics="float")
 
 
 def test_geometry_from_the_gguf_metadata(model) -> None:

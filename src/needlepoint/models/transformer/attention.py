@@ -44,6 +44,12 @@ class KVCache:
         self.length = end
         return self.keys[:, :end], self.values[:, :end]
 
+    def attend(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, start: int,
+               scale: float) -> np.ndarray:
+        """Append k, v [T, Hkv, hd]; q [T, H, hd] at positions start.. -> [T, H*hd]."""
+        keys, values = self.append(k, v)
+        return causal_attention(q, keys, values, start, scale)
+
     def copy(self) -> KVCache:
         other = KVCache.__new__(KVCache)
         other.keys = self.keys[:, : self.length].copy()

@@ -5,14 +5,17 @@
     h = x + down(act(up(norm2(x))))                   plain (GPT-2: c_fc, gelu_new, c_proj)
 
 Every matrix product is a `Linear` call; norms, RoPE, softmax and the activation are the
-elementwise parts in `layers.py` / `attention.py`.
+elementwise parts in `layers.py` / `attention.py` (float) or `int8.py` (`numerics="int8"`: the
+activation from `int8.ACTIVATIONS`, the cache an `Int8KVCache`; same code path otherwise).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from .attention import KVCache, causal_attention
+from .attention import KVCache
+from .int8 import ACTIVATIONS as INT8_ACTIVATIONS
+from .int8 import Int8KVCache
 from .layers import ACTIVATIONS, apply_rope
 from .spec import BlockSpec
 from .weights import LayerWeights
@@ -22,7 +25,7 @@ def project_qkv(spec: BlockSpec, layer: LayerWeights, x: np.ndarray
                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """q [T, H, hd], k and v [T, Hkv, hd] of the normed input x [T, d]."""
     count = x.shape[0]
-    if spec.qkv_fused:
+    if layer.qkv is not None:
         fused = layer.qkv(x)
         q = fused[:, : spec.q_dim]
         k = fused[:, spec.q_dim : spec.q_dim + spec.kv_dim]
@@ -34,9 +37,13 @@ def project_qkv(spec: BlockSpec, layer: LayerWeights, x: np.ndarray
             v.reshape(count, spec.num_kv_heads, spec.head_dim))
 
 
-def mlp(spec: BlockSpec, layer: LayerWeights, x: np.ndarray) -> np.ndarray:
-    act = ACTIVATIONS[spec.activation]
-    if spec.gated:
+def mlp(spec: BlockSpec, layer: LayerWeights, x: np.ndarray, int8: bool = False) -> np.ndarray:
+    act = (INT8_ACTIVATIONS if int8 else ACTIVATIONS)[spec.activation]
+    if layer.gate_up is not None:
+        both = layer.gate_up(x)
+        hidden = act(both[:, : spec.d_ff])
+        hidden *= both[:, spec.d_ff :]
+    elif spec.gated:
         hidden = act(layer.gate(x))
         hidden *= layer.up(x)
     else:
@@ -49,7 +56,7 @@ def block_forward(
     layer: LayerWeights,
     index: int,
     h: np.ndarray,
-    cache: KVCache,
+    cache: KVCache | Int8KVCache,
     start: int,
     rope: tuple[np.ndarray, np.ndarray] | None,
 ) -> np.ndarray:
@@ -59,10 +66,9 @@ def block_forward(
     if rope is not None:
         cos, sin = rope
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-    keys, values = cache.append(k, v)
     scale = spec.attn_scale / (index + 1) if spec.scale_by_layer else spec.attn_scale
-    attended = causal_attention(q, keys, values, start, scale)
+    attended = cache.attend(q, k, v, start, scale)
     x = h + layer.o(attended)
-    out = mlp(spec, layer, layer.norm2(x))
+    out = mlp(spec, layer, layer.norm2(x), isinstance(cache, Int8KVCache))
     out += x
     return out

@@ -3,13 +3,21 @@
 `Linear(weight, bias)` holds a float32 weight in `[in, out]` orientation (a transposed view of
 an `[out, in]` torch weight costs nothing, and keeps a memory-mapped tensor mapped) and applies
 `y = x W (+ b)` over the last axis of `x`. `make_linear` is how `weights.py` builds every
-projection, the LM head included; an int8 product (block-scaled quantised activations, exact
-integer accumulation) is a second class with the same `__call__`, chosen there.
+projection, the LM head included. `Int8Linear` is the int8 numerics' product with the same
+`__call__` (`kernels.i8`: weights as block-scaled integer codes, quantised once at load or taken
+as GGUF stores them; activations quantised per row and block at each call; exact integer dots,
+pinned float64 epilogue); `make_int8_linear` / `int8_from_blocks` build it, `fuse` joins
+projections that read the same input (q | k | v, gate | up) so the input is quantised once.
+Fusing does not change any output's bits: each output column is computed on its own.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
+
+from ...kernels import i8
 
 F32 = np.float32
 
@@ -46,3 +54,95 @@ def make_linear(weight: np.ndarray, bias: np.ndarray | None, *, in_out: bool) ->
     """A projection from a checkpoint weight stored `[in, out]` (`in_out`) or `[out, in]`."""
     w = np.asarray(weight, F32)
     return Linear(w if in_out else w.T, None if bias is None else np.asarray(bias, F32))
+
+
+class Int8Linear:
+    """`y = int8(x) W (+ bias)`: weight parts (`i8.I8Weight`, outputs side by side) reading
+    one input of `in_features`; bias [out] float32 or None."""
+
+    __slots__ = ("parts", "bias", "in_features", "out_features", "k_pad")
+
+    def __init__(self, parts: Sequence[i8.I8Weight], bias: np.ndarray | None) -> None:
+        self.parts = tuple(parts)
+        self.in_features = self.parts[0].k_in
+        self.k_pad = self.parts[0].k_pad
+        if any(p.k_in != self.in_features for p in self.parts):
+            raise ValueError("fused int8 parts read different input widths")
+        self.out_features = sum(p.n_out for p in self.parts)
+        self.bias = None if bias is None else np.ascontiguousarray(bias, F32)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self.parts)
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        lead = x.shape[:-1]
+        codes, scale, sums = i8.quantize(x.reshape(-1, x.shape[-1]), self.k_pad)
+        if len(self.parts) == 1:
+            y = i8.matmul(codes, scale, sums, self.parts[0], self.bias)
+        else:
+            y = np.empty((codes.shape[0], self.out_features), F32)
+            column = 0
+            for part in self.parts:
+                end = column + part.n_out
+                bias = None if self.bias is None else self.bias[column:end]
+                i8.matmul(codes, scale, sums, part, bias, out=y[:, column:end])
+                column = end
+        return y.reshape(*lead, self.out_features)
+
+    def __repr__(self) -> str:
+        bits = "/".join(str(p.bits) for p in self.parts)
+        bias = ", bias" if self.bias is not None else ""
+        return f"Int8Linear({self.in_features} -> {self.out_features}, {bits}-bit{bias})"
+
+
+def make_int8_linear(weight: np.ndarray, bias: np.ndarray | None, *, in_out: bool,
+                     threads: int = 1) -> Int8Linear:
+    """An int8 projection from a float checkpoint weight (`[in, out]` if `in_out`, else
+    `[out, in]`): symmetric int8 codes, one scale per output and block of 32 inputs."""
+    w = np.asarray(weight, F32)
+    w = w.T if in_out else w
+    codes, scale = i8.quantize_weight(w)
+    part = i8.pack_weight(codes, scale, n_out=w.shape[0], k_in=w.shape[1], threads=threads)
+    return Int8Linear([part], bias)
+
+
+def int8_from_blocks(blocks: tuple[np.ndarray, np.ndarray, np.ndarray | None],
+                     bias: np.ndarray | None, *, threads: int = 1) -> Int8Linear | None:
+    """An int8 projection from stored integer blocks (codes [out, in], scale, offset): the
+    weight as stored, no re-quantisation; None when the codes do not fit the kernel."""
+    codes, scale, offset = blocks
+    low, high = int(codes.min(initial=0)), int(codes.max(initial=0))
+    if low < -127 or high > 127 or codes.shape[1] % i8.BLOCK:
+        return None
+    part = i8.pack_weight(codes, scale, offset, threads=threads)
+    return Int8Linear([part], bias)
+
+
+def _merge(parts: Sequence[i8.I8Weight]) -> list[i8.I8Weight]:
+    """Adjacent parts of one storage kind whose outputs fill whole groups of 8 become one
+    part (one kernel call; every output still its own sum)."""
+    merged: list[i8.I8Weight] = []
+    for part in parts:
+        last = merged[-1] if merged else None
+        if (last is not None and last.n_out % i8.LANES == 0 and last.bits == part.bits
+                and (last.offset is None) == (part.offset is None)
+                and last.blocks == part.blocks):
+            offset = None if part.offset is None else np.concatenate([last.offset, part.offset])
+            merged[-1] = i8.I8Weight(last.n_out + part.n_out, last.k_in, last.bits,
+                                     np.concatenate([last.data, part.data]),
+                                     np.concatenate([last.scale, part.scale]), offset,
+                                     max(last.threads, part.threads))
+        else:
+            merged.append(part)
+    return merged
+
+
+def fuse(linears: Sequence[Int8Linear]) -> Int8Linear:
+    """One product for several projections of the same input (outputs side by side)."""
+    parts = _merge([p for lin in linears for p in lin.parts])
+    if all(lin.bias is None for lin in linears):
+        return Int8Linear(parts, None)
+    bias = np.concatenate([np.zeros(lin.out_features, F32) if lin.bias is None else lin.bias
+                           for lin in linears])
+    return Int8Linear(parts, bias)

@@ -3,8 +3,10 @@
 Same interface as the Needle models (`needle3/model.py`): `forward(ids)` gives logits
 [len(ids), vocab] float32, `session()` an independent decode state (`prefill`, `step`),
 `config.vocab` / `config.max_seq_len`, `tokenizer`; plus `hidden_states(ids)` (transformers'
-`output_hidden_states`, the last after the final norm). Float numerics: the stored weights
-(GGUF quantised tensors dequantised to float32) with float32 activations and cache.
+`output_hidden_states`, the last after the final norm). Numerics: "float" (the stored weights,
+GGUF quantised tensors dequantised to float32, float32 activations and cache) or "int8" (every
+product through the block-scaled int8 units of `kernels.i8`, pinned elementwise parts, int8 KV
+cache: `int8.py`); "deploy" is int8 (docs/hf.md "Numerics").
 """
 
 from __future__ import annotations
@@ -19,11 +21,13 @@ import numpy as np
 
 from ...errors import ModelInputError
 from ...formats.checkpoints import open_checkpoint
-from .session import TransformerSession
+from .int8 import RopeTable
+from .layers import rope_angles
+from .session import CHUNK, TransformerSession
 from .spec import BlockSpec, spec_from_config
 from .weights import TransformerWeights, load_weights
 
-NUMERICS = ("deploy", "float")
+NUMERICS = ("deploy", "float", "int8")
 
 
 class TransformerModel:
@@ -33,17 +37,30 @@ class TransformerModel:
         self.checkpoint = checkpoint
         self.config = spec
         self.weights = weights
-        self.numerics = "float"
+        self.numerics = weights.numerics
+        self._rope = RopeTable(spec.head_dim, spec.rope_theta) \
+            if spec.rope and self.numerics == "int8" else None
 
     @classmethod
-    def from_checkpoint(cls, checkpoint: Any, *, layers: int | None = None) -> TransformerModel:
-        """The model of an opened checkpoint (`layers=N`: only its first N blocks)."""
+    def from_checkpoint(cls, checkpoint: Any, *, layers: int | None = None,
+                        numerics: str = "float", threads: int = 1) -> TransformerModel:
+        """The model of an opened checkpoint (`layers=N`: only its first N blocks;
+        `numerics` "float" or "int8"/"deploy"; `threads` for the int8 kernels)."""
+        if numerics not in NUMERICS:
+            raise ValueError(f"numerics must be one of {NUMERICS}, got {numerics!r}")
         spec = spec_from_config(checkpoint.config)
         if layers is not None:
             if not 1 <= int(layers) <= spec.num_layers:
                 raise ValueError(f"layers must be in 1..{spec.num_layers}, got {layers}")
             spec = spec.with_layers(int(layers))
-        return cls(checkpoint, spec, load_weights(checkpoint, spec))
+        kind = "float" if numerics == "float" else "int8"
+        return cls(checkpoint, spec, load_weights(checkpoint, spec, kind, threads))
+
+    def rope(self, start: int, count: int) -> tuple[np.ndarray, np.ndarray]:
+        """RoPE cos, sin [count, head_dim] of positions start..start+count-1."""
+        if self._rope is not None:
+            return self._rope(start, count)
+        return rope_angles(start, count, self.config.head_dim, self.config.rope_theta)
 
     @cached_property
     def tokenizer(self) -> Any:
@@ -93,8 +110,9 @@ class TransformerModel:
             h += self.weights.positions[start : start + len(tokens)]
         return h
 
-    def session(self) -> TransformerSession:
-        return TransformerSession(self)
+    def session(self, chunk: int = CHUNK) -> TransformerSession:
+        """An independent decode state; prefill runs in chunks of `chunk` positions."""
+        return TransformerSession(self, chunk)
 
     def forward(self, ids: Sequence[int] | np.ndarray) -> np.ndarray:
         """Logits [len(ids), vocab] at every position (full causal attention)."""
@@ -111,15 +129,18 @@ class TransformerModel:
         spec = self.config
         source = getattr(self.checkpoint, "path", "")
         return (f"TransformerModel({Path(str(source)).name}, {spec.architecture}, "
+                f"{self.numerics}, "
                 f"d={spec.d_model}, layers={spec.num_layers}, heads={spec.num_heads}/"
                 f"{spec.num_kv_heads}, vocab={spec.vocab})")
 
 
 def load_transformer(
-    path: str | os.PathLike[str], *, layers: int | None = None, numerics: str = "float"
+    path: str | os.PathLike[str], *, layers: int | None = None, numerics: str = "float",
+    threads: int = 1,
 ) -> TransformerModel:
-    """A Hugging Face model directory or a `.gguf` file as a model (`numerics`: "float"; the
-    int8 "deploy" path is not there yet, so "deploy" also runs float)."""
+    """A Hugging Face model directory or a `.gguf` file as a model (`numerics`: "float", or
+    "int8" = "deploy"; `threads`: CPU threads of the int8 products, same bits for any)."""
     if numerics not in NUMERICS:
         raise ValueError(f"numerics must be one of {NUMERICS}, got {numerics!r}")
-    return TransformerModel.from_checkpoint(open_checkpoint(path), layers=layers)
+    return TransformerModel.from_checkpoint(open_checkpoint(path), layers=layers,
+                                            numerics=numerics, threads=threads)

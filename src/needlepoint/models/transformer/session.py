@@ -1,8 +1,10 @@
 """One decode state per sequence: a KV cache per layer, shared read-only model weights.
 
-`prefill` runs the prompt in chunks of `CHUNK` positions through the same code a decode `step`
-uses (a step is a chunk of one), so both fill the same caches; only the rows whose logits are
-asked for go through the final norm and the LM head.
+`prefill` runs the prompt in chunks of `chunk` positions (default `CHUNK`) through the same
+code a decode `step` uses (a step is a chunk of one), so both fill the same caches; only the
+rows whose logits are asked for go through the final norm and the LM head. With int8 numerics
+the caches are `int8.Int8KVCache`s and every row is computed on its own, so the logits of a
+position are the same bits whatever the chunk size.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import numpy as np
 
 from .attention import KVCache
 from .block import block_forward
-from .layers import rope_angles
+from .int8 import Int8KVCache
 
 if TYPE_CHECKING:  # pragma: no cover
     from .model import TransformerModel
@@ -26,12 +28,22 @@ CHUNK = 256
 class TransformerSession:
     """Incremental decoding state of one sequence (`model.session()`)."""
 
-    def __init__(self, model: TransformerModel) -> None:
-        spec = model.config
+    def __init__(self, model: TransformerModel, chunk: int = CHUNK) -> None:
+        if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+            raise ValueError(f"chunk must be a positive integer, got {chunk!r}")
         self.model = model
-        self.caches = [KVCache(spec.num_kv_heads, spec.head_dim, spec.max_seq_len)
-                       for _ in model.weights.layers]
+        self.chunk = chunk
+        self.caches = self._new_caches()
         self.tokens: list[int] = []
+
+    def _new_caches(self) -> list[KVCache | Int8KVCache]:
+        spec = self.model.config
+        layers = self.model.weights.layers
+        if self.model.numerics == "int8":
+            plans: dict = {}
+            return [Int8KVCache(spec.num_kv_heads, spec.head_dim, spec.max_seq_len, plans)
+                    for _ in layers]
+        return [KVCache(spec.num_kv_heads, spec.head_dim, spec.max_seq_len) for _ in layers]
 
     @property
     def position(self) -> int:
@@ -45,7 +57,12 @@ class TransformerSession:
         """An independent copy of this state (both may continue differently)."""
         other = TransformerSession.__new__(TransformerSession)
         other.model = self.model
+        other.chunk = self.chunk
         other.caches = [cache.copy() for cache in self.caches]
+        if self.model.numerics == "int8":
+            plans: dict = {}
+            for cache in other.caches:
+                cache.plans = plans
         other.tokens = list(self.tokens)
         return other
 
@@ -68,9 +85,10 @@ class TransformerSession:
         model = self.model
         tokens = model.check_ids(ids, self.position)
         outputs = []
-        for first in range(0, len(tokens), CHUNK):
-            chunk = tokens[first : first + CHUNK]
-            last_chunk = first + CHUNK >= len(tokens)
+        size = self.chunk
+        for first in range(0, len(tokens), size):
+            chunk = tokens[first : first + size]
+            last_chunk = first + size >= len(tokens)
             rows = "all" if want == "all" else ("last" if want == "last" and last_chunk else "")
             logits = self._chunk(chunk, rows, hidden)
             if logits is not None:
@@ -85,7 +103,7 @@ class TransformerSession:
         start, count = self.position, len(tokens)
         h = model.embed(tokens, start)
         states = [h.copy()] if hidden is not None else None
-        rope = rope_angles(start, count, spec.head_dim, spec.rope_theta) if spec.rope else None
+        rope = model.rope(start, count) if spec.rope else None
         for index, (layer, cache) in enumerate(zip(weights.layers, self.caches, strict=True)):
             h = block_forward(spec, layer, index, h, cache, start, rope)
             if states is not None:

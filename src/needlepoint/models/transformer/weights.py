@@ -7,6 +7,13 @@
 `tensor(name)` (float32): `formats.hf_checkpoint.HFCheckpoint` or
 `formats.gguf_checkpoint.GGUFCheckpoint`. Tensors the block does not use (GPT-2's `attn.bias`
 mask buffers, cached `rotary_emb.inv_freq`) are ignored.
+
+`numerics="int8"` builds `PinnedNorm`s and `Int8Linear`s instead (`int8.py`, `linear.py`):
+a checkpoint with `blocks(name)` (GGUF) hands over Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 weights as
+stored integer blocks; every other weight (float, F16, K-quants) is quantised to int8 per block
+of 32 inputs at load. q | k | v and gate | up are fused (one input quantisation each). A tied
+embedding stored as integer blocks is read back from the LM head's codes (`QuantEmbedding`),
+so the float table is never built.
 """
 
 from __future__ import annotations
@@ -17,8 +24,9 @@ from typing import Any
 import numpy as np
 
 from ...errors import MissingTensorError, TensorShapeError
+from .int8 import PinnedNorm, QuantEmbedding
 from .layers import Norm
-from .linear import Linear, make_linear
+from .linear import Int8Linear, Linear, fuse, int8_from_blocks, make_int8_linear, make_linear
 from .names import NAMES, TensorNames, bias_name
 from .spec import BlockSpec
 
@@ -27,25 +35,35 @@ F32 = np.float32
 
 @dataclass
 class LayerWeights:
-    norm1: Norm
-    norm2: Norm
+    norm1: Norm | PinnedNorm
+    norm2: Norm | PinnedNorm
     q: Linear | None  # separate projections, or
     k: Linear | None
     v: Linear | None
     qkv: Linear | None  # one fused q | k | v projection
     o: Linear
     gate: Linear | None  # gated MLP only
-    up: Linear
+    up: Linear | None  # None when fused into gate_up
     down: Linear
+    gate_up: Int8Linear | None = None  # int8: one fused gate | up projection
 
 
 @dataclass
 class TransformerWeights:
-    embed: np.ndarray  # [vocab, d]
+    embed: np.ndarray | QuantEmbedding  # [vocab, d]
     positions: np.ndarray | None  # [max_seq_len, d] learned positions
     layers: list[LayerWeights]
-    final_norm: Norm
-    lm_head: Linear  # d -> vocab (the embedding's transpose when tied)
+    final_norm: Norm | PinnedNorm
+    lm_head: Linear | Int8Linear  # d -> vocab (the embedding's transpose when tied)
+    numerics: str = "float"
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of int8 weights held (0 for float weights)."""
+        linears = [self.lm_head] + [getattr(layer, name) for layer in self.layers
+                                    for name in ("qkv", "q", "k", "v", "o", "gate", "up",
+                                                 "down", "gate_up")]
+        return sum(lin.nbytes for lin in linears if isinstance(lin, Int8Linear))
 
 
 class _Fetcher:
@@ -53,9 +71,12 @@ class _Fetcher:
     (GPT-2's optional `transformer.`) is the first under which the embedding exists; the LM
     head sits outside it (`lm_head.weight`)."""
 
-    def __init__(self, checkpoint: Any, names: TensorNames) -> None:
+    def __init__(self, checkpoint: Any, names: TensorNames, numerics: str = "float",
+                 threads: int = 1) -> None:
         self.checkpoint = checkpoint
         self.names = names
+        self.int8 = numerics == "int8"
+        self.threads = threads
         present = set(checkpoint.names())
         self.present = present
         self.prefix = next((p for p in names.prefixes if p + names.embed in present),
@@ -80,16 +101,37 @@ class _Fetcher:
                                    f"shape {list(stored)}, the config needs {list(shape)}")
         return self.checkpoint.tensor(full)
 
-    def linear(self, name: str, n_in: int, n_out: int, bias: bool) -> Linear:
+    def blocks(self, name: str, n_in: int, n_out: int, *, prefixed: bool = True):
+        """The stored integer blocks `[n_out, n_in]` of a weight, or None (float, other
+        types, or a checkpoint without blocks)."""
+        full = self.prefix + name if prefixed else name
+        source = getattr(self.checkpoint, "blocks", None)
+        if not self.int8 or source is None or full not in self.present:
+            return None
+        found = source(full)
+        if found is None or found[0].shape != (n_out, n_in):
+            return None
+        return found
+
+    def linear(self, name: str, n_in: int, n_out: int, bias: bool,
+               prefixed: bool = True) -> Linear | Int8Linear:
+        b = self.get(bias_name(name), (n_out,), prefixed=prefixed) if bias else None
+        blocks = self.blocks(name, n_in, n_out, prefixed=prefixed)
+        if blocks is not None:
+            found = int8_from_blocks(blocks, b, threads=self.threads)
+            if found is not None:
+                return found
         shape = (n_in, n_out) if self.names.in_out else (n_out, n_in)
-        weight = self.get(name, shape)
-        b = self.get(bias_name(name), (n_out,)) if bias else None
+        weight = self.get(name, shape, prefixed=prefixed)
+        if self.int8:
+            return make_int8_linear(weight, b, in_out=self.names.in_out, threads=self.threads)
         return make_linear(weight, b, in_out=self.names.in_out)
 
-    def norm(self, name: str, spec: BlockSpec) -> Norm:
+    def norm(self, name: str, spec: BlockSpec) -> Norm | PinnedNorm:
         d = spec.d_model
         bias = self.get(bias_name(name), (d,)) if spec.norm_bias else None
-        return Norm(self.get(name, (d,)), bias, spec.norm_eps, center=spec.norm == "layer")
+        kind = PinnedNorm if self.int8 else Norm
+        return kind(self.get(name, (d,)), bias, spec.norm_eps, center=spec.norm == "layer")
 
 
 def _layer(fetch: _Fetcher, spec: BlockSpec, i: int) -> LayerWeights:
@@ -104,32 +146,58 @@ def _layer(fetch: _Fetcher, spec: BlockSpec, i: int) -> LayerWeights:
         k = fetch.linear(at(n.k), d, kv_dim, spec.qkv_bias)
         v = fetch.linear(at(n.v), d, kv_dim, spec.qkv_bias)
     gate = fetch.linear(at(n.gate), d, ff, spec.mlp_bias) if spec.gated else None
+    up = fetch.linear(at(n.up), d, ff, spec.mlp_bias)
+    gate_up = None
+    if fetch.int8:
+        if q is not None:
+            qkv, q, k, v = fuse([q, k, v]), None, None, None
+        if gate is not None:
+            gate_up, gate, up = fuse([gate, up]), None, None
     return LayerWeights(
         norm1=fetch.norm(at(n.norm1), spec),
         norm2=fetch.norm(at(n.norm2), spec),
         q=q, k=k, v=v, qkv=qkv,
         o=fetch.linear(at(n.o), q_dim, d, spec.out_bias),
-        gate=gate,
-        up=fetch.linear(at(n.up), d, ff, spec.mlp_bias),
+        gate=gate, up=up,
         down=fetch.linear(at(n.down), ff, d, spec.mlp_bias),
+        gate_up=gate_up,
     )
 
 
-def load_weights(checkpoint: Any, spec: BlockSpec) -> TransformerWeights:
-    """Every tensor `spec` needs, shape-checked, as the block's objects."""
+def _embedding_and_head(fetch: _Fetcher, spec: BlockSpec) -> tuple[Any, Any]:
+    names, d, vocab = fetch.names, spec.d_model, spec.vocab
+    if not fetch.int8:
+        embed = fetch.get(names.embed, (vocab, d))
+        head = embed if spec.tied_embeddings else fetch.get(names.lm_head, (vocab, d),
+                                                            prefixed=False)
+        return embed, make_linear(head, None, in_out=False)
+    if spec.tied_embeddings:
+        blocks = fetch.blocks(names.embed, d, vocab)
+        head = None if blocks is None else int8_from_blocks(blocks, None, threads=fetch.threads)
+        if head is not None:
+            return QuantEmbedding(head.parts[0]), head
+        embed = fetch.get(names.embed, (vocab, d))
+        return embed, make_int8_linear(embed, None, in_out=False, threads=fetch.threads)
+    head = fetch.linear(names.lm_head, d, vocab, False, prefixed=False)
+    blocks = fetch.blocks(names.embed, d, vocab)
+    table = None if blocks is None else int8_from_blocks(blocks, None)
+    if table is not None:
+        return QuantEmbedding(table.parts[0]), head
+    return fetch.get(names.embed, (vocab, d)), head
+
+
+def load_weights(checkpoint: Any, spec: BlockSpec, numerics: str = "float",
+                 threads: int = 1) -> TransformerWeights:
+    """Every tensor `spec` needs, shape-checked, as the block's objects (`numerics` "float"
+    or "int8"; `threads` for the int8 kernels)."""
     names = NAMES[spec.architecture]
-    fetch = _Fetcher(checkpoint, names)
+    fetch = _Fetcher(checkpoint, names, numerics, threads)
     d = spec.d_model
-    embed = fetch.get(names.embed, (spec.vocab, d))
     positions = fetch.get(names.positions, (spec.max_seq_len, d)) if spec.learned_positions \
         else None
     layers = [_layer(fetch, spec, i) for i in range(spec.num_layers)]
-    if spec.tied_embeddings:
-        lm_head = make_linear(embed, None, in_out=False)
-    else:
-        head = fetch.get(names.lm_head, (spec.vocab, d), prefixed=False)
-        lm_head = make_linear(head, None, in_out=False)
+    embed, lm_head = _embedding_and_head(fetch, spec)
     return TransformerWeights(
         embed=embed, positions=positions, layers=layers,
-        final_norm=fetch.norm(names.final_norm, spec), lm_head=lm_head,
+        final_norm=fetch.norm(names.final_norm, spec), lm_head=lm_head, numerics=numerics,
     )

@@ -1,0 +1,192 @@
+"""The int8 numerics' elementwise parts and attention: every one batch-invariant and pinned.
+
+With `numerics="int8"` every matrix product is an `linear.Int8Linear` (`kernels.i8`), and the
+rest of the block is computed row by row in a fixed order, so a position's logits never depend
+on how many other positions share its chunk, on the chunk size, on the thread count or on BLAS:
+
+* norms: `kernels.i8_ops.norm` (float64 halving-tree sums, same bits native or numpy);
+* SiLU `x / (1 + exp32(-x))` and GELU-tanh `x / (1 + exp32(-2u))`, `u = sqrt(2/pi)(x +
+  0.044715 x^3)` (the same function as `0.5 x (1 + tanh u)`), float32 elementwise with the
+  pinned exp (`kernels.pinned.exp32`);
+* RoPE: cos/sin tables computed once per model from float32 angles `p * inv_freq` through
+  float64 cos/sin rounded to float32, applied elementwise;
+* attention: keys and values cached as int8 rows (one A8 scale per position and kv head,
+  `kernels.exact.a8_codes`), queries A8 per position and head, and `kernels.pinned.attend`:
+  exact integer scores, pinned softmax (pinned exp, sums in position order), values summed in
+  position order. Its score scale is `1/sqrt(head_dim)`; another scale multiplies q first.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ...kernels import exact, i8_ops, pinned
+from ...kernels.i8 import I8Weight
+
+F32 = np.float32
+_SQRT_2_OVER_PI = F32(math.sqrt(2.0 / math.pi))
+_GELU_C = F32(0.044715)
+_MIN_CAPACITY = 64
+
+
+class PinnedNorm:
+    """RMSNorm (`center` False) or LayerNorm over the last axis, in the pinned order."""
+
+    __slots__ = ("weight", "bias", "eps", "center")
+
+    def __init__(self, weight: np.ndarray, bias: np.ndarray | None, eps: float,
+                 center: bool) -> None:
+        self.weight = np.ascontiguousarray(weight, F32)
+        self.bias = None if bias is None else np.ascontiguousarray(bias, F32)
+        self.eps = float(eps)
+        self.center = center
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        return i8_ops.norm(x, self.weight, self.bias, self.eps, self.center)
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    e = pinned.exp32(np.negative(x, dtype=F32))
+    e += F32(1.0)
+    return np.divide(x, e, dtype=F32)
+
+
+def gelu_tanh(x: np.ndarray) -> np.ndarray:
+    u = x * x
+    u *= x
+    u *= _GELU_C
+    u += x
+    u *= _SQRT_2_OVER_PI * F32(-2.0)
+    e = pinned.exp32(u)
+    e += F32(1.0)
+    return np.divide(x, e, dtype=F32)
+
+
+ACTIVATIONS = {"silu": silu, "gelu_tanh": gelu_tanh}
+
+
+class RopeTable:
+    """cos, sin [positions, head_dim] of one model, grown on demand (elementwise per
+    position, so a position's row is the same whichever chunk asks for it)."""
+
+    def __init__(self, head_dim: int, theta: float) -> None:
+        exponent = np.arange(0, head_dim, 2, dtype=np.int64).astype(F32) / F32(head_dim)
+        self.inv_freq = F32(1.0) / (F32(theta) ** exponent)
+        self.cos = np.zeros((0, head_dim), F32)
+        self.sin = np.zeros((0, head_dim), F32)
+
+    def __call__(self, start: int, count: int) -> tuple[np.ndarray, np.ndarray]:
+        end = start + count
+        if end > self.cos.shape[0]:
+            size = max(end, 2 * self.cos.shape[0], 256)
+            positions = np.arange(size, dtype=np.int64).astype(F32)
+            angles = (positions[:, None] * self.inv_freq[None, :]).astype(np.float64)
+            angles = np.concatenate([angles, angles], axis=-1)
+            self.cos, self.sin = np.cos(angles).astype(F32), np.sin(angles).astype(F32)
+        return self.cos[start:end], self.sin[start:end]
+
+
+class Int8KVCache:
+    """Keys and values of one layer as int8 rows `[positions, kv_heads, head_dim]` with
+    float32 scales `[positions, kv_heads]`; `attend` appends a chunk and attends to it.
+    `plans` (shared by a session's layers) holds the slot lists of the current chunk."""
+
+    __slots__ = ("kcode", "kscale", "vcode", "vscale", "length", "limit", "plans")
+
+    def __init__(self, kv_heads: int, head_dim: int, limit: int, plans: dict) -> None:
+        self.kcode = np.zeros((0, kv_heads, head_dim), np.int8)
+        self.vcode = np.zeros((0, kv_heads, head_dim), np.int8)
+        self.kscale = np.zeros((0, kv_heads), F32)
+        self.vscale = np.zeros((0, kv_heads), F32)
+        self.length = 0
+        self.limit = limit
+        self.plans = plans
+
+    def _grow(self, end: int) -> None:
+        capacity = min(self.limit, max(_MIN_CAPACITY, 2 * self.kcode.shape[0], end))
+        capacity = max(capacity, end)
+        for name in ("kcode", "vcode", "kscale", "vscale"):
+            old = getattr(self, name)
+            grown = np.zeros((capacity, *old.shape[1:]), old.dtype)
+            grown[: self.length] = old[: self.length]
+            setattr(self, name, grown)
+
+    def append(self, k: np.ndarray, v: np.ndarray) -> None:
+        """Quantise and store k, v [T, kv_heads, hd] (one A8 scale per row of hd)."""
+        count, heads, head_dim = k.shape
+        end = self.length + count
+        if end > self.kcode.shape[0]:
+            self._grow(end)
+        for src, codes, scales in ((k, self.kcode, self.kscale), (v, self.vcode, self.vscale)):
+            c, s = exact.a8_codes(np.ascontiguousarray(src, F32).reshape(count * heads, head_dim))
+            codes[self.length : end] = c.reshape(count, heads, head_dim)
+            scales[self.length : end] = s.reshape(count, heads)
+        self.length = end
+
+    def _plan(self, start: int, count: int, heads: int) -> tuple[np.ndarray, np.ndarray]:
+        """slots [count*heads, start+count] and count per query row (t, h): the rows
+        `p * kv_heads + g` of keys p = 0 .. start + t of kv head g = h // group."""
+        key = (start, count, heads, self.kcode.shape[1])
+        plan = self.plans.get(key)
+        if plan is None:
+            kv_heads = self.kcode.shape[1]
+            group = heads // kv_heads
+            g = np.arange(heads, dtype=np.int64) // group
+            total = start + count
+            slots = np.arange(total, dtype=np.int64)[None, None, :] * kv_heads + g[None, :, None]
+            slots = np.ascontiguousarray(np.broadcast_to(slots, (count, heads, total)))
+            seen = np.repeat(np.arange(start + 1, total + 1, dtype=np.int64), heads)
+            plan = (slots.reshape(count * heads, total), seen)
+            self.plans.clear()
+            self.plans[key] = plan
+        return plan
+
+    def attend(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, start: int,
+               scale: float) -> np.ndarray:
+        """Append k, v; q [T, H, hd] at positions start.. attends causally -> [T, H*hd]."""
+        self.append(k, v)
+        count, heads, head_dim = q.shape
+        factor = F32(scale * math.sqrt(head_dim))
+        rows = np.ascontiguousarray(q, F32).reshape(count * heads, head_dim)
+        if factor != F32(1.0):
+            rows = rows * factor
+        qcode, qscale = exact.a8_codes(rows)
+        slots, seen = self._plan(start, count, heads)
+        flat = self.kcode.shape[0] * self.kcode.shape[1]
+        out = pinned.attend(qcode, qscale, self.kcode.reshape(flat, head_dim),
+                            self.kscale.reshape(flat), self.vcode.reshape(flat, head_dim),
+                            self.vscale.reshape(flat), slots, seen)
+        return out.reshape(count, heads * head_dim)
+
+    def copy(self) -> Int8KVCache:
+        other = Int8KVCache.__new__(Int8KVCache)
+        for name in ("kcode", "vcode", "kscale", "vscale"):
+            setattr(other, name, getattr(self, name)[: max(self.length, 1)].copy())
+        other.length, other.limit, other.plans = self.length, self.limit, {}
+        return other
+
+
+class QuantEmbedding:
+    """Embedding rows read from a packed int8 weight (a GGUF Q8_0 / Q4_x table, shared with a
+    tied LM head): `scale * code (+ offset)` in float32, the float path's dequantised values."""
+
+    def __init__(self, weight: I8Weight) -> None:
+        self.weight = weight
+        self.shape = (weight.n_out, weight.k_in)
+
+    def __getitem__(self, tokens: np.ndarray) -> np.ndarray:
+        w = self.weight
+        tokens = np.asarray(tokens, np.int64)
+        groups, lanes = tokens // 8, tokens % 8
+        if w.bits == 8:
+            codes = w.data[groups, :, :, lanes, :].view(np.int8)  # [T, nb, 8, 4]
+        else:
+            packed = w.data[groups, :, :, lanes, :]  # [T, nb, 4, 4]
+            codes = np.concatenate([packed & 0x0F, packed >> 4], axis=2).view(np.int8)
+        values = codes.reshape(len(tokens), w.blocks, 32).astype(F32)
+        values *= w.scale[groups, :, lanes][:, :, None]
+        if w.offset is not None:
+            values += w.offset[groups, :, lanes][:, :, None]
+        return values.reshape(len(tokens), w.k_pad)[:, : w.k_in]
