@@ -213,3 +213,17 @@ def test_fork(tiny):
     # ...and leaves the original untouched.
     assert np.array_equal(base.step(int(gen[0])), reference.step(int(gen[0])))
     assert (branch.position, base.position) == (32, 31)
+
+
+def test_extend_and_rewind(tiny):
+    ids = get_fixture("needle2", "tiny").arrays["p1_ids"]
+    straight = tiny.session()
+    expected = straight.extend(ids)
+    session = tiny.session()
+    session.prefill(ids[:5])
+    session.extend([30, 31, 32])
+    session.rewind(3)
+    assert session.position == 5
+    np.testing.assert_allclose(session.extend(ids[5:]), expected[5:], atol=1e-4)
+    with pytest.raises(ModelInputError):
+        session.rewind(session.position + 1)

@@ -130,6 +130,25 @@ class V2Session:
         token = np.array([token_id], np.int64)
         return forward_chunk(self._core, self._state, token, slice(None), trace or self._trace)[0]
 
+    def extend(self, ids: object) -> np.ndarray:
+        """Consume `ids`; logits after each of them, `[len(ids), vocab]` (a multi-position step;
+        the same as `prefill_all`, named as the Needle 3 session's)."""
+        return self.prefill_all(ids)
+
+    def rewind(self, n: int) -> None:
+        """Undo the last `n` positions: the state is rebuilt by re-running the kept tokens
+        (Needle 2's float numerics: equal to the original steps to float rounding)."""
+        if isinstance(n, bool) or not isinstance(n, int | np.integer) or n < 0:
+            raise ModelInputError(f"rewind needs a count >= 0, got {n!r}")
+        if n > self.position:
+            raise ModelInputError(f"cannot rewind {n} positions: only {self.position} consumed")
+        if n == 0:
+            return
+        kept = self.tokens[: self.position - int(n)]
+        self._state.reset()
+        if len(kept):
+            self.prefill(kept, logits=False)
+
     def confidence_logit(self) -> float | None:
         """The confidence head over every token consumed so far, full causal as upstream's
         head runs (recomputed, since this session's cache may be windowed); None without

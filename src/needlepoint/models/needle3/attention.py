@@ -210,6 +210,7 @@ def attention_parts(
     half = qk // 2
     for rows, cache, frame in parts:
         raw = _conv(fused[rows, :v_end], layer.qkv_taps, cache)
+        cache.record_raw(frame.start, fused[rows, :v_end])
         count = raw.shape[0]
         # ZC(q_norm) / ZC(k_norm) per head row, then rotate-half RoPE (`attention`)
         heads_rows = zc_norm(raw[:, :k_end].reshape(count, heads + kv_heads, qk), plan.qk_scale)

@@ -70,12 +70,12 @@ def run_batch(
     return results
 
 
-def chunk_pass(model: V3Model, items: list[tuple]) -> list[np.ndarray | None]:
+def chunk_pass(model: V3Model, items: list[tuple], collect=None) -> list[np.ndarray | None]:
     """One stacked pass over (index, session, tokens, want) chunks of distinct sessions:
-    want "all" -> logits of every row, "last" -> of the last row, "none" -> None."""
+    want "all" -> logits of every row, "last" -> of the last row, "none" -> None. `collect`
+    (one item only): receives the chunk's intermediates for a trace (session.py)."""
     cfg, weights, quantized = model.config, model.weights, model.quantized
     d, lanes_n = cfg.d_model, cfg.mhc_lanes
-    head = weights.confidence
     rows, chunks, frames, starts = [], [], [], []
     first = 0
     for _, session, tokens, _ in items:
@@ -83,44 +83,70 @@ def chunk_pass(model: V3Model, items: list[tuple]) -> list[np.ndarray | None]:
         if session.pending:
             session._flush_pool()
         start, count = session.position, len(tokens)
-        x0 = weights.embedding_rows(tokens) * np.sqrt(F32(d))
-        engram = EngramChunk(cfg, weights.engram, tokens, start, session.engram_tail, quantized)
-        session.engram_tail = engram.tail
-        if session.pool is not None:
-            session.pool.update(head, x0[:, None, :], 0)
+        emb = weights.embedding_rows(tokens)
+        x0 = emb * np.sqrt(F32(d))
+        tail = session.engram_values.tail(session.tokens)  # by position: rewindable
+        engram = EngramChunk(cfg, weights.engram, tokens, start, tail, quantized,
+                             keep=collect is not None)
         rows.append(slice(first, first + count))
-        chunks.append((x0, engram))
+        chunks.append((x0, engram, emb))
         frames.append(ChunkFrame.build(model.step_plan, start, count))
         starts.append(start)
         first += count
-    x0_all = np.concatenate([x0 for x0, _ in chunks]) if len(chunks) > 1 else chunks[0][0]
+    x0_all = np.concatenate([c[0] for c in chunks]) if len(chunks) > 1 else chunks[0][0]
     lanes = np.repeat(x0_all[:, None, :], lanes_n, axis=1)
-    pooled = [i for i, (_, session, _, _) in enumerate(items) if session.pool is not None]
+    pooled = [i for i, (_, session, _, _) in enumerate(items) if session.cells is not None]
+    keep_cells = pooled or collect is not None
+    cells = np.empty((first, len(weights.layers) + 1, d), F32) if keep_cells else None
+    if cells is not None:
+        cells[:, 0] = x0_all
     for index, layer in enumerate(weights.layers):
         parts = [(rows[i], item[1].caches[index], frames[i]) for i, item in enumerate(items)]
         site_kv = None
         if layer.engram_site is not None:
-            per = [engram.site(layer.engram_site) for _, engram in chunks]
+            per = [c[1].site(layer.engram_site) for c in chunks]
             site_kv = per[0] if len(per) == 1 else (
                 np.concatenate([k for k, _ in per]), np.concatenate([v for _, v in per]))
         lanes = run_block(model, index, lanes, parts, site_kv)
-        if pooled:
-            cells = cell_row(lanes, quantized)
-            for i in pooled:
-                items[i][1].pool.update(head, cells[rows[i]][:, None, :], index + 1)
-    for (_, session, tokens, _) in items:
+        if cells is not None:
+            cell_row(lanes, quantized, out=cells[:, index + 1])
+    for i, (_, session, tokens, _) in enumerate(items):
+        for site, raw in chunks[i][1].raw_values.items():
+            session.engram_values.record(site, starts[i], raw)
+        if session.cells is not None:
+            session.cells.append(cells[rows[i]])
         session.tokens = np.concatenate([session.tokens, tokens])
     wanted = [(i, rows[i] if want == "all" else slice(rows[i].stop - 1, rows[i].stop))
               for i, (_, _, _, want) in enumerate(items) if want != "none"]
     out: list[np.ndarray | None] = [None] * len(items)
+    if collect is not None:
+        _collect(collect, items[0][2], chunks[0][2], x0_all, chunks[0][1], cells,
+                 zc_norm(cell_row(lanes, quantized), weights.final_norm))
     if not wanted:
         return out
     picked = np.concatenate([np.arange(s.start, s.stop) for _, s in wanted])
     hidden = zc_norm(cell_row(lanes[picked], quantized), weights.final_norm)
     logits = product(hidden, weights.lm_head)
+    if collect is not None:
+        collect("logits", logits)
     at = 0
     for i, s in wanted:
         size = s.stop - s.start
         out[i] = logits[at : at + size]
         at += size
     return out
+
+
+def _collect(collect, tokens, emb, x0, engram: EngramChunk, cells, hidden) -> None:
+    """A trace's intermediates of one chunk (names as the fixtures' arrays)."""
+    d = x0.shape[1]
+    collect("tokens", tokens)
+    collect("emb_row", emb)
+    collect("emb_row_scaled", x0)
+    collect("engram_idx", engram.idx)
+    empty = np.zeros((0, len(tokens), d), F32)
+    keys, values = engram.keys, engram.values
+    collect("engram_k", np.stack(keys) if keys else empty, axis=1)
+    collect("engram_v", np.stack(values) if values else empty, axis=1)
+    collect("cells", cells)
+    collect("final_hidden", hidden)

@@ -105,6 +105,7 @@ class EngramChunk:
         history = np.concatenate([tail.tokens, tokens])
         new_tokens = history[-keep_tokens:] if keep_tokens else tail.tokens[:0]
         self.tail = EngramTail(new_tokens.astype(np.int64), tail.values.copy())
+        self.raw_values: dict[int, np.ndarray] = {}  # per site: value projections of the chunk
         # with `keep` (tracing), every site's key / value is kept for the trace
         self.keys: list[np.ndarray] | None = [] if keep else None
         self.values: list[np.ndarray] | None = [] if keep else None
@@ -121,6 +122,7 @@ class EngramChunk:
         del lookup
         key = projected[:, :d]
         raw = projected[:, d:]
+        self.raw_values[index] = raw
         old = self.old_values[index]
         reach = old.shape[0]
         history = np.concatenate([old, raw])  # [reach + C, d]

@@ -31,8 +31,14 @@ def _lazy(shape: tuple[int, ...], dtype) -> np.ndarray:
     return np.frombuffer(mmap.mmap(-1, nbytes), dtype).reshape(shape)
 
 
+# Positions a deploy session can rewind (`V3Session.rewind`): rings keep this many slots more
+# than their window, so no key a rewound query needs has been overwritten.
+MAX_REWIND = 64
+
+
 class Int8LayerCache:
-    """K/V of one layer for one sequence as int8 codes [KV, capacity, dim] + scales."""
+    """K/V of one layer for one sequence as int8 codes [KV, capacity, dim] + scales, and the
+    raw q|k|v rows of its recent positions (the causal conv taps' tail)."""
 
     def __init__(
         self, window: int, kv_heads: int, qk_dim: int, v_dim: int, conv_rows: int,
@@ -40,17 +46,45 @@ class Int8LayerCache:
     ) -> None:
         self.window = window
         self.max_len = max_len
-        capacity = window if window else max_len
+        capacity = min(window + MAX_REWIND, max_len) if window else max_len
         self.kcode = _lazy((kv_heads, capacity, qk_dim), np.int8)
         self.kscale = _lazy((kv_heads, capacity), F32)
         self.vcode = _lazy((kv_heads, capacity, v_dim), np.int8)
         self.vscale = _lazy((kv_heads, capacity), F32)
         self.filled = 0
-        self.conv_tail = np.zeros((conv_rows, conv_width), F32)  # raw q|k|v, oldest first
+        self.lag = conv_rows
+        # raw q|k|v of position p in row p % len: the last `lag` before the next chunk are the
+        # conv tail; MAX_REWIND more let a rewind find the tail of an earlier position
+        self.raw = np.zeros((conv_rows + MAX_REWIND if conv_rows else 0, conv_width), F32)
+        self.position = 0  # positions recorded (the next chunk's first position)
 
     @property
     def capacity(self) -> int:
         return self.kcode.shape[1]
+
+    @property
+    def conv_tail(self) -> np.ndarray:
+        """Raw rows of positions position-lag .. position-1, oldest first (zeros before 0)."""
+        wanted = np.arange(self.position - self.lag, self.position)
+        tail = self.raw[wanted % max(1, len(self.raw))] if self.lag else self.raw[:0]
+        tail[wanted < 0] = 0.0
+        return tail
+
+    @conv_tail.setter
+    def conv_tail(self, value: np.ndarray) -> None:
+        """`attention._conv` hands back the new tail; the ring already holds it (record_raw)."""
+
+    def record_raw(self, start: int, raw: np.ndarray) -> None:
+        """Raw q|k|v rows [C, width] of positions start .. start+C-1."""
+        if self.lag:
+            keep = min(len(raw), len(self.raw))
+            positions = np.arange(start + len(raw) - keep, start + len(raw))
+            self.raw[positions % len(self.raw)] = raw[len(raw) - keep :]
+        self.position = start + len(raw)
+
+    def rewind_to(self, position: int) -> None:
+        """Forget positions >= position (their slots are rewritten before anything reads them)."""
+        self.position = position
 
     def copy(self) -> Int8LayerCache:
         other = Int8LayerCache.__new__(Int8LayerCache)
@@ -60,7 +94,7 @@ class Int8LayerCache:
             fresh = _lazy(source.shape, source.dtype)
             fresh[:, : self.filled] = source[:, : self.filled]
             setattr(other, name, fresh)
-        other.conv_tail = self.conv_tail.copy()
+        other.lag, other.raw, other.position = self.lag, self.raw.copy(), self.position
         return other
 
     def slot(self, positions: np.ndarray) -> np.ndarray:

@@ -19,8 +19,10 @@ from .attention import ChunkFrame
 from .batch import chunk_pass
 from .block import cell_row, run_block
 from .cache import LayerCache
+from .cell_history import CellHistory
 from .engram import EngramChunk, new_tail
-from .exact_attention import Int8LayerCache
+from .engram_history import EngramHistory
+from .exact_attention import MAX_REWIND, Int8LayerCache
 from .exact_ops import product
 from .heads import ConfidencePool
 from .norms import zc_norm
@@ -98,6 +100,14 @@ class V3Session:
         self.engram_tail = new_tail(cfg, len(weights.engram))
         head = weights.confidence
         self.pool = ConfidencePool.empty(head) if head is not None else None
+        # deploy sessions can rewind (`rewind`): the engram value projections of recent
+        # positions, and confidence cells kept unfolded (cell_history.py)
+        self.engram_values: EngramHistory | None = None
+        self.cells: CellHistory | None = None
+        if model.quantized:
+            self.engram_values = EngramHistory(cfg, len(weights.engram), MAX_REWIND)
+            if head is not None:
+                self.cells, self.pool = CellHistory(head, MAX_REWIND), None
         # decode-step cells not yet in the pool: rows [:pending] of one [POOL_BATCH, L+1, d]
         # buffer (allocated on the first step; a list of rows would need a stacked copy)
         self.cell_rows: np.ndarray | None = None
@@ -145,6 +155,8 @@ class V3Session:
         other.caches = [cache.copy() for cache in self.caches]
         other.engram_tail = self.engram_tail.copy()
         other.pool = self.pool.copy() if self.pool is not None else None
+        other.engram_values = None if self.engram_values is None else self.engram_values.copy()
+        other.cells = None if self.cells is None else self.cells.copy()
         other.cell_rows = None if self.cell_rows is None else self.cell_rows.copy()
         other.pending = self.pending
         other.tokens = self.consumed().copy()
@@ -178,14 +190,44 @@ class V3Session:
         unless a `kv_window` bound has cut a layer's attention (position > kv_window); in that
         case the head is recomputed from a full-causal pass over the consumed tokens.
         """
-        if self.pool is None:
+        if self.pool is None and self.cells is None:
             return None
         if not self.position:
             raise ModelInputError("confidence_logit: the session has consumed no tokens")
         if self._bounded_differs():
             return self.model.confidence_logit(self.consumed())
+        if self.cells is not None:
+            return self.cells.logit()
         self._flush_pool()
         return self.pool.logit(self.model.weights.confidence)
+
+    def rewind(self, n: int) -> None:
+        """Undo the last `n` positions exactly, as if they had never been consumed: the next
+        step or extend gives the same bits as it would have then. Deploy numerics keep what
+        this needs for up to MAX_REWIND (64) positions (ring slack, raw conv rows, engram
+        values, unfolded confidence cells); float numerics rebuild the state by re-running the
+        kept tokens (float rounding may then differ from the original steps')."""
+        if isinstance(n, bool) or not isinstance(n, int | np.integer) or n < 0:
+            raise ModelInputError(f"rewind needs a count >= 0, got {n!r}")
+        n = int(n)
+        if n > self.position:
+            raise ModelInputError(f"cannot rewind {n} positions: only {self.position} consumed")
+        if n == 0:
+            return
+        kept = self.consumed()[: self.position - n]
+        if not self.model.quantized:
+            fresh = V3Session(self.model, self.kv_window, self.trace, self.chunk)
+            if len(kept):
+                fresh.prefill(kept, logits=False)
+            self.__dict__.update(fresh.__dict__)
+            return
+        if n > MAX_REWIND:
+            raise ModelInputError(f"cannot rewind {n} positions: at most {MAX_REWIND} are kept")
+        self.tokens = kept.copy()
+        for cache in self.caches:
+            cache.rewind_to(len(kept))
+        if self.cells is not None:
+            self.cells.rewind(n)
 
     def _bounded_differs(self) -> bool:
         for cache, layer in zip(self.caches, self.model.weights.layers, strict=True):
@@ -223,8 +265,8 @@ class V3Session:
 
     def _chunk(self, tokens: np.ndarray, want, collect: _Collector | None) -> np.ndarray | None:
         model = self.model
-        if model.quantized and collect is None:  # the batched pass, with one sequence in it
-            return chunk_pass(model, [(0, self, tokens, want or "none")])[0]
+        if model.quantized:  # the batched pass, with one sequence in it
+            return chunk_pass(model, [(0, self, tokens, want or "none")], collect)[0]
         cfg, weights, quantized = model.config, model.weights, model.quantized
         start, count = self.position, len(tokens)
         d, lanes_n = cfg.d_model, cfg.mhc_lanes

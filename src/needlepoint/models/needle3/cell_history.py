@@ -1,0 +1,64 @@
+"""Confidence-head pooling for deploy sessions, rewindable (fixture README step 7).
+
+The head pools every cell row `C[t, r]` of the sequence with an online softmax over t
+(`heads.ConfidencePool`). A deploy session keeps the cells of its most recent positions
+unfolded, so `rewind(n)` can drop them, and folds them into the pool in fixed blocks of
+`FOLD` positions counted from position 0 once `FOLD + max_rewind` are unfolded: which
+positions are folded together depends only on the positions, never on how the sequence was
+cut into prefill chunks, steps, extends and rewinds. `logit` folds the unfolded rest into a
+copy. (The pool's float rounding is that of these blocks: the confidence logit agrees with a
+one-pass pooling to float rounding, docs/numerics.md "What remains".)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .heads import ConfidencePool
+from .weights import ConfidenceWeights
+
+F32 = np.float32
+FOLD = 64
+
+
+class CellHistory:
+    def __init__(self, head: ConfidenceWeights, max_rewind: int) -> None:
+        self.head = head
+        self.max_rewind = max_rewind
+        self.base = ConfidencePool.empty(head)
+        cells, _, width = head.probes.shape
+        self.buffer = np.empty((FOLD + max_rewind + 1, cells, width), F32)
+        self.count = 0  # unfolded rows at the front of `buffer`
+
+    def copy(self) -> CellHistory:
+        other = CellHistory.__new__(CellHistory)
+        other.head, other.max_rewind = self.head, self.max_rewind
+        other.base = self.base.copy()
+        other.buffer = self.buffer.copy()
+        other.count = self.count
+        return other
+
+    def append(self, cells: np.ndarray) -> None:
+        """Cells [C, L+1, d] of the next C positions."""
+        done = 0
+        while done < len(cells):
+            room = self.buffer.shape[0] - self.count
+            take = min(room, len(cells) - done)
+            self.buffer[self.count : self.count + take] = cells[done : done + take]
+            self.count += take
+            done += take
+            while self.count >= FOLD + self.max_rewind:
+                self.base.update(self.head, self.buffer[:FOLD])
+                self.buffer[: self.count - FOLD] = self.buffer[FOLD : self.count]
+                self.count -= FOLD
+
+    def rewind(self, n: int) -> None:
+        if n > self.count:
+            raise ValueError(f"cannot rewind {n} positions, {self.count} kept")
+        self.count -= n
+
+    def logit(self) -> float:
+        pool = self.base.copy()
+        if self.count:
+            pool.update(self.head, self.buffer[: self.count])
+        return pool.logit(self.head)
