@@ -25,6 +25,7 @@ def child_env(threads: int) -> dict:
     ):
         env[var] = str(threads)
     env["OMP_WAIT_POLICY"] = "passive"
+    env["NEEDLEPOINT_THREADS"] = str(threads)  # needlepoint.load(threads=...) default
     src = str(paths.REPO_ROOT / "src")
     env["PYTHONPATH"] = os.pathsep.join(
         [str(paths.REPO_ROOT), src] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])

@@ -31,6 +31,23 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
                         help="free tokens before the tool call is forced")
     parser.add_argument("--no-grammar", action="store_true",
                         help="do not constrain tool calls to the schemas")
+    add_threads_argument(parser)
+
+
+def add_threads_argument(parser: argparse.ArgumentParser) -> None:
+    """--threads, shared by run, chat, eval and serve (`needlepoint.load(threads=...)`)."""
+    parser.add_argument("--threads", type=_positive_int, default=None,
+                        help="CPU threads for the model (default: $NEEDLEPOINT_THREADS, else 1)")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
 
 
 def load_tools(path: Path | None) -> list[Any]:
@@ -73,6 +90,7 @@ def build_needle(args: argparse.Namespace) -> Any:
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
         max_new_tokens=args.max_new_tokens, reasoning_budget=args.reasoning_budget,
         auto_date=args.auto_date, grammar=not args.no_grammar,
+        threads=getattr(args, "threads", None),
     )
 
 

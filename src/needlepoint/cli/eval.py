@@ -12,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+from .common import add_threads_argument
+
 PLAIN_EVERY_S = 15.0
 
 HELP = "exact-match accuracy of greedy tool calls on a JSONL of {query, tools, answers}"
@@ -26,6 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--limit", type=int, default=None, help="only the first N examples")
     parser.add_argument("--json", action="store_true", help="print the scores as JSON")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_threads_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -45,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
 
     examples = load_examples(args.data)[: args.limit]
     modes = {"both": ("grammar", "free"), "on": ("grammar",), "off": ("free",)}[args.grammar]
-    model = load(args.model)
+    model = load(args.model, threads=args.threads)
     console = Console(stderr=True)
     terminal = sys.stderr.isatty()
     progress = Progress(TextColumn("eval"), BarColumn(), MofNCompleteColumn(),

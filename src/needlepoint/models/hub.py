@@ -64,22 +64,22 @@ class ModelCache:
         self._models: dict[tuple[str, int, int], Any] = {}
         self._lock = threading.Lock()
 
-    def load(self, path: str | os.PathLike[str]) -> Any:
+    def load(self, path: str | os.PathLike[str], threads: int | None = None) -> Any:
         resolved = Path(path).resolve()
         stat = resolved.stat()
-        key = (str(resolved), stat.st_size, stat.st_mtime_ns)
+        key = (str(resolved), stat.st_size, stat.st_mtime_ns, threads)
         with self._lock:  # held while loading, so two threads never load the same file twice
             model = self._models.get(key)
             if model is None:
-                model = self._models[key] = self._load(resolved)
+                model = self._models[key] = self._load(resolved, threads)
             return model
 
-    def _load(self, path: Path) -> Any:
+    def _load(self, path: Path, threads: int | None = None) -> Any:
         if self._loader is not None:
             return self._loader(path)
         from .loader import load
 
-        return load(path)
+        return load(path, threads=threads)
 
     def clear(self) -> None:
         with self._lock:
@@ -95,16 +95,19 @@ def is_model(obj: Any) -> bool:
     return callable(getattr(obj, "session", None)) and hasattr(obj, "tokenizer")
 
 
-def load_model(model: Any = None, cache: ModelCache | None = MODEL_CACHE) -> Any:
-    """A loaded model from a model object, a path, `$NEEDLEPOINT_MODEL` or the bundled one."""
+def load_model(
+    model: Any = None, cache: ModelCache | None = MODEL_CACHE, threads: int | None = None
+) -> Any:
+    """A loaded model from a model object, a path, `$NEEDLEPOINT_MODEL` or the bundled one;
+    `threads` as `needlepoint.load` (None: its default)."""
     if is_model(model):
         return model
     path = resolve_model_path(model)
     if cache is None:
         from .loader import load
 
-        return load(path)
-    return cache.load(path)
+        return load(path, threads=threads)
+    return cache.load(path, threads)
 
 
 def download(
