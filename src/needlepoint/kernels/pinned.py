@@ -231,3 +231,37 @@ def dequant_rows(rotated: np.ndarray, h: float, use_native: bool | None = None) 
     out = np.empty((rows, groups * GROUP), F32)
     lib.np_dequant_rows(rotated.ctypes.data, rows, groups, F32(h), out.ctypes.data)
     return out
+
+
+# -- the Hadamard MLP in one call ---------------------------------------------------------
+def hadamard_mlp_native(
+    x: np.ndarray, vectors: tuple, factors: tuple, cond_v: np.ndarray, cond_u: np.ndarray,
+    perm1: np.ndarray, perm2: np.ndarray, hada_n: int, keep: list,
+) -> np.ndarray | None:
+    """`models.needle3.mlp.hadamard_mlp(pinned=True)` in one native call (`np_hadamard_mlp`,
+    the same operations), or None when the native kernels are not built or the geometry is
+    not the one it takes (conditioning rank 8). `vectors` = d1, d2, b2, d3, d4 and
+    `factors` = w1a, w1b, w2a, w2b, w3a, w3b, all float32 C-contiguous; `keep` holds the
+    pointer tables between calls (one list per weight set)."""
+    lib = native.LIBRARY
+    if lib is None or cond_v.shape[1] != 8:
+        return None
+    if not keep:
+        import ctypes  # noqa: PLC0415
+
+        arrays = [np.ascontiguousarray(a, F32) for a in (*vectors, *factors, cond_v, cond_u)]
+        arrays += [np.ascontiguousarray(p, np.int64) for p in (perm1, perm2)]
+        vec = (ctypes.c_void_p * 5)(*[a.ctypes.data for a in arrays[:5]])
+        mats = (ctypes.c_void_p * 6)(*[a.ctypes.data for a in arrays[5:11]])
+        keep.extend([arrays, vec, mats])
+    arrays, vec, mats = keep
+    x = np.ascontiguousarray(x, F32)
+    rows, width = x.shape
+    ba = factors[0].shape[0]
+    out = np.empty((rows, width), F32)
+    status = lib.np_hadamard_mlp(
+        x.ctypes.data, rows, width, hada_n, ba, hada_n // ba, vec, mats, arrays[11].ctypes.data,
+        arrays[12].ctypes.data, 8, arrays[13].ctypes.data, arrays[14].ctypes.data,
+        out.ctypes.data,
+    )
+    return out if status == 0 else None

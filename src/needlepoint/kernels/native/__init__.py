@@ -14,7 +14,7 @@ import os
 import warnings
 from pathlib import Path
 
-ABI_VERSION = 7
+ABI_VERSION = 8
 HERE = Path(__file__).resolve().parent
 
 c_int64_p = ctypes.POINTER(ctypes.c_int64)
@@ -55,6 +55,8 @@ def _signatures(lib: ctypes.CDLL) -> None:
     lib.np_exp64_array.restype = None
     lib.np_a8_codes.argtypes = [p, i64, i64, p, p]
     lib.np_a8_codes.restype = i32
+    lib.np_hadamard_mlp.argtypes = [p, i64, i64, i64, i64, i64, p, p, p, p, i64, p, p, p]
+    lib.np_hadamard_mlp.restype = i32
     lib.np_sinkhorn.argtypes = [p, i64, i64, i32, p]
     lib.np_sinkhorn.restype = i32
     lib.np_dequant_rows.argtypes = [p, i64, i64, f32, p]

@@ -67,7 +67,7 @@ static int np_pick(void) {
 #define NP_DISPATCH(name, ...) name##_base(__VA_ARGS__)
 #endif
 
-int np_abi_version(void) { return 7; }
+int np_abi_version(void) { return 8; }
 
 /* 1 when the AVX2 + FMA variant runs, 0 for the baseline one. */
 int np_simd_variant(void) { return np_pick(); }
@@ -171,6 +171,14 @@ void np_exp64_array(const double *x, int64_t n, double *out) {
 
 int np_a8_codes(const float *x, int64_t T, int64_t cols, int8_t *codes, float *scale) {
     return NP_DISPATCH(np_a8_codes, x, T, cols, codes, scale);
+}
+
+int np_hadamard_mlp(const float *x, int64_t T, int64_t d, int64_t n, int64_t ba, int64_t bb,
+                    const float *const *vec, const float *const *mats, const float *cond_v,
+                    const float *cond_u, int64_t rank, const int64_t *p1, const int64_t *p2,
+                    float *out) {
+    return NP_DISPATCH(np_hadamard_mlp, x, T, d, n, ba, bb, vec, mats, cond_v, cond_u, rank, p1,
+                       p2, out);
 }
 
 int np_sinkhorn(const float *logits, int64_t T, int64_t n, int rounds, float *out) {

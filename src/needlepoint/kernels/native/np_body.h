@@ -570,3 +570,85 @@ static int NP_NAME(np_a8_codes)(const float *x, int64_t T, int64_t cols, int8_t 
     }
     return NP_OK;
 }
+
+/* The Hadamard (Monarch) MLP of models/needle3/mlp.py `hadamard_mlp(pinned=True)`, operation
+ * for operation, for each row of x [T, d] -> out [T, d] (fixture README step 5):
+ * cond = 1 + softmax(x cond_v) cond_u (products summed in index order, the softmax's 8-term
+ * sum as numpy reduces a contiguous row of 8: ((e0+e1)+(e2+e3))+((e4+e5)+(e6+e7)));
+ * z = d1 * pad(x); z = K1(z)[p1]; z = K2(silu(d2 cond z + b2))[p2]; out = (d4 * K3(d3 z))[:d],
+ * K(z) = flatten(wa^T Z wb) for Z = z as [ba, bb]: Y = Z wb, then wa^T Y, each in index order. */
+static void NP_NAME(np_monarch_row)(const float *z, int64_t ba, int64_t bb, const float *wa,
+                                    const float *wb, float *right, float *out) {
+    for (int64_t a = 0; a < ba; a++)
+        for (int64_t b = 0; b < bb; b++) {
+            float acc = 0.0f;
+            for (int64_t j = 0; j < bb; j++) {
+                float prod = z[a * bb + j] * wb[j * bb + b];
+                acc = acc + prod;
+            }
+            right[a * bb + b] = acc;
+        }
+    for (int64_t b = 0; b < bb; b++)
+        for (int64_t i = 0; i < ba; i++) {
+            float acc = 0.0f;
+            for (int64_t a = 0; a < ba; a++) {
+                float prod = right[a * bb + b] * wa[a * ba + i];
+                acc = acc + prod;
+            }
+            out[i * bb + b] = acc;
+        }
+}
+
+static int NP_NAME(np_hadamard_mlp)(const float *x, int64_t T, int64_t d, int64_t n, int64_t ba,
+                                    int64_t bb, const float *const *vec, const float *const *mats,
+                                    const float *cond_v, const float *cond_u, int64_t rank,
+                                    const int64_t *p1, const int64_t *p2, float *out) {
+    if (rank != 8 || ba * bb != n) return NP_BADARG;
+    const float *d1 = vec[0], *d2 = vec[1], *b2 = vec[2], *d3 = vec[3], *d4 = vec[4];
+    float *work = (float *)malloc(sizeof(float) * (size_t)(5 * n));
+    if (!work) return NP_NOMEM;
+    float *z = work, *m = work + n, *right = work + 2 * n, *cond = work + 3 * n, *act = work + 4 * n;
+    for (int64_t t = 0; t < T; t++) {
+        const float *xr = x + t * d;
+        float logits[8], e[8];
+        for (int k = 0; k < 8; k++) logits[k] = 0.0f;
+        for (int64_t j = 0; j < d; j++)
+            for (int k = 0; k < 8; k++) {
+                float prod = xr[j] * cond_v[j * 8 + k];
+                logits[k] = logits[k] + prod;
+            }
+        float peak = logits[0];
+        for (int k = 1; k < 8; k++)
+            if (logits[k] > peak) peak = logits[k];
+        for (int k = 0; k < 8; k++) e[k] = NP_NAME(np_exp32)(logits[k] - peak);
+        float total = ((e[0] + e[1]) + (e[2] + e[3])) + ((e[4] + e[5]) + (e[6] + e[7]));
+        for (int k = 0; k < 8; k++) e[k] = e[k] / total;
+        for (int64_t c = 0; c < n; c++) cond[c] = 0.0f;
+        for (int k = 0; k < 8; k++)
+            for (int64_t c = 0; c < n; c++) {
+                float prod = e[k] * cond_u[k * n + c];
+                cond[c] = cond[c] + prod;
+            }
+        for (int64_t c = 0; c < n; c++) cond[c] = cond[c] + 1.0f;
+        for (int64_t c = 0; c < n; c++) z[c] = c < d ? d1[c] * xr[c] : 0.0f;
+        NP_NAME(np_monarch_row)(z, ba, bb, mats[0], mats[1], right, m);
+        for (int64_t c = 0; c < n; c++) z[c] = m[p1[c]];
+        for (int64_t c = 0; c < n; c++) {
+            float a = d2[c] * cond[c];
+            a = a * z[c];
+            a = a + b2[c];
+            float s = NP_NAME(np_exp32)(-a);
+            s = s + 1.0f;
+            s = 1.0f / s;
+            act[c] = a * s;
+        }
+        NP_NAME(np_monarch_row)(act, ba, bb, mats[2], mats[3], right, m);
+        for (int64_t c = 0; c < n; c++) z[c] = m[p2[c]];
+        for (int64_t c = 0; c < n; c++) z[c] = z[c] * d3[c];
+        NP_NAME(np_monarch_row)(z, ba, bb, mats[4], mats[5], right, m);
+        float *o = out + t * d;
+        for (int64_t c = 0; c < d; c++) o[c] = m[c] * d4[c];
+    }
+    free(work);
+    return NP_OK;
+}

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...kernels.pinned import hadamard_mlp_native
 from . import exact_ops
 from .fastnum import sigmoid, softmax_rows
 from .weights import MlpWeights
@@ -31,12 +32,22 @@ def monarch(z: np.ndarray, wsa: np.ndarray, wsb: np.ndarray) -> np.ndarray:
 
 def hadamard_mlp(
     x: np.ndarray, weights: MlpWeights, perm1: np.ndarray, perm2: np.ndarray, hada_n: int,
-    pinned: bool = False,
+    pinned: bool = False, native: bool = True,
 ) -> np.ndarray:
     """HadamardMLP(x) for x [T, d] -> [T, d]. `pinned` (deploy numerics): every product and
-    exp in pinned order (`exact_ops`), so a row's result does not depend on the batch."""
+    exp in pinned order (`exact_ops`), so a row's result does not depend on the batch; it runs
+    as one native call when the kernels are built (`kernels.pinned.hadamard_mlp_native`, the
+    same operations; `native=False` forces this numpy form)."""
     rows, width = x.shape
     (w1a, w1b), (w2a, w2b), (w3a, w3b) = weights.stages
+    if pinned and native:
+        out = hadamard_mlp_native(
+            x, (weights.d1, weights.d2, weights.b2, weights.d3, weights.d4),
+            (w1a, w1b, w2a, w2b, w3a, w3b), weights.cond_v, weights.cond_u, perm1, perm2,
+            hada_n, _native_tables(weights),
+        )
+        if out is not None:
+            return out
     mix, act_of = (exact_ops.monarch, exact_ops.sigmoid) if pinned else (monarch, sigmoid)
     if pinned:
         cond = exact_ops.small_product(
@@ -57,3 +68,14 @@ def hadamard_mlp(
     z *= weights.d3
     out = mix(z, w3a, w3b)[:, :width]
     return out * weights.d4[:width]
+
+
+
+def _native_tables(weights: MlpWeights) -> list:
+    """The native call's pointer tables for one block's weights, kept on the weights object
+    (built on first use; freed with it)."""
+    tables = weights.__dict__.get("_native_tables")
+    if tables is None:
+        tables = []
+        object.__setattr__(weights, "_native_tables", tables)
+    return tables
