@@ -579,24 +579,33 @@ static int NP_NAME(np_a8_codes)(const float *x, int64_t T, int64_t cols, int8_t 
  * K(z) = flatten(wa^T Z wb) for Z = z as [ba, bb]: Y = Z wb, then wa^T Y, each in index order. */
 static void NP_NAME(np_monarch_row)(const float *z, int64_t ba, int64_t bb, const float *wa,
                                     const float *wb, float *right, float *out) {
-    for (int64_t a = 0; a < ba; a++)
-        for (int64_t b = 0; b < bb; b++) {
-            float acc = 0.0f;
-            for (int64_t j = 0; j < bb; j++) {
-                float prod = z[a * bb + j] * wb[j * bb + b];
-                acc = acc + prod;
+    /* right[a][b] = sum_j z[a][j] wb[j][b] and out[i][b] = sum_a right[a][b] wa[a][i], each
+     * output's terms added in index order; the loops run the output index b innermost so the
+     * compiler vectorises across outputs, never across a sum. */
+    for (int64_t a = 0; a < ba; a++) {
+        float *r = right + a * bb;
+        for (int64_t b = 0; b < bb; b++) r[b] = 0.0f;
+        for (int64_t j = 0; j < bb; j++) {
+            float zj = z[a * bb + j];
+            const float *w = wb + j * bb;
+            for (int64_t b = 0; b < bb; b++) {
+                float prod = zj * w[b];
+                r[b] = r[b] + prod;
             }
-            right[a * bb + b] = acc;
         }
-    for (int64_t b = 0; b < bb; b++)
+    }
+    for (int64_t i = 0; i < ba * bb; i++) out[i] = 0.0f;
+    for (int64_t a = 0; a < ba; a++) {
+        const float *r = right + a * bb;
         for (int64_t i = 0; i < ba; i++) {
-            float acc = 0.0f;
-            for (int64_t a = 0; a < ba; a++) {
-                float prod = right[a * bb + b] * wa[a * ba + i];
-                acc = acc + prod;
+            float w = wa[a * ba + i];
+            float *o = out + i * bb;
+            for (int64_t b = 0; b < bb; b++) {
+                float prod = r[b] * w;
+                o[b] = o[b] + prod;
             }
-            out[i * bb + b] = acc;
         }
+    }
 }
 
 static int NP_NAME(np_hadamard_mlp)(const float *x, int64_t T, int64_t d, int64_t n, int64_t ba,
@@ -612,11 +621,13 @@ static int NP_NAME(np_hadamard_mlp)(const float *x, int64_t T, int64_t d, int64_
         const float *xr = x + t * d;
         float logits[8], e[8];
         for (int k = 0; k < 8; k++) logits[k] = 0.0f;
-        for (int64_t j = 0; j < d; j++)
+        for (int64_t j = 0; j < d; j++) {
+            float xj = xr[j];
             for (int k = 0; k < 8; k++) {
-                float prod = xr[j] * cond_v[j * 8 + k];
+                float prod = xj * cond_v[j * 8 + k];
                 logits[k] = logits[k] + prod;
             }
+        }
         float peak = logits[0];
         for (int k = 1; k < 8; k++)
             if (logits[k] > peak) peak = logits[k];
