@@ -66,3 +66,41 @@ class InvalidQueryError(NeedlepointError, ValueError):
 
 class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
     """A named model (e.g. "smollm2") whose package or file is not installed."""
+
+
+class StageError(NeedlepointError, RuntimeError):
+    """A pipeline stage of a model cut into stages (`needlepoint.load(path, stages=...)`)
+    failed; `stage` is its index (None: the head, or no one stage) and the message names it
+    and its layers."""
+
+    def __init__(self, message: str, stage: int | None = None) -> None:
+        super().__init__(message)
+        self.stage = stage
+
+    def __reduce__(self):  # picklable with its stage (it crosses process boundaries)
+        return (type(self), (str(self), self.stage))
+
+
+class StageNonFiniteError(StageError, NonFiniteActivationError):
+    """Non-finite activations at one end of a hop between stages (sent or received), or
+    computed inside a stage; the message names the stage and which end refused them."""
+
+
+class StageLostError(StageError):
+    """A stage process died or stopped answering while it held part of a request: that
+    request fails; Ray restarts the actor, and later sessions work once it is back."""
+
+
+class StageSessionLostError(StageLostError):
+    """A session's cache lived on a stage that has restarted since (or the session was
+    closed): the session cannot continue; start a new one."""
+
+
+class StageStartError(StageError):
+    """A stage never came up at load (no node offers its placement, its process failed to
+    load the archive, or it did not answer in time)."""
+
+
+class StagePlanError(StageError, ValueError):
+    """Bad stage options: the cut points, stage count, transport or placement are invalid,
+    or the model cannot be cut (Needle 2, Hugging Face / GGUF models)."""

@@ -1,0 +1,61 @@
+"""The in-process transport: every stage in this process, each on its own worker thread.
+
+A call is queued on its stage's thread and returns a future; an argument that is a future
+of another call is waited for by the worker, so a chain of calls (stage 0 -> 1 -> 2 of one
+chunk) is submitted at once and the stages overlap across chunks, as Ray actors do with object
+references: stage k works on chunk i while stage k-1 works on chunk i+1 (numpy and the native
+kernels release the GIL in their products). Arrays are passed by reference, never copied.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+from .stage import Stage, StageSpec
+
+
+class LocalTransport:
+    kind = "local"
+
+    def __init__(self, specs: Sequence[StageSpec]) -> None:
+        self.specs = list(specs)
+        self.stages = [Stage(spec) for spec in self.specs]
+        self.workers = [
+            ThreadPoolExecutor(1, thread_name_prefix=f"needlepoint-stage{spec.index}")
+            for spec in self.specs
+        ]
+        self.closed = False
+
+    def submit(self, stage: int, method: str, *args: Any) -> Future:
+        target = getattr(self.stages[stage], method)
+
+        def job() -> Any:
+            return target(*[a.result() if isinstance(a, Future) else a for a in args])
+
+        return self.workers[stage].submit(job)
+
+    def gather(self, pending: Sequence[Future], timeout: float | None = None) -> list[Any]:
+        """Results in order; the first failure (in order) is raised as it was raised."""
+        return [future.result() for future in pending]
+
+    def call(self, stage: int, method: str, *args: Any) -> Any:
+        return self.gather([self.submit(stage, method, *args)])[0]
+
+    def call_all(self, method: str, *args: Any) -> list[Any]:
+        return self.gather([self.submit(k, method, *args) for k in range(len(self.stages))])
+
+    def fire(self, stage: int, method: str, *args: Any) -> None:
+        """Queue a call whose result and errors nobody waits for (closing a session)."""
+        if self.closed:
+            return
+        try:
+            self.submit(stage, method, *args)
+        except RuntimeError:  # the worker has shut down
+            pass
+
+    def close(self) -> None:
+        self.closed = True
+        for worker in self.workers:
+            worker.shutdown(wait=True)

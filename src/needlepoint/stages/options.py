@@ -1,0 +1,60 @@
+"""The command-line form of the stage options, shared by `run`/`chat` (cli/common.py) and
+`serve` (server/cli.py): `--stages N|A,B,C`, `--ray ADDRESS`, `--placement P0,P1,...`."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+from ..errors import StagePlanError
+
+
+def parse_stages(text: str) -> int | list[int]:
+    """"4" -> 4 stages (balanced); "0,7,14" -> the first layer of each stage."""
+    try:
+        if "," in text:
+            return [int(part) for part in text.split(",") if part.strip()]
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a stage count (4) or each stage's first layer (0,7,14), got {text!r}"
+        ) from None
+
+
+def parse_placement(text: str) -> list[str]:
+    """"node_a,zone=b" -> one entry per stage (a custom resource, or label=value)."""
+    return [part.strip() for part in text.split(",")]
+
+
+def add_stage_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--stages", type=parse_stages, default=None, metavar="N|A,B,...",
+                        help="cut the model into N stages (balanced by weight bytes), or at "
+                        "these first layers (0,7,14); Needle 3 only (docs/distributed.md)")
+    parser.add_argument("--ray", metavar="ADDRESS", default=None,
+                        help="run the stages as Ray actors on the cluster at ADDRESS "
+                        "(host:port of `ray start --head`; needs the 'ray' extra)")
+    parser.add_argument("--placement", type=parse_placement, default=None,
+                        metavar="P0,P1,...", help="with --ray: where each stage runs, a "
+                        "custom resource name (ray start --resources) or label=value "
+                        "(ray start --labels); default: spread over the nodes")
+
+
+def staged_from_args(model: str | os.PathLike[str] | None, args: argparse.Namespace) -> Any:
+    """The staged model the arguments ask for (of `--model`: a path, or None for
+    $NEEDLEPOINT_MODEL / the bundled model), or None when they ask for none."""
+    stages, address = getattr(args, "stages", None), getattr(args, "ray", None)
+    placement = getattr(args, "placement", None)
+    if stages is None and address is None and placement is None:
+        return None
+    if stages is None:
+        raise StagePlanError("--ray and --placement need --stages (a count, or each stage's "
+                             "first layer)")
+    if placement is not None and address is None:
+        raise StagePlanError("--placement needs --ray ADDRESS")
+    from ..models.hub import resolve_model_path
+    from .model import load_staged
+
+    return load_staged(resolve_model_path(model), stages, transport="ray" if address else "local",
+                       ray_address=address, placement=placement,
+                       threads=getattr(args, "threads", None))

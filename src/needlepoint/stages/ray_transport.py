@@ -1,0 +1,213 @@
+"""The Ray transport: one actor per stage (the optional `ray` extra: pip install
+'needlepoint[ray]').
+
+Calls are plain actor method calls. A chunk's chain (stage 0 -> 1 -> ...) is submitted with
+object references as arguments, so a stage's output goes to the next stage without waiting
+for the head, and the stages pipeline across chunks. Arrays arrive read-only (zero copy):
+the stage copies what it must write (`stage.own_buffer`).
+
+Failures become typed errors naming the stage: an exception in a stage is re-raised as is
+(stages raise `StageError`s), a dead actor is a `StageLostError` (Ray restarts the actor:
+`max_restarts=-1`, and never retries a call: `max_task_retries=0`), no answer within
+`call_timeout_s` a `StageLostError`, a stage that does not come up at load a
+`StageStartError`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from ..errors import StageError, StageLostError, StagePlanError, StageStartError
+from .stage import Stage, StageSpec
+
+# Ray actor options a placement entry may give (everything else is refused by name)
+ACTOR_OPTIONS = {"resources", "label_selector", "num_cpus", "memory", "scheduling_strategy",
+                 "runtime_env", "accelerator_type"}
+RESOURCE_SHARE = 0.01  # of a named custom resource per stage: a node with 1 of it takes 100
+
+
+class StageActor:
+    """The actor around a `Stage` (its methods are called by name through `call`)."""
+
+    def __init__(self, spec: StageSpec) -> None:
+        self.stage = Stage(spec)
+
+    def ready(self) -> dict:
+        return self.stage.info()
+
+    def call(self, method: str, *args: Any) -> Any:
+        return getattr(self.stage, method)(*args)
+
+
+def actor_options(entry: Any) -> dict[str, Any]:
+    """Ray options of one stage from its placement entry: None -> spread over the nodes;
+    "NAME" -> 0.01 of the custom resource NAME (`ray start --resources '{"NAME": 1}'`);
+    "key=value" -> the node label key=value (`ray start --labels key=value`); a dict of Ray
+    actor options (resources, label_selector, num_cpus, memory, scheduling_strategy, ...)."""
+    if entry is None:
+        return {"scheduling_strategy": "SPREAD"}
+    if isinstance(entry, str) and entry:
+        if "=" in entry:
+            key, _, value = entry.partition("=")
+            return {"label_selector": {key.strip(): value.strip()}}
+        return {"resources": {entry: RESOURCE_SHARE}}
+    if isinstance(entry, dict):
+        unknown = sorted(set(entry) - ACTOR_OPTIONS)
+        if unknown:
+            raise StagePlanError(f"placement entry {entry!r}: unknown Ray actor options "
+                                 f"{unknown} (allowed: {sorted(ACTOR_OPTIONS)})")
+        return dict(entry)
+    raise StagePlanError(f"placement entry {entry!r}: expected a resource name, "
+                         "'label=value' or a dict of Ray actor options")
+
+
+def _import_ray():
+    try:
+        import ray
+    except ImportError:
+        raise StagePlanError("transport='ray' needs Ray: pip install 'needlepoint[ray]'") from None
+    return ray
+
+
+class _Pending:
+    """A submitted call: its stage and object reference."""
+
+    __slots__ = ("ref", "stage")
+
+    def __init__(self, stage: int, ref: Any) -> None:
+        self.stage, self.ref = stage, ref
+
+
+class RayTransport:
+    kind = "ray"
+
+    def __init__(self, specs: Sequence[StageSpec], address: str | None,
+                 placement: Sequence[Any] | None, start_timeout_s: float = 120.0,
+                 call_timeout_s: float = 300.0) -> None:
+        ray = self.ray = _import_ray()
+        self.specs = list(specs)
+        self.call_timeout_s = call_timeout_s
+        self.closed = False
+        entries = list(placement) if placement is not None else [None] * len(self.specs)
+        options = [actor_options(entry) for entry in entries]
+        if not ray.is_initialized():
+            ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
+        actor_class = ray.remote(StageActor)
+        self.actors = [
+            actor_class.options(max_restarts=-1, max_task_retries=0, **opts).remote(spec)
+            for spec, opts in zip(self.specs, options, strict=True)
+        ]
+        self.stage_of = {actor._actor_id.hex(): k for k, actor in enumerate(self.actors)}
+        try:
+            self._wait_ready(options, start_timeout_s)
+        except BaseException:
+            self.close()
+            raise
+
+    def _wait_ready(self, options: list[dict], timeout: float) -> None:
+        ray = self.ray
+        refs = [actor.ready.remote() for actor in self.actors]
+        done, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout)
+        finished = {ref.hex() for ref in done}
+        for spec, ref, opts in zip(self.specs, refs, options, strict=True):
+            if ref.hex() not in finished:
+                raise StageStartError(f"{spec.name} did not start within {timeout:g} s "
+                                      f"(placement {opts}){self._why_pending(opts)}",
+                                      spec.index)
+            try:
+                ray.get(ref)
+            except ray.exceptions.RayError as error:
+                reason = _last_line(str(error))
+                raise StageStartError(f"{spec.name} failed to start: {reason}",
+                                      spec.index) from None
+
+    def _why_pending(self, opts: dict) -> str:
+        wanted = (opts.get("resources") or {}).keys()
+        try:
+            offered = self.ray.cluster_resources()
+        except Exception:  # noqa: BLE001 - only for the message
+            return ""
+        missing = [name for name in wanted if name not in offered]
+        if missing:
+            return (f": no node in the Ray cluster offers resource {', '.join(missing)} "
+                    f"(offered: {', '.join(sorted(offered))})")
+        return ": the cluster has no room for it, or its node is not up"
+
+    # -- calls -------------------------------------------------------------------------------
+    def submit(self, stage: int, method: str, *args: Any) -> _Pending:
+        args = tuple(a.ref if isinstance(a, _Pending) else a for a in args)
+        return _Pending(stage, self.actors[stage].call.remote(method, *args))
+
+    def gather(self, pending: Sequence[_Pending], timeout: float | None = None) -> list[Any]:
+        """Results in order; the first failure raised as a typed StageError."""
+        limit = self.call_timeout_s if timeout is None else timeout
+        results = []
+        for item in pending:
+            started = time.monotonic()
+            try:
+                results.append(self.ray.get(item.ref, timeout=limit))
+            except BaseException as error:  # noqa: BLE001 - mapped to a typed error
+                raise self._typed(error, item.stage, time.monotonic() - started) from None
+        return results
+
+    def _typed(self, error: BaseException, stage: int, waited: float) -> BaseException:
+        ray = self.ray
+        exceptions = ray.exceptions
+        if isinstance(error, exceptions.RayTaskError):
+            cause = getattr(error, "cause", None)
+            if isinstance(cause, StageError):
+                return cause
+            if isinstance(cause, exceptions.RayActorError):
+                error = cause
+            else:
+                spec = self.specs[stage]
+                kind = type(cause).__name__ if cause is not None else "error"
+                return StageError(f"{spec.name} failed: {kind}: {cause}", stage)
+        if isinstance(error, exceptions.RayActorError):
+            lost = self.stage_of.get(str(error.actor_id), stage)
+            spec = self.specs[lost]
+            return StageLostError(
+                f"{spec.name} was lost during the request (its actor process died or is "
+                f"unreachable: {_last_line(str(error))}); Ray restarts it, and sessions whose "
+                f"cache lived there are gone", lost)
+        if isinstance(error, exceptions.GetTimeoutError):
+            spec = self.specs[stage]
+            return StageLostError(f"no answer through {spec.name} within {waited:.0f} s "
+                                  f"(call_timeout_s); the request is abandoned", stage)
+        if isinstance(error, exceptions.RayError):
+            spec = self.specs[stage]
+            return StageLostError(f"{spec.name}: {type(error).__name__}: "
+                                  f"{_last_line(str(error))}", stage)
+        return error
+
+    def call(self, stage: int, method: str, *args: Any) -> Any:
+        return self.gather([self.submit(stage, method, *args)])[0]
+
+    def call_all(self, method: str, *args: Any) -> list[Any]:
+        return self.gather([self.submit(k, method, *args) for k in range(len(self.actors))])
+
+    def fire(self, stage: int, method: str, *args: Any) -> None:
+        if self.closed:
+            return
+        try:
+            self.actors[stage].call.remote(method, *args)
+        except Exception:  # noqa: BLE001 - Ray shut down, actor gone: nothing to free
+            pass
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        for actor in self.actors:
+            try:
+                self.ray.kill(actor, no_restart=True)
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+
+
+def _last_line(text: str) -> str:
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else text
