@@ -31,6 +31,11 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
                         help="free tokens before the tool call is forced")
     parser.add_argument("--no-grammar", action="store_true",
                         help="do not constrain tool calls to the schemas")
+    parser.add_argument("--no-speculate", action="store_true",
+                        help="decode one forward pass per token (no drafts; same tokens)")
+    from ..stages.options import add_stage_arguments
+
+    add_stage_arguments(parser)  # --stages, --ray, --placement (docs/distributed.md)
     add_threads_argument(parser)
 
 
@@ -84,12 +89,15 @@ def notice(message: str) -> None:
 
 def build_needle(args: argparse.Namespace) -> Any:
     from ..api.needle import Needle
+    from ..stages.options import staged_from_args
 
+    model = staged_from_args(args.model, args) or args.model  # --stages / --ray
     return Needle(
-        tools=load_tools(args.tools), model=args.model, system=args.system,
+        tools=load_tools(args.tools), model=model, system=args.system,
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
         max_new_tokens=args.max_new_tokens, reasoning_budget=args.reasoning_budget,
         auto_date=args.auto_date, grammar=not args.no_grammar,
+        speculate=not getattr(args, "no_speculate", False),
         threads=getattr(args, "threads", None),
     )
 

@@ -78,11 +78,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"]
     )
+    from ..stages.options import add_stage_arguments
+
+    add_stage_arguments(parser)  # --stages, --ray, --placement (docs/distributed.md)
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..stages.options import staged_from_args
+
+    model = staged_from_args(args.model, args) or args.model  # --stages / --ray
     serve(
-        args.model,
+        model,
         host=args.host,
         port=args.port,
         workers=args.workers,
