@@ -14,8 +14,33 @@ import os
 import warnings
 from pathlib import Path
 
-ABI_VERSION = 1
+ABI_VERSION = 2
 FOLDER = Path(__file__).resolve().parent / "i8native"
+_P, _I64, _I32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32
+
+
+class Part(ctypes.Structure):
+    """`i8_part` of np_i8.c: one packed weight (`kernels.i8.I8Weight`)."""
+
+    _fields_ = [("n_out", _I64), ("groups", _I64), ("nb", _I64), ("bits", _I32),
+                ("threads", _I32), ("data", _P), ("scale", _P), ("offset", _P)]
+
+
+class Lin(ctypes.Structure):
+    """`i8_lin`: one input into `n_parts` weights, outputs side by side (+ bias)."""
+
+    _fields_ = [("parts", ctypes.POINTER(Part)), ("n_parts", _I64), ("k_in", _I64),
+                ("k_pad", _I64), ("n_total", _I64), ("bias", _P)]
+
+
+class Layer(ctypes.Structure):
+    """`i8_layer`: a pre-norm transformer block (np_i8_block.h)."""
+
+    _fields_ = [("d", _I64), ("heads", _I64), ("kv_heads", _I64), ("head_dim", _I64),
+                ("d_ff", _I64), ("gated", _I32), ("gelu", _I32), ("center", _I32),
+                ("rope", _I32), ("eps", ctypes.c_double), ("factor", ctypes.c_float),
+                ("unused", _I32), ("n1w", _P), ("n1b", _P), ("n2w", _P), ("n2b", _P),
+                ("qkv", Lin), ("o", Lin), ("up", Lin), ("down", Lin)]
 
 
 def _signatures(lib: ctypes.CDLL) -> None:
@@ -30,6 +55,14 @@ def _signatures(lib: ctypes.CDLL) -> None:
     lib.i8_norm.restype = i32
     lib.i8_matmul.argtypes = [p, p, p, i64, i64, i32, p, p, p, i64, i64, p, p, i64, i32]
     lib.i8_matmul.restype = i32
+    lib.i8_exp32_array.argtypes = [p, i64, p]
+    lib.i8_exp32_array.restype = None
+    lib.i8_a8_rows.argtypes = [p, i64, i64, p, p]
+    lib.i8_a8_rows.restype = i32
+    lib.i8_attend_causal.argtypes = [p, p, i64, i64, i64, i64, i64, p, p, p, p, p, p]
+    lib.i8_attend_causal.restype = None
+    lib.i8_block.argtypes = [ctypes.POINTER(Layer), p, i64, i64, p, p, p, p, p, p]
+    lib.i8_block.restype = i32
 
 
 def load_library() -> tuple[ctypes.CDLL | None, str]:

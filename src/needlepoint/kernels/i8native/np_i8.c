@@ -19,6 +19,36 @@
 #define I8_NOMEM 2
 #define I8_BADARG 3
 #define I8_MAX_THREADS 16
+/* GELU-tanh's -2 sqrt(2/pi) as models/transformer/int8.py rounds it: the float64 constant
+ * rounded to float32, times -2 (exact) */
+#define I8_GELU_C ((float)0.044715)
+#define I8_GELU_K ((float)0.7978845608028654 * -2.0f)
+
+/* A packed weight (kernels/i8.py I8Weight) and a product of one input into several of them,
+ * outputs side by side (models/transformer/linear.py Int8Linear). */
+typedef struct {
+    int64_t n_out, groups, nb;
+    int32_t bits, threads;
+    const uint8_t *data;
+    const float *scale, *offset;
+} i8_part;
+
+typedef struct {
+    const i8_part *parts;
+    int64_t n_parts, k_in, k_pad, n_total;
+    const float *bias;
+} i8_lin;
+
+/* One block's geometry and weights (np_i8_block.h). `up` is gate | up when gated. */
+typedef struct {
+    int64_t d, heads, kv_heads, head_dim, d_ff;
+    int32_t gated, gelu, center, rope;
+    double eps;
+    float factor;
+    int32_t unused;
+    const float *n1w, *n1b, *n2w, *n2b;
+    i8_lin qkv, o, up, down;
+} i8_layer;
 
 #if defined(__GNUC__) && defined(__x86_64__) && !defined(I8_BASELINE_ONLY)
 #define I8_HAVE_AVX2 1
@@ -28,6 +58,7 @@
 #pragma GCC target("avx2")
 #include <immintrin.h>
 #include "np_i8_body.h"
+#include "np_i8_rows.h"
 #pragma GCC pop_options
 #undef I8_SIMD_AVX2
 #undef I8_NAME
@@ -35,6 +66,7 @@
 
 #define I8_NAME(name) name##_base
 #include "np_i8_body.h"
+#include "np_i8_rows.h"
 #undef I8_NAME
 
 static int i8_variant = -1; /* 0 baseline, 1 AVX2 */
@@ -59,7 +91,7 @@ static int i8_pick(void) {
 #define I8_DISPATCH(name, ...) name##_base(__VA_ARGS__)
 #endif
 
-int i8_abi_version(void) { return 1; }
+int i8_abi_version(void) { return 2; }
 
 /* 1 when the AVX2 variant runs, 0 for the baseline one. */
 int i8_simd_variant(void) { return i8_pick(); }
@@ -146,6 +178,24 @@ int i8_matmul(const int8_t *codes, const float *xscale, const int32_t *xsums, in
     }
     return I8_OK;
 }
+
+void i8_exp32_array(const float *x, int64_t n, float *out) {
+    I8_DISPATCH(i8_exp32_array, x, n, out);
+}
+
+int i8_a8_rows(const float *x, int64_t T, int64_t cols, int8_t *codes, float *scale) {
+    return I8_DISPATCH(i8_a8_rows, x, T, cols, codes, scale);
+}
+
+void i8_attend_causal(const int8_t *qcode, const float *qscale, int64_t T, int64_t start,
+                      int64_t heads, int64_t kv_heads, int64_t hd, const int8_t *kcode,
+                      const float *kscale, const int8_t *vcode, const float *vscale,
+                      float *out, float *work) {
+    I8_DISPATCH(i8_attend_causal, qcode, qscale, T, start, heads, kv_heads, hd, kcode, kscale,
+                vcode, vscale, out, work);
+}
+
+#include "np_i8_block.h"
 
 /* A module entry point so setup.py can build the file as an extension module;
  * kernels/i8_native.py loads the same file with ctypes. */

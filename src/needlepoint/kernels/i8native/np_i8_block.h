@@ -35,20 +35,15 @@ static void i8_rope_row(const float *x, const float *cs, const float *sn, int64_
     }
 }
 
-static float i8_act(float x, int gelu) {
-    float e;
-    if (gelu) {
-        float u = x * x;
-        u = u * x;
-        u = u * 0.044715f;
-        u = u + x;
-        u = u * I8_GELU_K;
-        e = I8_DISPATCH(i8_exp32, u);
-    } else {
-        e = I8_DISPATCH(i8_exp32, -x);
-    }
-    e = e + 1.0f;
-    return x / e;
+/* The pinned activation's exp argument: -x (SiLU), or -2 sqrt(2/pi) (x + 0.044715 x^3)
+ * (GELU-tanh), in models/transformer/int8.py's float32 order. */
+static inline float i8_act_arg(float x, int gelu) {
+    if (!gelu) return -x;
+    float u = x * x;
+    u = u * x;
+    u = u * I8_GELU_C;
+    u = u + x;
+    return u * I8_GELU_K;
 }
 
 #define I8_MAX(a, b) ((a) > (b) ? (a) : (b))
@@ -116,8 +111,11 @@ int i8_block(const i8_layer *L, float *h, int64_t T, int64_t start, const float 
     for (int64_t t = 0; t < T; t++) {
         const float *yr = y + t * L->up.n_total;
         float *ar = act + t * L->d_ff;
+        for (int64_t j = 0; j < L->d_ff; j++) ar[j] = i8_act_arg(yr[j], L->gelu);
+        I8_DISPATCH(i8_exp32_array, ar, L->d_ff, ar);
         for (int64_t j = 0; j < L->d_ff; j++) {
-            float a = i8_act(yr[j], L->gelu);
+            float e = ar[j] + 1.0f;
+            float a = yr[j] / e;
             if (L->gated) a = a * yr[L->d_ff + j];
             ar[j] = a;
         }

@@ -7,13 +7,16 @@ on how many other positions share its chunk, on the chunk size, on the thread co
 * norms: `kernels.i8_ops.norm` (float64 halving-tree sums, same bits native or numpy);
 * SiLU `x / (1 + exp32(-x))` and GELU-tanh `x / (1 + exp32(-2u))`, `u = sqrt(2/pi)(x +
   0.044715 x^3)` (the same function as `0.5 x (1 + tanh u)`), float32 elementwise with the
-  pinned exp (`kernels.pinned.exp32`);
+  pinned exp (`kernels.pinned.exp32_reference`, native in `kernels.i8_rows.exp32`);
 * RoPE: cos/sin tables computed once per model from float32 angles `p * inv_freq` through
   float64 cos/sin rounded to float32, applied elementwise;
 * attention: keys and values cached as int8 rows (one A8 scale per position and kv head,
-  `kernels.exact.a8_codes`), queries A8 per position and head, and `kernels.pinned.attend`:
-  exact integer scores, pinned softmax (pinned exp, sums in position order), values summed in
-  position order. Its score scale is `1/sqrt(head_dim)`; another scale multiplies q first.
+  `kernels.exact.a8_codes_reference`), queries A8 per position and head, and
+  `kernels.pinned.attend_reference`'s attention (exact integer scores, pinned softmax: pinned
+  exp, sums in position order; values summed in position order), native in
+  `kernels.i8_rows`. Its score scale is `1/sqrt(head_dim)`; another scale multiplies q first.
+
+`int8_fused.py` runs a whole block of these in one native call, with the same bits.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import math
 
 import numpy as np
 
-from ...kernels import exact, i8_ops, pinned
+from ...kernels import i8_ops, i8_rows
 from ...kernels.i8 import I8Weight
 
 F32 = np.float32
@@ -48,7 +51,7 @@ class PinnedNorm:
 
 
 def silu(x: np.ndarray) -> np.ndarray:
-    e = pinned.exp32(np.negative(x, dtype=F32))
+    e = i8_rows.exp32(np.negative(x, dtype=F32))
     e += F32(1.0)
     return np.divide(x, e, dtype=F32)
 
@@ -59,7 +62,7 @@ def gelu_tanh(x: np.ndarray) -> np.ndarray:
     u *= _GELU_C
     u += x
     u *= _SQRT_2_OVER_PI * F32(-2.0)
-    e = pinned.exp32(u)
+    e = i8_rows.exp32(u)
     e += F32(1.0)
     return np.divide(x, e, dtype=F32)
 
@@ -90,19 +93,22 @@ class RopeTable:
 
 class Int8KVCache:
     """Keys and values of one layer as int8 rows `[positions, kv_heads, head_dim]` with
-    float32 scales `[positions, kv_heads]`; `attend` appends a chunk and attends to it.
-    `plans` (shared by a session's layers) holds the slot lists of the current chunk."""
+    float32 scales `[positions, kv_heads]`; `attend` appends a chunk and attends to it."""
 
-    __slots__ = ("kcode", "kscale", "vcode", "vscale", "length", "limit", "plans")
+    __slots__ = ("kcode", "kscale", "vcode", "vscale", "length", "limit")
 
-    def __init__(self, kv_heads: int, head_dim: int, limit: int, plans: dict) -> None:
+    def __init__(self, kv_heads: int, head_dim: int, limit: int) -> None:
         self.kcode = np.zeros((0, kv_heads, head_dim), np.int8)
         self.vcode = np.zeros((0, kv_heads, head_dim), np.int8)
         self.kscale = np.zeros((0, kv_heads), F32)
         self.vscale = np.zeros((0, kv_heads), F32)
         self.length = 0
         self.limit = limit
-        self.plans = plans
+
+    def reserve(self, end: int) -> None:
+        """Capacity for positions up to `end` (grown by doubling)."""
+        if end > self.kcode.shape[0]:
+            self._grow(end)
 
     def _grow(self, end: int) -> None:
         capacity = min(self.limit, max(_MIN_CAPACITY, 2 * self.kcode.shape[0], end))
@@ -117,31 +123,13 @@ class Int8KVCache:
         """Quantise and store k, v [T, kv_heads, hd] (one A8 scale per row of hd)."""
         count, heads, head_dim = k.shape
         end = self.length + count
-        if end > self.kcode.shape[0]:
-            self._grow(end)
+        self.reserve(end)
         for src, codes, scales in ((k, self.kcode, self.kscale), (v, self.vcode, self.vscale)):
-            c, s = exact.a8_codes(np.ascontiguousarray(src, F32).reshape(count * heads, head_dim))
+            c, s = i8_rows.a8_codes(np.ascontiguousarray(src, F32).reshape(count * heads,
+                                                                           head_dim))
             codes[self.length : end] = c.reshape(count, heads, head_dim)
             scales[self.length : end] = s.reshape(count, heads)
         self.length = end
-
-    def _plan(self, start: int, count: int, heads: int) -> tuple[np.ndarray, np.ndarray]:
-        """slots [count*heads, start+count] and count per query row (t, h): the rows
-        `p * kv_heads + g` of keys p = 0 .. start + t of kv head g = h // group."""
-        key = (start, count, heads, self.kcode.shape[1])
-        plan = self.plans.get(key)
-        if plan is None:
-            kv_heads = self.kcode.shape[1]
-            group = heads // kv_heads
-            g = np.arange(heads, dtype=np.int64) // group
-            total = start + count
-            slots = np.arange(total, dtype=np.int64)[None, None, :] * kv_heads + g[None, :, None]
-            slots = np.ascontiguousarray(np.broadcast_to(slots, (count, heads, total)))
-            seen = np.repeat(np.arange(start + 1, total + 1, dtype=np.int64), heads)
-            plan = (slots.reshape(count * heads, total), seen)
-            self.plans.clear()
-            self.plans[key] = plan
-        return plan
 
     def attend(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, start: int,
                scale: float) -> np.ndarray:
@@ -152,19 +140,15 @@ class Int8KVCache:
         rows = np.ascontiguousarray(q, F32).reshape(count * heads, head_dim)
         if factor != F32(1.0):
             rows = rows * factor
-        qcode, qscale = exact.a8_codes(rows)
-        slots, seen = self._plan(start, count, heads)
-        flat = self.kcode.shape[0] * self.kcode.shape[1]
-        out = pinned.attend(qcode, qscale, self.kcode.reshape(flat, head_dim),
-                            self.kscale.reshape(flat), self.vcode.reshape(flat, head_dim),
-                            self.vscale.reshape(flat), slots, seen)
-        return out.reshape(count, heads * head_dim)
+        qcode, qscale = i8_rows.a8_codes(rows)
+        return i8_rows.attend_causal(qcode, qscale, start, heads, self.kcode, self.kscale,
+                                     self.vcode, self.vscale)
 
     def copy(self) -> Int8KVCache:
         other = Int8KVCache.__new__(Int8KVCache)
         for name in ("kcode", "vcode", "kscale", "vscale"):
             setattr(other, name, getattr(self, name)[: max(self.length, 1)].copy())
-        other.length, other.limit, other.plans = self.length, self.limit, {}
+        other.length, other.limit = self.length, self.limit
         return other
 
 

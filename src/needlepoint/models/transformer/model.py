@@ -21,7 +21,9 @@ import numpy as np
 
 from ...errors import ModelInputError
 from ...formats.checkpoints import open_checkpoint
+from ...kernels import i8_native
 from .int8 import RopeTable
+from .int8_fused import FusedBlock, fused_blocks
 from .layers import rope_angles
 from .session import CHUNK, TransformerSession
 from .spec import BlockSpec, spec_from_config
@@ -40,6 +42,19 @@ class TransformerModel:
         self.numerics = weights.numerics
         self._rope = RopeTable(spec.head_dim, spec.rope_theta) \
             if spec.rope and self.numerics == "int8" else None
+        self.fused = True  # int8: run each block in one native call when it is built
+
+    @cached_property
+    def fused_blocks(self) -> list[FusedBlock] | None:
+        """The int8 blocks as single native calls (None: float, or no native library)."""
+        return fused_blocks(self.config, self.weights)
+
+    def native_blocks(self) -> list[FusedBlock] | None:
+        """The fused blocks a chunk runs now: None when `fused` is off or the native int8
+        library is not (or no longer) loaded, and every block runs `block_forward`."""
+        if not self.fused or i8_native.LIBRARY is None:
+            return None
+        return self.fused_blocks
 
     @classmethod
     def from_checkpoint(cls, checkpoint: Any, *, layers: int | None = None,

@@ -40,8 +40,7 @@ class TransformerSession:
         spec = self.model.config
         layers = self.model.weights.layers
         if self.model.numerics == "int8":
-            plans: dict = {}
-            return [Int8KVCache(spec.num_kv_heads, spec.head_dim, spec.max_seq_len, plans)
+            return [Int8KVCache(spec.num_kv_heads, spec.head_dim, spec.max_seq_len)
                     for _ in layers]
         return [KVCache(spec.num_kv_heads, spec.head_dim, spec.max_seq_len) for _ in layers]
 
@@ -59,10 +58,6 @@ class TransformerSession:
         other.model = self.model
         other.chunk = self.chunk
         other.caches = [cache.copy() for cache in self.caches]
-        if self.model.numerics == "int8":
-            plans: dict = {}
-            for cache in other.caches:
-                cache.plans = plans
         other.tokens = list(self.tokens)
         return other
 
@@ -104,8 +99,12 @@ class TransformerSession:
         h = model.embed(tokens, start)
         states = [h.copy()] if hidden is not None else None
         rope = model.rope(start, count) if spec.rope else None
+        fused = model.native_blocks()
         for index, (layer, cache) in enumerate(zip(weights.layers, self.caches, strict=True)):
-            h = block_forward(spec, layer, index, h, cache, start, rope)
+            if fused is not None:
+                h = fused[index](h, cache, start, rope)
+            else:
+                h = block_forward(spec, layer, index, h, cache, start, rope)
             if states is not None:
                 states.append(h)
         self.tokens.extend(int(t) for t in tokens)

@@ -1,0 +1,79 @@
+"""Row kernels of the int8 numerics, native in `i8native/np_i8.c`: the pinned exp, A8 row codes
+and causal int8 attention. Their definitions (and numpy references) are those of
+`kernels.pinned.exp32_reference`, `kernels.exact.a8_codes_reference` and
+`kernels.pinned.attend_reference`; the native versions here give the same bits
+(tests/kernels/test_i8_block.py) and do not depend on the `kernels.native` library.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import NonFiniteActivationError
+from . import exact, i8_native, pinned
+
+F32 = np.float32
+
+
+def exp32(x: np.ndarray, use_native: bool | None = None) -> np.ndarray:
+    """`pinned.exp32_reference` of float32 x."""
+    lib = i8_native.LIBRARY if use_native is not False else None
+    if lib is None:
+        return pinned.exp32_reference(x)
+    x = np.ascontiguousarray(x, F32)
+    out = np.empty_like(x)
+    lib.i8_exp32_array(x.ctypes.data, x.size, out.ctypes.data)
+    return out
+
+
+def a8_codes(x: np.ndarray, use_native: bool | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """`exact.a8_codes_reference` of x [T, cols]: int8 codes and one scale per row."""
+    lib = i8_native.LIBRARY if use_native is not False else None
+    if lib is None:
+        return exact.a8_codes_reference(x)
+    x = np.ascontiguousarray(x, F32)
+    rows, cols = x.shape
+    codes = np.empty((rows, cols), np.int8)
+    scale = np.empty(rows, F32)
+    if lib.i8_a8_rows(x.ctypes.data, rows, cols, codes.ctypes.data, scale.ctypes.data):
+        raise NonFiniteActivationError("non-finite activation entering an int8 quantiser")
+    return codes, scale
+
+
+def causal_slots(start: int, count: int, heads: int, kv_heads: int
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """slots [count*heads, start+count] and keys seen per query row (t, h): the cache rows
+    `p * kv_heads + g` of positions p = 0 .. start + t of kv head g = h // (heads / kv_heads)."""
+    g = np.arange(heads, dtype=np.int64) // (heads // kv_heads)
+    total = start + count
+    slots = np.arange(total, dtype=np.int64)[None, None, :] * kv_heads + g[None, :, None]
+    slots = np.ascontiguousarray(np.broadcast_to(slots, (count, heads, total)))
+    seen = np.repeat(np.arange(start + 1, total + 1, dtype=np.int64), heads)
+    return slots.reshape(count * heads, total), seen
+
+
+def attend_causal(qcode: np.ndarray, qscale: np.ndarray, start: int, heads: int,
+                  kcode: np.ndarray, kscale: np.ndarray, vcode: np.ndarray,
+                  vscale: np.ndarray, use_native: bool | None = None) -> np.ndarray:
+    """`pinned.attend_reference` of query rows (t, h) = qcode [T*heads, hd] at positions
+    start.. over an int8 cache kcode / vcode [capacity, kv_heads, hd] (scales
+    [capacity, kv_heads]), causally -> [T, heads*hd] float32."""
+    rows, hd = qcode.shape
+    count = rows // heads
+    kv_heads = kcode.shape[1]
+    lib = i8_native.LIBRARY if use_native is not False else None
+    flat = kcode.shape[0] * kv_heads
+    if lib is None:
+        slots, seen = causal_slots(start, count, heads, kv_heads)
+        out = pinned.attend_reference(qcode, qscale, kcode.reshape(flat, hd),
+                                      kscale.reshape(flat), vcode.reshape(flat, hd),
+                                      vscale.reshape(flat), slots, seen)
+        return out.reshape(count, heads * hd)
+    qcode = np.ascontiguousarray(qcode, np.int8)
+    qscale = np.ascontiguousarray(qscale, F32)
+    out = np.empty((count, heads * hd), F32)
+    work = np.empty(start + count, F32)
+    lib.i8_attend_causal(qcode.ctypes.data, qscale.ctypes.data, count, start, heads, kv_heads,
+                         hd, kcode.ctypes.data, kscale.ctypes.data, vcode.ctypes.data,
+                         vscale.ctypes.data, out.ctypes.data, work.ctypes.data)
+    return out

@@ -1,0 +1,88 @@
+"""The int8 row kernels (`kernels.i8_rows`: pinned exp, A8 row codes, causal int8 attention)
+give the bits of their numpy references in `kernels.pinned` / `kernels.exact`, in both SIMD
+variants, and attention rows do not depend on the other rows of the chunk."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from needlepoint.errors import NonFiniteActivationError
+from needlepoint.kernels import exact, i8_native, i8_rows, pinned
+
+F32 = np.float32
+
+
+@pytest.fixture
+def lib():
+    assert i8_native.LIBRARY is not None, i8_native.UNAVAILABLE_REASON
+    yield i8_native.LIBRARY
+    i8_native.LIBRARY.i8_force_variant(1)
+
+
+def test_exp32_equals_the_pinned_reference(lib) -> None:
+    rng = np.random.default_rng(0)
+    x = np.concatenate([
+        rng.uniform(-110, 90, 40001), rng.uniform(-1, 1, 4001),
+        [0.0, -0.0, 1.0, -87.3, 88.7, -699.9, 700.1, -745.5, 720.0, np.inf, -np.inf, np.nan,
+         -103.9, -104.0, 1e-30, -1e-30],
+    ]).astype(F32)
+    x[::7] *= 8  # some lanes of a SIMD group beyond +-700, beside ordinary ones
+    ref = pinned.exp32_reference(x)
+    for variant in (1, 0):
+        lib.i8_force_variant(variant)
+        got = i8_rows.exp32(x)
+        np.testing.assert_array_equal(got, ref)
+        assert np.isnan(got[np.isnan(x)]).all()
+
+
+def test_a8_codes_equal_the_exact_reference(lib) -> None:
+    rng = np.random.default_rng(1)
+    x = (rng.standard_normal((33, 64)) * rng.uniform(1e-3, 50, (33, 1))).astype(F32)
+    x[4] = 0.0
+    x[5, :3] = [127.0, 0.5, -1.5]
+    ref = exact.a8_codes_reference(x)
+    for variant in (1, 0):
+        lib.i8_force_variant(variant)
+        for a, b in zip(i8_rows.a8_codes(x), ref, strict=True):
+            np.testing.assert_array_equal(a, b)
+    x[7, 3] = np.inf
+    with pytest.raises(NonFiniteActivationError):
+        i8_rows.a8_codes(x)
+
+
+def _cache(rng, capacity, kv_heads, hd):
+    codes = lambda: rng.integers(-128, 128, (capacity, kv_heads, hd)).astype(np.int8)  # noqa: E731
+    scales = lambda: rng.uniform(0.001, 0.2, (capacity, kv_heads)).astype(F32)  # noqa: E731
+    return codes(), scales(), codes(), scales()
+
+
+def test_causal_attention_equals_the_pinned_reference(lib) -> None:
+    rng = np.random.default_rng(2)
+    heads, kv_heads, hd, start, count = 6, 2, 16, 9, 5
+    kcode, kscale, vcode, vscale = _cache(rng, 20, kv_heads, hd)
+    qcode = rng.integers(-128, 128, (count * heads, hd)).astype(np.int8)
+    qscale = rng.uniform(0.01, 0.5, count * heads).astype(F32)
+    # the reference: every query row's key slots listed by hand
+    slots = np.zeros((count * heads, start + count), np.int64)
+    seen = np.zeros(count * heads, np.int64)
+    for t in range(count):
+        for h in range(heads):
+            keys = [p * kv_heads + h // (heads // kv_heads) for p in range(start + t + 1)]
+            slots[t * heads + h, : len(keys)] = keys
+            seen[t * heads + h] = len(keys)
+    flat = 20 * kv_heads
+    ref = pinned.attend_reference(qcode, qscale, kcode.reshape(flat, hd), kscale.reshape(flat),
+                                  vcode.reshape(flat, hd), vscale.reshape(flat), slots, seen)
+    ref = ref.reshape(count, heads * hd)
+    for variant in (1, 0):
+        lib.i8_force_variant(variant)
+        got = i8_rows.attend_causal(qcode, qscale, start, heads, kcode, kscale, vcode, vscale)
+        np.testing.assert_array_equal(got, ref)
+    np.testing.assert_array_equal(
+        i8_rows.attend_causal(qcode, qscale, start, heads, kcode, kscale, vcode, vscale,
+                              use_native=False), ref)
+    # the last position alone (a decode step) gives its row of the chunk
+    last = i8_rows.attend_causal(qcode[-heads:], qscale[-heads:], start + count - 1, heads,
+                                 kcode, kscale, vcode, vscale)
+    np.testing.assert_array_equal(last[0], ref[-1])
