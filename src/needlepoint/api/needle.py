@@ -59,6 +59,7 @@ from ..models.hub import MODEL_CACHE, ModelCache, load_model
 from .conversation import Conversation
 from .grammars import GRAMMAR_VOCABS, GrammarCache, content_schema
 from .history import Turn, answer_room, fitting_replay
+from .many import complete_many
 from .results import annotated, call_key, final, jsonable, summary
 from .tools import ToolSpec, from_dict, from_pydantic, tool, tool_specs
 
@@ -294,6 +295,8 @@ class Needle:
     def complete(self, text: str, **options: Any) -> dict[str, Any]:
         """Start a new conversation with `text`; return the turn's envelope."""
         return final(self.stream(text, **options))
+
+    complete_many = complete_many  # many first turns decoded as one batch (many.py)
 
     def chat_stream(self, text: str, **options: Any) -> Iterator[DeltaEvent | Done]:
         """Continue the conversation with a user turn (the first one shows the tools). When

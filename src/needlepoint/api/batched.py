@@ -1,0 +1,211 @@
+"""The pieces the scheduler (`scheduler.py`) hands out and runs: session proxies, the model
+view a request decodes through, a unit of pending work, and the batched model call.
+
+A request never touches its model session itself. Its turn (the ordinary generator,
+`generation/turn.py`) is given a `BatchedSession` whose `prefill`/`step` queue a `Work` item
+and block until the scheduler's engine step has run it; the scheduler thread runs the work
+of every live request together, one model call per engine step (`run_batch`).
+
+`LeasedModel` is the model as one request sees it: everything of the model (tokenizer,
+config, heads) except `session()`, which opens proxies under the request's lease, so
+`Needle`, `Conversation` and the turn generator run unchanged on top of the scheduler.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+# Positions per prefill chunk when a session does not say (`V3Session.chunk`): chunks the
+# scheduler cuts are multiples of it, so a session's own chunking is the same as alone.
+DEFAULT_UNIT = 128
+
+
+@dataclass(eq=False)
+class Work:
+    """One pending request to the model: append `ids` to `proxy`'s session (a prefill or a
+    step), or run `call(session)` (fork, confidence head) on the scheduler thread."""
+
+    proxy: BatchedSession
+    ids: np.ndarray | None = None
+    all_logits: bool = False  # logits of every position ([len(ids), vocab]) else the last row
+    want: bool = True  # the caller wants logits at all (prefill(logits=False) does not)
+    call: Callable[[Any], Any] | None = None
+    fed: int = 0  # ids already run (a prefill is cut into chunks over several steps)
+    parts: list[np.ndarray] = field(default_factory=list)  # all_logits rows so far
+    result: Any = None
+    error: BaseException | None = None
+    done: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def remaining(self) -> int:
+        return 0 if self.ids is None else len(self.ids) - self.fed
+
+    def finish(self, result: Any = None, error: BaseException | None = None) -> None:
+        self.result, self.error = result, error
+        self.done.set()
+
+
+class BatchedSession:
+    """A model session whose work runs on the scheduler: the `Session` interface of
+    `generation/turn.py` (`position`, `prefill`, `step`), plus `extend`, and `fork` /
+    `confidence_logit` when the model's own session has them."""
+
+    def __init__(self, lease: Any, session: Any) -> None:
+        self._lease = lease
+        self._session: Any = session  # None once the scheduler has freed it (cancelled)
+        self.unit = getattr(session, "chunk", DEFAULT_UNIT)
+
+    @property
+    def session(self) -> Any:
+        """The model's own session (only the scheduler thread runs model work on it)."""
+        session = self._session
+        if session is None:
+            self._lease.check()  # raises the cancellation that freed it
+            raise RuntimeError("the session was freed")  # pragma: no cover
+        return session
+
+    @property
+    def position(self) -> int:
+        return self.session.position
+
+    def prefill(self, ids: Sequence[int] | np.ndarray, logits: bool = True) -> np.ndarray | None:
+        """Consume `ids`; the logits [vocab] after the last one (None with logits=False)."""
+        out = self._run(ids, all_logits=False, want=logits)
+        return out if logits else None
+
+    def step(self, token_id: int) -> np.ndarray:
+        """Consume one token; the logits [vocab] for the next position."""
+        return self._run([token_id], all_logits=False, want=True)
+
+    def extend(self, ids: Sequence[int] | np.ndarray) -> np.ndarray:
+        """Consume `ids`; the logits [len(ids), vocab] after each of them."""
+        return self._run(ids, all_logits=True, want=True)
+
+    def _run(self, ids: Any, *, all_logits: bool, want: bool) -> Any:
+        model = getattr(self.session, "model", None)
+        check = getattr(model, "check_ids", None)
+        # Checked here, on the request's thread: a bad request fails alone, never the batch.
+        tokens = check(ids, self.position) if check is not None else np.asarray(ids, np.int64)
+        tokens = np.asarray(tokens, np.int64).reshape(-1)
+        return self._lease.submit(Work(self, tokens, all_logits, want))
+
+    @property
+    def fork(self) -> Callable[[], BatchedSession]:
+        if not hasattr(self.session, "fork"):
+            raise AttributeError("fork")
+        return self._fork
+
+    def _fork(self) -> BatchedSession:
+        forked = self._lease.submit(Work(self, call=lambda session: session.fork()))
+        return BatchedSession(self._lease, forked)
+
+    @property
+    def confidence_logit(self) -> Callable[[], float | None]:
+        if not hasattr(self.session, "confidence_logit"):
+            raise AttributeError("confidence_logit")
+        return lambda: self._lease.submit(Work(self, call=lambda s: s.confidence_logit()))
+
+
+class LeasedModel:
+    """The served model as one request sees it: `session()` opens `BatchedSession`s under
+    the request's lease; every other attribute is the model's own."""
+
+    def __init__(self, model: Any, lease: Any) -> None:
+        self._model = model
+        self._lease = lease
+
+    @property
+    def model(self) -> Any:
+        return self._model
+
+    def session(self, kv_window: int | None = None, **options: Any) -> BatchedSession:
+        if kv_window is not None:
+            options["kv_window"] = kv_window
+        self._lease.check()
+        return BatchedSession(self._lease, self._model.session(**options))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._model, name)
+
+
+def run_batch(model: Any, items: list[tuple[Any, np.ndarray, bool, bool]], batched: bool
+              ) -> list[np.ndarray | None]:
+    """Run (session, ids, all_logits, want) items: one `model.run_batch` call (the weights
+    read once for every row) when `batched`, else each item alone, one after the other.
+    Per item: logits [len(ids), vocab] (all_logits), the last row [vocab], or None when
+    not wanted (the sequential path then skips the LM head)."""
+    if batched:
+        out = model.run_batch([(session, ids, every) for session, ids, every, _ in items])
+        return [logits if want else None for logits, (_, _, _, want) in zip(out, items,
+                                                                             strict=True)]
+    results: list[np.ndarray | None] = []
+    for session, ids, every, want in items:
+        if every:
+            results.append(session.extend(ids))
+        elif len(ids) == 1 and want:
+            results.append(session.step(int(ids[0])))
+        else:
+            results.append(session.prefill(ids, logits=want))
+    return results
+
+
+def plan_step(works: list[Work], step_tokens: int) -> list[tuple[Work, int]]:
+    """One engine step's items, (work, tokens to run): every pending decode step (one token),
+    then prefill chunks in submission order while the budget of `step_tokens` rows lasts. A
+    chunk that does not finish its prefill is a multiple of the session's own chunk (so the
+    session cuts the prompt where it would alone), and the oldest prefill always advances,
+    however many decode steps there are."""
+    steps = [(w, 1) for w in works if w.remaining == 1]
+    budget = step_tokens - len(steps)
+    plan = list(steps)
+    for work in works:
+        left = work.remaining
+        if left <= 1:
+            continue
+        unit = max(1, int(work.proxy.unit))
+        if left <= budget:
+            take = left
+        elif budget >= unit:
+            take = budget // unit * unit
+        elif len(plan) == len(steps):  # the oldest prefill always advances
+            take = min(left, unit)
+        else:
+            break
+        plan.append((work, take))
+        budget -= take
+        if budget <= 0:
+            break
+    return plan
+
+
+SKIPPED = frozenset({"model", "_model", "core", "_core", "cfg", "config", "weights", "trace",
+                     "_trace", "head"})
+
+
+def session_bytes(session: Any) -> int:
+    """Bytes of the arrays a session holds (its KV cache, tails, history), counted at their
+    full capacity: the cache stores are mapped lazily, so this bounds what a session can
+    come to hold, however long it runs. References back to the model are not followed."""
+    seen: set[int] = set()
+
+    def walk(value: Any, depth: int) -> int:
+        if id(value) in seen or depth > 4:
+            return 0
+        seen.add(id(value))
+        if isinstance(value, np.ndarray):
+            return int(value.nbytes)
+        if isinstance(value, list | tuple):
+            return sum(walk(v, depth + 1) for v in value)
+        if isinstance(value, dict):
+            return sum(walk(v, depth + 1) for v in value.values())
+        attrs = getattr(value, "__dict__", None)
+        if attrs is None or isinstance(value, type):
+            return 0
+        return sum(walk(v, depth + 1) for k, v in attrs.items() if k not in SKIPPED)
+
+    return walk(session, 0)

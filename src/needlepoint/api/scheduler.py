@@ -1,0 +1,358 @@
+"""Continuous batching: one engine thread owns the model and, at every engine step, runs the
+pending work of every live request as one batched model call.
+
+    scheduler = Scheduler(model, max_sessions=16)
+    with scheduler.lease() as lease:             # SchedulerFull past the caps (HTTP 429)
+        needle = Needle(tools, model=lease.model)    # sessions of lease.model are batched
+        needle.complete("wake me at 6:45")
+
+Each request runs its turn on its own thread, on `BatchedSession` proxies (`batched.py`):
+`prefill`/`step` queue a `Work` item and wait. The engine thread, per step:
+
+1. frees the sessions of cancelled leases (their waiting work fails with
+   `RequestCancelled`) and returns their KV reservation;
+2. runs small exclusive calls (a session fork, the confidence head) one by one;
+3. takes every pending decode step (one token each) and fills the rest of the per-step token
+   budget (`step_tokens`) with chunks of pending prefills, oldest first (chunked prefill:
+   a long prompt never stalls the decoders for more than a budget's worth of rows); chunks
+   are multiples of the session's own prefill chunk, and the oldest prefill always advances;
+4. makes one `model.run_batch` call for all of it (or, for a model without one, runs the
+   items one after the other: `batched.run_batch`), and hands out the logits.
+
+Requests join (a new lease's prefill) and leave (a finished turn, a closed lease) between
+steps. Before a step the engine waits, briefly, for the requests it has just answered to
+submit their next token (each one samples on its own thread), so a step carries all of them
+instead of splitting into many small ones: until all have, or no new work arrived for
+`gather_s`, or `max_gather_s` passed. Timing only decides how the work is grouped; in deploy
+numerics a row's logits are the same bits in any group (docs/numerics.md).
+
+Memory is bounded by admission: at most `max_sessions` leases, each reserving one session's
+KV bytes at full capacity (`batched.session_bytes`), at most `max_kv_bytes` in all. Past
+either, `lease()` raises `SchedulerFull` (or waits, with `wait=True`).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+
+from ..errors import NeedlepointError
+from .batched import BatchedSession, LeasedModel, Work, plan_step, run_batch, session_bytes
+
+DEFAULT_STEP_TOKENS = 256
+DEFAULT_GATHER_S = 0.003
+DEFAULT_MAX_GATHER_S = 0.05
+
+
+class SchedulerFull(NeedlepointError):
+    """No room for another request: the live-session or the KV-bytes cap is reached."""
+
+
+class RequestCancelled(NeedlepointError):
+    """The request was cancelled (its client went away); its session has been freed."""
+
+
+class SchedulerClosed(RequestCancelled):
+    """The scheduler was shut down while the request was running."""
+
+
+class Lease:
+    """One request's place in the scheduler: its KV reservation and every session it opens
+    (`lease.model.session()`). `cancel()` (any thread) frees them at the next engine step;
+    `close()` when the request is done. Both are idempotent."""
+
+    def __init__(self, scheduler: Scheduler, kv_bytes: int, number: int) -> None:
+        self.scheduler = scheduler
+        self.kv_bytes = kv_bytes
+        self.number = number  # 1, 2, ... in admission order (the step log names leases so)
+        self.model = LeasedModel(scheduler.model, self)
+        self.cancelled = False
+        self.closed = False
+
+    def check(self) -> None:
+        """RequestCancelled (or SchedulerClosed) if this lease can no longer run work."""
+        if self.scheduler.stopped:
+            raise SchedulerClosed("the scheduler was shut down")
+        if self.cancelled:
+            raise RequestCancelled("the request was cancelled")
+        if self.closed:
+            raise RequestCancelled("the request's lease is closed")
+
+    def submit(self, work: Work) -> Any:
+        return self.scheduler.submit(self, work)
+
+    def cancel(self) -> None:
+        self.scheduler.release(self, cancelled=True)
+
+    def close(self) -> None:
+        self.scheduler.release(self, cancelled=False)
+
+    def __enter__(self) -> Lease:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Scheduler:
+    """Owns a model's sessions and batches their work (see the module docstring).
+
+    `batched=None` uses `model.run_batch` when the model has it; False runs each item alone
+    (still one engine thread, the same chunking and admission). `max_kv_bytes=None` caps KV
+    bytes at `max_sessions` sessions' worth. The engine thread starts with the first lease
+    (`autostart=False`: only at `start()`) and ends with `close()`. `log_steps=True` keeps,
+    per engine step, the `(lease.number, rows)` of every item it ran (`step_log`)."""
+
+    def __init__(
+        self,
+        model: Any,
+        *,
+        max_sessions: int = 16,
+        max_kv_bytes: int | None = None,
+        step_tokens: int = DEFAULT_STEP_TOKENS,
+        gather_s: float = DEFAULT_GATHER_S,
+        max_gather_s: float = DEFAULT_MAX_GATHER_S,
+        batched: bool | None = None,
+        autostart: bool = True,
+        log_steps: bool = False,
+    ) -> None:
+        if max_sessions < 1:
+            raise ValueError(f"max_sessions must be >= 1, got {max_sessions}")
+        if step_tokens < 1:
+            raise ValueError(f"step_tokens must be >= 1, got {step_tokens}")
+        has_batch = callable(getattr(model, "run_batch", None))
+        if batched and not has_batch:
+            raise ValueError("batched=True needs a model with run_batch")
+        self.model = model
+        self.batched = has_batch if batched is None else bool(batched)
+        self.max_sessions = max_sessions
+        self.session_kv_bytes = session_bytes(model.session())
+        self.max_kv_bytes = (max_sessions * self.session_kv_bytes if max_kv_bytes is None
+                             else int(max_kv_bytes))
+        self.step_tokens = step_tokens
+        self.gather_s, self.max_gather_s = gather_s, max_gather_s
+        self.stopped = False
+        self.autostart = autostart
+        self.step_log: list[list[tuple[int, int]]] | None = [] if log_steps else None
+        self._cond = threading.Condition()
+        self._queue: list[Work] = []  # pending work, in submission order
+        self._leases: set[Lease] = set()
+        self._awaiting: set[Lease] = set()  # answered last step, not back with work yet
+        self._last_arrival = 0.0
+        self._kv_reserved = 0
+        self._thread: threading.Thread | None = None
+        self._stats = {"steps": 0, "rows": 0, "sessions_stepped": 0, "max_batch": 0,
+                       "leases": 0, "peak_leases": 0, "cancelled": 0, "refused": 0}
+
+    # -- admission -----------------------------------------------------------------------
+    def lease(self, *, wait: bool = False, timeout: float | None = None) -> Lease:
+        """A place for one request, or SchedulerFull when the caps are reached (with
+        `wait=True`: blocks until one is free, SchedulerFull after `timeout` seconds)."""
+        need = self.session_kv_bytes
+        if need > self.max_kv_bytes:
+            raise SchedulerFull(f"one session needs {need} KV bytes, over the cap of "
+                                f"{self.max_kv_bytes}")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while self._full(need):
+                if self.stopped:
+                    raise SchedulerClosed("the scheduler was shut down")
+                left = None if deadline is None else deadline - time.monotonic()
+                if not wait or (left is not None and left <= 0):
+                    self._stats["refused"] += 1
+                    raise SchedulerFull(
+                        f"the scheduler is full: {len(self._leases)} of {self.max_sessions} "
+                        f"sessions live, {self._kv_reserved} of {self.max_kv_bytes} KV bytes "
+                        "reserved")
+                self._cond.wait(left)
+            if self.stopped:
+                raise SchedulerClosed("the scheduler was shut down")
+            self._stats["leases"] += 1
+            lease = Lease(self, need, self._stats["leases"])
+            self._leases.add(lease)
+            self._kv_reserved += need
+            self._stats["peak_leases"] = max(self._stats["peak_leases"], len(self._leases))
+            if self.autostart:
+                self._start_locked()
+        return lease
+
+    def _full(self, need: int) -> bool:
+        return (len(self._leases) >= self.max_sessions
+                or self._kv_reserved + need > self.max_kv_bytes)
+
+    def release(self, lease: Lease, *, cancelled: bool) -> None:
+        """End a lease: its reservation is returned now; with `cancelled`, its waiting work
+        fails and its sessions are freed at the next engine step (by the engine thread)."""
+        with self._cond:
+            if cancelled and not lease.closed and not lease.cancelled:
+                lease.cancelled = True
+                self._stats["cancelled"] += 1
+            if lease in self._leases:
+                self._leases.discard(lease)
+                self._kv_reserved -= lease.kv_bytes
+            lease.closed = True
+            self._awaiting.discard(lease)
+            self._cond.notify_all()
+
+    @contextmanager
+    def session(self, **options: Any) -> Iterator[BatchedSession]:
+        """One batched session under a lease of its own (`with scheduler.session() as s`)."""
+        with self.lease(wait=True) as lease:
+            yield lease.model.session(**options)
+
+    # -- requests' side --------------------------------------------------------------------
+    def submit(self, lease: Lease, work: Work) -> Any:
+        """Queue `work` and block until an engine step has run it; its result, or its error."""
+        with self._cond:
+            lease.check()
+            self._queue.append(work)
+            self._awaiting.discard(lease)
+            self._last_arrival = time.monotonic()
+            self._cond.notify_all()
+        work.done.wait()
+        if work.error is not None:
+            raise work.error
+        return work.result
+
+    # -- the engine thread -------------------------------------------------------------------
+    def start(self) -> None:
+        with self._cond:
+            self._start_locked()
+
+    def _start_locked(self) -> None:
+        if self._thread is None and not self.stopped:
+            self._thread = threading.Thread(target=self._loop, name="needlepoint-scheduler",
+                                            daemon=True)
+            self._thread.start()
+
+    def close(self) -> None:
+        """Stop the engine thread; work still waiting fails with SchedulerClosed."""
+        with self._cond:
+            self.stopped = True
+            self._cond.notify_all()
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=30)
+        self._fail_all(SchedulerClosed("the scheduler was shut down"))
+
+    def _fail_all(self, error: BaseException) -> None:
+        with self._cond:
+            queue, self._queue = self._queue, []
+        for work in queue:
+            work.finish(error=error)
+
+    def _loop(self) -> None:
+        try:
+            while True:
+                batch = self._next_batch()
+                if batch is None:
+                    return
+                self._run(*batch)
+                del batch  # no reference to a finished request's session while waiting
+        except BaseException as error:  # noqa: BLE001 - a bug: fail the waiters, not hang them
+            with self._cond:
+                self.stopped = True
+                self._cond.notify_all()
+            self._fail_all(error)
+            raise
+
+    def _next_batch(self) -> tuple[list[Work], list[tuple[Work, int]]] | None:
+        """Wait for work, gather, and take the next step's (calls, [(work, tokens)])."""
+        with self._cond:
+            while True:
+                if self.stopped:
+                    return None
+                self._drop_cancelled()
+                if self._queue:
+                    break
+                self._cond.wait()
+            self._gather()
+            self._drop_cancelled()
+            calls = [w for w in self._queue if w.call is not None]
+            plan = plan_step([w for w in self._queue if w.call is None], self.step_tokens)
+            return calls, plan
+
+    def _gather(self) -> None:
+        """Wait (bounded) for the requests answered last step to come back with work."""
+        cap = time.monotonic() + self.max_gather_s
+        while self._awaiting and not self.stopped:
+            now = time.monotonic()
+            left = min(self._last_arrival + self.gather_s, cap) - now
+            if left <= 0:
+                break
+            self._cond.wait(left)
+        self._awaiting.clear()
+
+    def _drop_cancelled(self) -> None:
+        keep = []
+        for work in self._queue:
+            lease = work.proxy._lease
+            if lease.cancelled or self.stopped:
+                work.proxy._session = None  # the KV cache goes with the last reference
+                work.finish(error=RequestCancelled("the request was cancelled"))
+            else:
+                keep.append(work)
+        self._queue = keep
+
+    def _run(self, calls: list[Work], plan: list[tuple[Work, int]]) -> None:
+        done: list[tuple[Work, Any, BaseException | None]] = []  # handed out under the lock
+        for work in calls:
+            try:
+                done.append((work, work.call(work.proxy.session), None))
+            except Exception as error:  # noqa: BLE001 - the request's own failure
+                done.append((work, None, error))
+        items = [(w.proxy.session, w.ids[w.fed : w.fed + n], w.all_logits,
+                  w.want and w.fed + n == len(w.ids) or w.all_logits) for w, n in plan]
+        error: BaseException | None = None
+        outputs: list[Any] = [None] * len(plan)
+        if items:
+            try:
+                outputs = run_batch(self.model, items, self.batched)
+            except Exception as failure:  # noqa: BLE001 - reported to every request in it
+                error = failure
+        for (work, n), logits in zip(plan, outputs, strict=True):
+            if error is not None:
+                done.append((work, None, error))
+                continue
+            work.fed += n
+            if work.all_logits:
+                work.parts.append(logits)
+            if work.remaining == 0:
+                result = np.concatenate(work.parts) if work.all_logits else logits
+                done.append((work, result, None))
+        with self._cond:
+            # Awaited before they are answered: an answered request may submit at once.
+            self._awaiting.update(w.proxy._lease for w, _, _ in done
+                                  if w.proxy._lease in self._leases)
+            finished = {id(w) for w, _, _ in done}
+            self._queue = [w for w in self._queue if id(w) not in finished]
+            self._last_arrival = time.monotonic()
+            self._record(plan, calls)
+            for work, result, failure in done:
+                work.finish(result=result, error=failure)
+
+    def _record(self, plan: list[tuple[Work, int]], calls: list[Work]) -> None:
+        if not plan and not calls:
+            return
+        stats = self._stats
+        stats["steps"] += 1
+        stats["rows"] += sum(n for _, n in plan)
+        stats["sessions_stepped"] += len(plan)
+        stats["max_batch"] = max(stats["max_batch"], len(plan))
+        if self.step_log is not None:
+            self.step_log.append([(w.proxy._lease.number, n) for w, n in plan])
+
+    def stats(self) -> dict[str, Any]:
+        """Counters for /health and benchmarks (steps, rows, sessions per step, caps)."""
+        with self._cond:
+            stats = dict(self._stats)
+            stats.update(live_sessions=len(self._leases), max_sessions=self.max_sessions,
+                         kv_bytes_reserved=self._kv_reserved, max_kv_bytes=self.max_kv_bytes,
+                         session_kv_bytes=self.session_kv_bytes, batched=self.batched,
+                         step_tokens=self.step_tokens, pending=len(self._queue))
+        return stats
