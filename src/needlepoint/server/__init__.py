@@ -1,7 +1,8 @@
 """needlepoint's OpenAI-compatible HTTP server (`needlepoint serve`; needs the `server` extra).
 
     needlepoint serve --model M.cact [--host 127.0.0.1 --port 8000 --workers N
-                      --max-queue Q --max-body-bytes B]
+                      --max-queue Q --max-body-bytes B --max-kv-bytes K --step-tokens T
+                      --no-batching]
 
 Endpoints:
 
@@ -23,8 +24,12 @@ system text; the first user message -> the query with the tools; earlier assista
 and `tool` results -> later turns, results as `<tool_result>[...]</tool_result>`.
 
 Concurrency: one model, loaded once; each request builds its own `Needle` (own session) on
-one of `--workers` threads; up to `--max-queue` more wait; beyond that, 429. Every client
-error is a 4xx with `{"error": {"message", "type", "param", "code"}}`.
+one of `--workers` threads; up to `--max-queue` more wait; beyond that, 429. With
+continuous batching (the default) the running requests' sessions belong to one scheduler
+(`api/scheduler.py`) that runs the model for all of them in one batched call per engine
+step; the KV caches are capped at `--max-kv-bytes` (429 past it), and a client that goes
+away frees its session at the next step. Every client error is a 4xx with
+`{"error": {"message", "type", "param", "code"}}`.
 
 `create_app(model, ...)` builds the ASGI app; `serve(model, ...)` runs it with uvicorn;
 `main(argv)` is the stand-alone command line. Imports are lazy, so `needlepoint --help`

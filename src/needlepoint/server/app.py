@@ -14,7 +14,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -27,12 +27,18 @@ from ..errors import (
     ToolSchemaError,
 )
 from ..generation.content import ContentSchemaError
-from .concurrency import EventPump, WorkerPool
+from .concurrency import ClientGone, EventPump, WorkerPool
 from .engine import ChatResult, Delta, Engine
 from .errors import ApiError, bad_request, body_too_large
 from .fields import validation_message
 from .schemas import ChatCompletionRequest, ModelCard, ModelList, NativeCompleteRequest
-from .settings import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_QUEUE, default_workers
+from .settings import (
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_KV_BYTES,
+    DEFAULT_MAX_QUEUE,
+    DEFAULT_SESSIONS,
+    default_workers,
+)
 from .streaming import ChunkWriter
 
 log = logging.getLogger("needlepoint.server")
@@ -46,22 +52,39 @@ def create_app(
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     model_name: str | None = None,
     needle_factory: Callable[..., Any] | None = None,
+    batching: bool = True,
+    max_kv_bytes: int | None = DEFAULT_MAX_KV_BYTES,
+    step_tokens: int | None = None,
 ) -> FastAPI:
     """Build the server for one model: a `.cact` path or an already loaded model object.
 
-    `workers` threads run model work in parallel (default: one per CPU); up to `max_queue`
-    more requests wait for a worker, the rest get 429. Bodies over `max_body_bytes` get 413.
+    `workers` requests decode at once; up to `max_queue` more wait, the rest get 429. With
+    `batching` (default) they are the live sessions of one continuous-batching scheduler
+    (`api/scheduler.py`: one model call per engine step for all of them, prefills chunked
+    under `step_tokens` per step; default `workers` 32), their KV caches capped at
+    `max_kv_bytes` in all (429 past it); without, `workers` threads each run their own
+    request (default: one per CPU). Bodies over `max_body_bytes` get 413.
     `needle_factory` replaces `needlepoint.Needle` (tests use it to inject a test double).
     """
     if max_body_bytes < 1:
         raise ValueError(f"max_body_bytes must be >= 1, got {max_body_bytes}")
     engine = Engine(model, model_name=model_name, needle_factory=needle_factory)
-    pool = WorkerPool(workers or default_workers(), max_queue)
+    workers = workers or (DEFAULT_SESSIONS if batching else default_workers())
+    scheduler = None
+    if batching:
+        from ..api.scheduler import DEFAULT_STEP_TOKENS, Scheduler
+
+        scheduler = Scheduler(engine.model, max_sessions=workers, max_kv_bytes=max_kv_bytes,
+                              step_tokens=step_tokens or DEFAULT_STEP_TOKENS)
+        engine.scheduler = scheduler
+    pool = WorkerPool(workers, max_queue)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         yield
         pool.shutdown()  # queued work is dropped; running turns end on their own (bounded)
+        if scheduler is not None:
+            scheduler.close()  # running turns fail at their next step
 
     app = FastAPI(
         title="needlepoint", version=_version(), docs_url=None, redoc_url=None, lifespan=lifespan
@@ -74,7 +97,9 @@ def create_app(
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
-        return {"status": "ok", "model": engine.name, **pool.stats()}
+        batch = {"scheduler": scheduler.stats()} if scheduler is not None else {}
+        return {"status": "ok", "model": engine.name, **pool.stats(),
+                "batching": scheduler is not None, **batch}
 
     @app.get("/v1/models", response_model=ModelList)
     async def list_models() -> ModelList:
@@ -86,14 +111,18 @@ def create_app(
         return engine.card()
 
     @app.post("/v1/chat/completions", response_model=None)
-    async def chat_completions(req: ChatCompletionRequest) -> JSONResponse | StreamingResponse:
+    async def chat_completions(req: ChatCompletionRequest, request: Request) -> Response:
         engine.check_model(req.model)
         job = engine.chat_job(req)  # message mapping and cheap checks; no model work yet
         ticket = pool.admit()
         if not req.stream:
-            result = await pool.run(ticket, job.run)
+            try:
+                result = await pool.run(ticket, job.run, cancel=job.cancel,
+                                        gone=_disconnected(request))
+            except ClientGone:
+                return Response(status_code=499)  # nobody is listening any more
             return JSONResponse(job.completion(result).model_dump())
-        pump = pool.stream(ticket, job.stream)
+        pump = pool.stream(ticket, job.stream, job.cancel)
         # Wait for the first item before committing to a 200: errors found while preparing
         # (bad tool schema, prompt over the context) still become proper 4xx responses.
         try:
@@ -110,15 +139,26 @@ def create_app(
         )
 
     @app.post("/v1/needlepoint/complete")
-    async def native_complete(req: NativeCompleteRequest) -> JSONResponse:
+    async def native_complete(req: NativeCompleteRequest, request: Request) -> Response:
         if req.model is not None:
             engine.check_model(req.model)
         job = engine.native_job(req)
         ticket = pool.admit()
-        envelope = await pool.run(ticket, job)
+        try:
+            envelope = await pool.run(ticket, job.run, cancel=job.cancel,
+                                      gone=_disconnected(request))
+        except ClientGone:
+            return Response(status_code=499)
         return JSONResponse(envelope)
 
     return app
+
+
+async def _disconnected(request: Request) -> None:
+    """Ends when the client disconnects (the body has been read: the next ASGI message is
+    the disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 async def _sse(

@@ -13,7 +13,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..errors import NeedlepointError
-from .settings import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_QUEUE
+from .settings import (
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_KV_BYTES,
+    DEFAULT_MAX_QUEUE,
+    DEFAULT_SESSIONS,
+)
 
 HELP = "serve a model over an OpenAI-compatible HTTP API (needs the 'server' extra)"
 class MissingExtraError(NeedlepointError, ImportError):
@@ -29,6 +34,9 @@ def serve(
     max_queue: int = DEFAULT_MAX_QUEUE,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     log_level: str = "info",
+    batching: bool = True,
+    max_kv_bytes: int | None = DEFAULT_MAX_KV_BYTES,
+    step_tokens: int | None = None,
 ) -> None:
     """Load `model` once (a path; None: `$NEEDLEPOINT_MODEL`, else the bundled demo model)
     and serve it until interrupted (blocking)."""
@@ -45,7 +53,8 @@ def serve(
 
     if model is None or isinstance(model, str | os.PathLike):
         model = resolve_model_path(model)
-    app = create_app(model, workers=workers, max_queue=max_queue, max_body_bytes=max_body_bytes)
+    app = create_app(model, workers=workers, max_queue=max_queue, max_body_bytes=max_body_bytes,
+                     batching=batching, max_kv_bytes=max_kv_bytes, step_tokens=step_tokens)
     # One process: parallelism comes from the app's worker threads, which share the weights;
     # uvicorn's own `workers` would fork N processes holding N copies of the model.
     uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False)
@@ -61,7 +70,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--workers",
         type=_at_least(1),
         default=None,
-        help="requests decoded in parallel, one thread each (default: one per CPU)",
+        help=f"requests decoded at once: live sessions of the batching scheduler (default "
+        f"{DEFAULT_SESSIONS}), or with --no-batching threads of their own (default: one per CPU)",
+    )
+    parser.add_argument(
+        "--no-batching", dest="batching", action="store_false",
+        help="no continuous batching: each request runs its model work on its own thread",
+    )
+    parser.add_argument(
+        "--max-kv-bytes",
+        type=_at_least(1),
+        default=DEFAULT_MAX_KV_BYTES,
+        help="cap on the live sessions' KV caches (at full capacity), else 429 "
+        f"(default {DEFAULT_MAX_KV_BYTES})",
+    )
+    parser.add_argument(
+        "--step-tokens",
+        type=_at_least(1),
+        default=None,
+        help="batching: token rows per engine step (decode steps, then prefill chunks; "
+        "default 256)",
     )
     parser.add_argument(
         "--max-queue",
@@ -95,6 +123,9 @@ def run(args: argparse.Namespace) -> int:
         max_queue=args.max_queue,
         max_body_bytes=args.max_body_bytes,
         log_level=args.log_level,
+        batching=args.batching,
+        max_kv_bytes=args.max_kv_bytes,
+        step_tokens=args.step_tokens,
     )
     return 0
 

@@ -9,19 +9,29 @@ work is submitted and gives it back when the work has *finished on its thread* (
 cancelled before it started). Releasing when the HTTP side gives up instead would let
 abandoned work pile up behind the workers while new requests are admitted, so the bound
 would not bound anything. `workers + max_queue` slots exist; past that the answer is 429.
+
+With continuous batching (`api/scheduler.py`) the workers are the requests decoded at once:
+each running job holds one scheduler session, samples on its worker thread and waits for
+the scheduler's engine step to run the model for all of them. A client that goes away
+(a closed stream, or a disconnect while a plain request runs) cancels its job, which frees
+its session at the next engine step and its worker soon after.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Generic, TypeVar
 
 from .errors import overloaded
 
 T = TypeVar("T")
+
+
+class ClientGone(Exception):
+    """The client disconnected while its plain (non-streamed) request ran."""
 
 
 class Ticket:
@@ -88,19 +98,37 @@ class WorkerPool:
 
         return self._executor.submit(job)
 
-    async def run(self, ticket: Ticket, fn: Callable[[], T]) -> T:
-        """Run `fn` on a worker; awaitable from the event loop."""
+    async def run(self, ticket: Ticket, fn: Callable[[], T], *,
+                  cancel: Callable[[], None] | None = None,
+                  gone: Awaitable[Any] | None = None) -> T:
+        """Run `fn` on a worker; awaitable from the event loop. When `gone` (an awaitable
+        that ends when the client disconnects) finishes first, `cancel()` stops the job and
+        `ClientGone` is raised (nobody is left to answer)."""
         future = self.submit(ticket, fn)
+        waiter = asyncio.wrap_future(future)
+        watcher = asyncio.ensure_future(gone) if gone is not None else None
         try:
-            return await asyncio.wrap_future(future)
+            if watcher is None:
+                return await waiter
+            await asyncio.wait({waiter, watcher}, return_when=asyncio.FIRST_COMPLETED)
+            if waiter.done():
+                return waiter.result()
+            future.cancel()
+            if cancel is not None:
+                cancel()
+            waiter.cancel()
+            raise ClientGone("the client disconnected before the answer was ready")
         finally:
+            if watcher is not None:
+                watcher.cancel()
             # wrap_future cancels `future` if we were cancelled; a job that never started
             # never reaches its own `finally`, so its slot is returned here.
             if future.cancelled():
                 ticket.release()
 
-    def stream(self, ticket: Ticket, make_iter: Callable[[], Iterator[T]]) -> EventPump[T]:
-        return EventPump(self, ticket, make_iter)
+    def stream(self, ticket: Ticket, make_iter: Callable[[], Iterator[T]],
+               cancel: Callable[[], None] | None = None) -> EventPump[T]:
+        return EventPump(self, ticket, make_iter, cancel)
 
     def shutdown(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
@@ -117,10 +145,13 @@ class EventPump(Generic[T]):
 
     _ITEM, _END, _ERROR = 0, 1, 2
 
-    def __init__(self, pool: WorkerPool, ticket: Ticket, make_iter: Callable[[], Iterator[T]]):
+    def __init__(self, pool: WorkerPool, ticket: Ticket, make_iter: Callable[[], Iterator[T]],
+                 on_cancel: Callable[[], None] | None = None):
         self._pool = pool
         self._ticket = ticket
         self._make_iter = make_iter
+        self._on_cancel = on_cancel
+        self._ended = False  # the end (or the error) reached the event loop
         self._stop = threading.Event()
         self._queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
         self._loop = asyncio.get_running_loop()
@@ -154,6 +185,7 @@ class EventPump(Generic[T]):
         kind, value = await self._queue.get()
         if kind == self._ITEM:
             return True, value
+        self._ended = True
         if kind == self._ERROR:
             raise value
         return False, None
@@ -166,6 +198,11 @@ class EventPump(Generic[T]):
             yield item  # type: ignore[misc]
 
     def cancel(self) -> None:
+        """Stop the work (idempotent; a finished job is not affected): a job that never
+        started gives its slot back now; a running one is cancelled (its scheduler session
+        freed at the next engine step) and ends at its next item."""
         self._stop.set()
         if self._future.cancel():  # never started: its own finally will not run
             self._ticket.release()
+        elif self._on_cancel is not None and not self._ended and not self._future.done():
+            self._on_cancel()

@@ -4,6 +4,12 @@ One `Engine` per app: the model is loaded once and its weights are shared read-o
 request. Each job builds its own `Needle` (its own session and KV cache) on a worker thread,
 so concurrent requests share nothing mutable. Jobs are prepared on the event loop (message
 mapping, cheap checks) and run on a worker (everything that touches the model).
+
+With a `Scheduler` (continuous batching, `api/scheduler.py`, the default), a running job
+holds a lease and its `Needle` decodes on the lease's model view: the job's thread samples
+and parses, the scheduler's engine thread runs the model for every job at once. A full
+scheduler is a 429; `cancel()` (the client went away) frees the job's session at the next
+engine step.
 """
 
 from __future__ import annotations
@@ -13,12 +19,13 @@ import os
 import secrets
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .conversation import Conversation, from_messages
-from .errors import bad_request, context_exceeded, model_not_found
+from .errors import bad_request, context_exceeded, model_not_found, overloaded
 from .fields import REASONING_BUDGETS, check_fields
 from .history import history_ids, stream_ids
 from .schemas import (
@@ -97,6 +104,7 @@ class Engine:
         model_name: str | None = None,
         needle_factory: Callable[..., Any] | None = None,
     ) -> None:
+        self.scheduler: Any = None  # set by create_app when batching is on
         path = Path(model) if isinstance(model, str | os.PathLike) else None
         if path is not None:
             from ..models.loader import load
@@ -112,9 +120,31 @@ class Engine:
         self.context_length = _context_length(model)
         self.created = int(time.time())
 
-    def needle(self, tools: list[dict[str, Any]], system: str) -> Any:
-        """A fresh `Needle` (own session) over the shared model; bad tools raise here."""
-        return self.factory(tools=tools, model=self.model, system=system or None)
+    def needle(self, tools: list[dict[str, Any]], system: str, model: Any = None) -> Any:
+        """A fresh `Needle` (own session) over the shared model (or `model`, a lease's view
+        of it); bad tools raise here."""
+        return self.factory(tools=tools, model=model or self.model, system=system or None)
+
+    @contextmanager
+    def leased(self, job: Any) -> Iterator[Any]:
+        """The model a job decodes on: the scheduler's view under a lease of the job's own
+        (429 when the scheduler is full), or the model itself without batching."""
+        if self.scheduler is None:
+            yield self.model
+            return
+        from ..api.scheduler import SchedulerFull
+
+        try:
+            lease = self.scheduler.lease()
+        except SchedulerFull as full:
+            raise overloaded(self.scheduler.max_sessions, str(full)) from None
+        job.lease = lease
+        if job.cancelled:
+            lease.cancel()
+        try:
+            yield lease.model
+        finally:
+            lease.close()
 
     def check_context(self, prompt_tokens: int, max_new_tokens: int | None) -> None:
         """Refuse prompts the context cannot hold (with room for at least one new token),
@@ -151,20 +181,41 @@ class Engine:
         return ChatJob(self, conversation, {**_options(req, limit), **_chat_options(req)},
                        limit)
 
-    def native_job(self, req: NativeCompleteRequest) -> Callable[[], dict[str, Any]]:
+    def native_job(self, req: NativeCompleteRequest) -> NativeJob:
         if not req.text.strip():
             raise bad_request("Invalid 'text': the query is empty; expected a non-empty "
                               "string.", param="text", code="empty_query")
         limit = self._max_new_tokens(req.max_new_tokens, "max_new_tokens")
         conversation = Conversation(system=req.system or "", tools=req.tools)
-        options = _options(req, limit)
+        return NativeJob(self, conversation, req.text, _options(req, limit), limit)
 
-        def run() -> dict[str, Any]:
-            needle = self.needle(conversation.tools, conversation.system)
-            self.check_context(len(needle.prompt_ids(req.text)), limit)
-            return needle.complete(req.text, **options)
 
-        return run
+class Cancellable:
+    """A job whose client may go away: `cancel()` ends its lease (if any) at the next step."""
+
+    lease: Any = None
+    cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+        if self.lease is not None:
+            self.lease.cancel()
+
+
+class NativeJob(Cancellable):
+    """One `/v1/needlepoint/complete` request: the envelope of `Needle.complete`."""
+
+    def __init__(self, engine: Engine, conversation: Conversation, text: str,
+                 options: dict[str, Any], limit: int | None) -> None:
+        self.engine, self.conversation, self.text = engine, conversation, text
+        self.options, self.limit = options, limit
+
+    def run(self) -> dict[str, Any]:
+        with self.engine.leased(self) as model:
+            needle = self.engine.needle(self.conversation.tools, self.conversation.system,
+                                        model)
+            self.engine.check_context(len(needle.prompt_ids(self.text)), self.limit)
+            return needle.complete(self.text, **self.options)
 
 
 def _options(req: SamplingOptions, max_new_tokens: int | None) -> dict[str, Any]:
@@ -202,7 +253,7 @@ def _chat_options(req: ChatCompletionRequest) -> dict[str, Any]:
     return options
 
 
-class ChatJob:
+class ChatJob(Cancellable):
     """One chat-completion request: prepared on the event loop, run on a worker."""
 
     def __init__(
@@ -227,8 +278,12 @@ class ChatJob:
 
     # -- running (worker thread) ----------------------------------------------------------
     def stream(self) -> Iterator[Delta | ChatResult]:
+        with self.engine.leased(self) as model:
+            yield from self._stream(model)
+
+    def _stream(self, model: Any) -> Iterator[Delta | ChatResult]:
         conv = self.conversation
-        needle = self.engine.needle(conv.tools, conv.system)
+        needle = self.engine.needle(conv.tools, conv.system, model)
         options = dict(self.options)
         if conv.force is not None:
             options["require_call"] = True

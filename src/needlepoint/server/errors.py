@@ -56,11 +56,15 @@ def model_not_found(name: str, served: str) -> ApiError:
     )
 
 
-def overloaded(capacity: int) -> ApiError:
+def overloaded(capacity: int, detail: str | None = None) -> ApiError:
+    """429: the admission queue is full (`capacity` requests running or queued), or, with
+    `detail`, the batching scheduler's session or KV-memory cap is reached."""
     # `Retry-After` lets the official client's retry loop back off sensibly.
+    what = (f"{capacity} requests are already running or queued" if detail is None
+            else detail)
     return ApiError(
         429,
-        f"Server busy: {capacity} requests are already running or queued. Retry later.",
+        f"Server busy: {what}. Retry later.",
         type="rate_limit_error",
         code="server_overloaded",
         headers={"Retry-After": "1"},

@@ -6,6 +6,11 @@ import os
 
 DEFAULT_MAX_QUEUE = 64
 DEFAULT_MAX_BODY_BYTES = 1 << 20  # 1 MiB: a 512-token context never needs more
+# Continuous batching: requests decoded at once (live scheduler sessions) by default, and the
+# cap on their KV caches, counted at full capacity (~0.5 MiB a session on the toy model,
+# ~21 MiB at the released Needle 3 geometry).
+DEFAULT_SESSIONS = 32
+DEFAULT_MAX_KV_BYTES = 1 << 30
 
 
 def default_workers() -> int:

@@ -1,0 +1,269 @@
+"""Stages on a real Ray cluster of two nodes (a head with custom resource `node_a`, a second
+node with `node_b`), run by `test_stages_ray.py` inside a network namespace that has only
+loopback (`unshare -n`), so nothing here can reach any other address. Not collected by a
+plain `pytest` run (no `test_` prefix): only that test runs it.
+
+Every expected value comes from the single-process model in this process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import threading
+import time
+
+import numpy as np
+import pytest
+from conftest import REPO_ROOT, toy_model_path
+from corrupt_helpers import corrupt_copy
+from stages_helpers import assert_bits, fixture_path, long_prompt, stepped
+from v3_helpers import model
+
+import needlepoint
+from needlepoint.errors import (
+    StageLostError,
+    StageNonFiniteError,
+    StageSessionLostError,
+    StageStartError,
+)
+from needlepoint.stages import load_staged
+
+MB = 1 << 20
+TOOLS = REPO_ROOT / "examples" / "tools.json"
+
+
+@pytest.fixture(scope="session")
+def cluster():
+    import ray
+    from ray.cluster_utils import Cluster
+
+    node = dict(num_cpus=2, object_store_memory=96 * MB, node_ip_address="127.0.0.1")
+    head = Cluster(initialize_head=True,
+                   head_node_args=dict(node, resources={"node_a": 1}, include_dashboard=False))
+    try:
+        head.add_node(**node, resources={"node_b": 1})
+        ray.init(address=head.address, log_to_driver=False)
+        yield head
+    finally:
+        ray.shutdown()
+        head.shutdown()
+
+
+def _ray(path, stages, placement, **options):
+    return load_staged(path, stages, transport="ray", placement=placement, cache=False,
+                       **options)
+
+
+def _alternate(count: int) -> list[str]:
+    return ["node_a" if k % 2 == 0 else "node_b" for k in range(count)]
+
+
+def test_isolated_to_loopback(cluster):
+    import ray
+
+    assert [name for _, name in socket.if_nameindex()] == ["lo"]
+    nodes = [n for n in ray.nodes() if n["Alive"]]
+    assert len(nodes) == 2
+    assert {n["NodeManagerAddress"] for n in nodes} == {"127.0.0.1"}
+    assert sorted(k for n in nodes for k in n["Resources"] if k.startswith("node_")) == [
+        "node_a", "node_b"]
+
+
+def test_every_split_across_two_nodes(cluster):
+    """tiny (4 blocks) at 1, 2, 3 and 4 stages, alternating nodes: forward, pipelined prefill
+    and steps bit-identical to one process; `needlepoint.load(..., transport="ray")`."""
+    reference = model("tiny")
+    ids = long_prompt("tiny", 150)
+    expected = reference.forward(ids)
+    steps = stepped(reference.session(), ids[:60], first=50)
+    for cuts in ([0], [0, 2], [0, 1, 3], [0, 1, 2, 3]):
+        with _ray(fixture_path("tiny"), cuts, _alternate(len(cuts))) as staged:
+            info = staged.stage_info()
+            assert len({i["pid"] for i in info}) == len(cuts)
+            assert_bits(staged.forward(ids), expected, f"forward {cuts}")
+            assert_bits(staged.session(chunk=16).prefill(ids), expected[-1], f"prefill {cuts}")
+            assert_bits(stepped(staged.session(chunk=16), ids[:60], first=50), steps)
+    staged = needlepoint.load(fixture_path("tiny"), stages=2, transport="ray",
+                              ray_address=cluster.address, cache=False)
+    try:
+        assert staged.transport.kind == "ray"
+        assert_bits(staged.forward(ids), expected)
+    finally:
+        staged.close()
+
+
+@pytest.mark.parametrize("stages", [2, 4])
+def test_shipped_across_two_nodes(cluster, stages):
+    reference = model("shipped")
+    ids = long_prompt("shipped", 200)
+    expected = reference.forward(ids)
+    with _ray(fixture_path("shipped"), stages, _alternate(stages)) as staged:
+        assert_bits(staged.forward(ids), expected, f"forward, {stages} stages")
+        session = staged.session(chunk=48)
+        assert_bits(session.prefill(ids[:190]), expected[189])
+        assert_bits(np.stack([session.step(int(t)) for t in ids[190:]]), expected[190:])
+
+
+def test_float_numerics_across_nodes(cluster):
+    reference = model("small", numerics="float")
+    ids = long_prompt("small", 160)
+    with _ray(fixture_path("small"), [0, 5], ["node_b", "node_a"], numerics="float") as staged:
+        assert_bits(staged.forward(ids), reference.forward(ids), "float forward")
+
+
+def test_stage_rss_scales_with_its_share(cluster):
+    """Each stage process reads only its blocks' records: after a forward, the archive bytes
+    resident in the 15-block stage are about 3x those of the 5-block stage, and neither holds
+    more than its blocks' records (plus pages shared at record boundaries)."""
+    ids = long_prompt("shipped", 64)
+    with _ray(fixture_path("shipped"), [0, 15], ["node_a", "node_b"]) as staged:
+        staged.forward(ids)
+        big, small = staged.stage_info()
+        shares = [r.weight_bytes for r in staged.plan.ranges]
+        for info, share in ((big, shares[0]), (small, shares[1])):
+            assert 0.5 * share < info["archive_resident_bytes"] < share + 2 * MB, (info, share)
+            assert info["rss_bytes"] > info["archive_resident_bytes"]
+        ratio = big["archive_resident_bytes"] / small["archive_resident_bytes"]
+        assert 2.0 < ratio < 4.0, ratio
+        print(json.dumps({"stage_rss": [big, small]}))
+
+
+def test_sessions_many_at_once_across_nodes(cluster):
+    reference = model("small")
+    prompts = [long_prompt("small", 60 + 30 * k)[k:] for k in range(4)]
+    expected = [reference.forward(p)[-1] for p in prompts]
+    results: dict[int, np.ndarray] = {}
+    with _ray(fixture_path("small"), 2, ["node_a", "node_b"]) as staged:
+        def run(k: int) -> None:
+            results[k] = staged.session(chunk=32).prefill(prompts[k])
+
+        threads = [threading.Thread(target=run, args=(k,)) for k in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        for k in range(4):
+            assert_bits(results[k], expected[k], f"session {k}")
+
+
+def test_non_finite_refused_across_a_hop(cluster, tmp_path):
+    path = corrupt_copy(tmp_path, "layer01.w1b")
+    with _ray(path, [0, 2], ["node_a", "node_b"], numerics="float") as staged:
+        with pytest.raises(StageNonFiniteError, match="not sent to stage 1") as caught:
+            staged.forward([1, 2, 3, 4])
+        assert caught.value.stage == 0
+    with _ray(fixture_path("tiny"), [0, 2], ["node_a", "node_b"]) as staged:
+        session = staged.session()
+        cfg = staged.config
+        lanes = np.zeros((2, cfg.mhc_lanes, cfg.d_model), np.float32)
+        lanes[0, 0, 0] = np.nan
+        with pytest.raises(StageNonFiniteError, match="received non-finite activations from "
+                           "stage 0") as caught:
+            staged.transport.call(1, "run", session.sid, 0, lanes, {}, "last")
+        assert caught.value.stage == 1
+
+
+def test_killed_stage_fails_the_request_fast_and_recovers(cluster):
+    reference = model("shipped")
+    ids = long_prompt("shipped", 1024)
+    with _ray(fixture_path("shipped"), 2, ["node_a", "node_b"]) as staged:
+        old = staged.session()
+        old.prefill(ids[:20])
+        victim = staged.stage_info()[1]
+        outcome: dict = {}
+
+        def long_prefill() -> None:
+            try:
+                staged.session(chunk=32).prefill(ids)
+                outcome["finished"] = True
+            except Exception as error:  # noqa: BLE001 - examined below
+                outcome["error"] = error
+            outcome["at"] = time.monotonic()
+
+        worker = threading.Thread(target=long_prefill)
+        worker.start()
+        time.sleep(1.5)
+        os.kill(victim["pid"], signal.SIGKILL)
+        killed = time.monotonic()
+        worker.join(60)
+        assert not worker.is_alive(), "the request hung after the stage was killed"
+        assert "finished" not in outcome, "the prefill finished before the kill"
+        error = outcome["error"]
+        assert isinstance(error, StageLostError) and error.stage == 1, repr(error)
+        assert "stage 1 (layers 10-19)" in str(error)
+        assert outcome["at"] - killed < 10, outcome["at"] - killed
+        with pytest.raises(StageSessionLostError, match="stage 1"):
+            old.step(1)
+        fresh = staged.session()  # waits for Ray's restart of the actor
+        assert_bits(fresh.prefill(ids[:100]), reference.forward(ids[:100])[-1])
+        again = staged.stage_info()[1]
+        assert again["pid"] != victim["pid"] and again["incarnation"] != victim["incarnation"]
+
+
+def test_server_stays_healthy_when_a_stage_dies(cluster):
+    import openai
+    from server_helpers import ServerThread, calls_of, openai_tools, user
+
+    from needlepoint.server import create_app
+
+    tools = json.loads(TOOLS.read_text())
+    query = "wake me up at 06:45 and remind me to call the bank, then set a timer"
+    single = needlepoint.Needle(tools=tools, model=model("shipped"), max_new_tokens=48)
+    expected = [(c["name"], c["arguments"]) for c in single.complete(query)["function_calls"]]
+
+    def ask(client) -> list:
+        reply = client.chat.completions.create(model="shipped", messages=user(query),
+                                               tools=openai_tools(tools), max_tokens=48)
+        return calls_of(reply.choices[0].message)
+
+    with _ray(fixture_path("shipped"), 2, ["node_a", "node_b"]) as staged:
+        with ServerThread(create_app(staged, model_name="shipped")) as server:
+            client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="-", max_retries=0,
+                                   timeout=120)
+            assert ask(client) == expected
+            pid = staged.stage_info()[1]["pid"]
+            failed: dict = {}
+
+            def doomed() -> None:
+                try:
+                    failed["calls"] = ask(client)
+                except openai.APIStatusError as error:
+                    failed["status"], failed["text"] = error.status_code, str(error)
+
+            worker = threading.Thread(target=doomed)
+            worker.start()
+            time.sleep(1.5)
+            os.kill(pid, signal.SIGKILL)
+            worker.join(60)
+            assert "calls" not in failed, "the request finished before the kill"
+            assert failed["status"] >= 400 and "stage 1" in failed["text"], failed
+            assert server.health()["status"] == "ok"
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    assert ask(client) == expected
+                    break
+                except openai.APIStatusError:
+                    assert time.monotonic() < deadline, "no success after the restart"
+                    time.sleep(1)
+
+
+def test_stage_that_never_starts_is_an_error_at_load(cluster):
+    started = time.monotonic()
+    with pytest.raises(StageStartError, match=r"stage 1 \(layers 2-3\) did not start within "
+                       r"3 s .*no node in the Ray cluster offers resource nowhere") as caught:
+        _ray(fixture_path("tiny"), 2, ["node_a", "nowhere"], start_timeout_s=3)
+    assert caught.value.stage == 1
+    assert time.monotonic() - started < 30
+    # a stage whose process cannot open the archive (as on a node without the file)
+    from needlepoint.stages.ray_transport import RayTransport
+    from needlepoint.stages.stage import StageSpec
+
+    missing = StageSpec(str(toy_model_path().with_name("not-there.cact")), 0, 1, 0, 4)
+    with pytest.raises(StageStartError, match=r"stage 0 \(layers 0-3\) failed to start: .*"
+                       "not-there.cact") as caught:
+        RayTransport([missing], None, ["node_b"], start_timeout_s=30)
+    assert caught.value.stage == 0
