@@ -322,6 +322,25 @@ class ToolCallMatcher:
         """True once the array and every end id have been accepted (only EOS may follow)."""
         return self._m.is_accepting()
 
+    def fork(self) -> ToolCallMatcher:
+        """An independent copy of this state (to look ahead, e.g. check a draft)."""
+        other = ToolCallMatcher(self.grammar, self._m.deep_copy())
+        other.tokens = list(self.tokens)
+        return other
+
+    def advance_prefix(self, token_ids: Sequence[int]) -> int:
+        """Accept the longest prefix of `token_ids` that continues a valid answer (as
+        `advance` judges tokens, EOS excepted); returns how many were accepted."""
+        ids = [int(t) for t in token_ids]
+        n = len(ids)
+        for i, tid in enumerate(ids):
+            if not 0 <= tid < self._vocab.vocab_size:
+                n = i
+                break
+        taken = self._m.try_consume_tokens(ids[:n]) if n else 0
+        self.tokens.extend(ids[:taken])
+        return taken
+
     def text(self) -> bytes:
         """The bytes accepted so far (special tokens contribute nothing)."""
         vocab = self._vocab
