@@ -40,11 +40,13 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..errors import InvalidOptionError, NonFiniteActivationError
+from .drafts import Drafter, DraftState, NgramIndex, match_keys
 from .events import DeltaEvent, LogprobDelta, TurnComplete
 from .logprobs import MAX_TOP_LOGPROBS, token_logprob
 from .prompt import TOOL_CALL_OPEN, continuation_ids, turn_prefix_ids
 from .sampling import SamplingConfig, choose_token, resolve_seed, softmax
 from .segments import ANSWER, CALL, THINK, MarkerIds, SegmentParser
+from .speculate import stepper
 from .stops import check_stops
 
 NORMAL_TYPE, BYTE_TYPE = 0, 4  # tokenizer piece types that carry ordinary text
@@ -84,7 +86,9 @@ class GenerationConfig:
     budget; 0: force the call at once). `require_call`: forbid ending the turn without a call.
     `allow_call=False`: no tool call at all (text only). `stop`: up to 4 stop sequences for
     the answer text. `logprobs`: None, or how many alternatives (0-20) to report with each
-    answer-text token's log probability.
+    answer-text token's log probability. `speculate`: verify prompt-lookup and grammar
+    drafts in one pass where the session supports it exactly (`speculate.py`; the tokens
+    are the same either way).
     """
 
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
@@ -94,8 +98,11 @@ class GenerationConfig:
     allow_call: bool = True
     stop: tuple[str, ...] = ()
     logprobs: int | None = None
+    speculate: bool = True
 
     def __post_init__(self) -> None:
+        if not isinstance(self.speculate, bool):
+            raise InvalidOptionError(f"speculate must be true or false, got {self.speculate!r}")
         _count("max_new_tokens", self.max_new_tokens, 1)
         if self.reasoning_budget is not None:
             _count("reasoning_budget", self.reasoning_budget, 0, "or None (no budget)")
@@ -123,6 +130,8 @@ class TurnVocab:
     free_mask: np.ndarray  # bool[vocab]: tokens the free phase may emit
     call_prefix: tuple[int, ...]  # ids that open an answer with `<tool_call>` (dummy prefix)
     think_close_ids: tuple[int, ...]  # `\n</think>\n` as continuation ids
+    match_keys: np.ndarray | None = None  # prompt-lookup match key per id (drafts.py)
+    call_opening: tuple[int, ...] = ()  # `▁<tool_call>[{"name":"`: the opening draft
 
     @classmethod
     def from_tokenizer(cls, tokenizer: Any) -> TurnVocab:
@@ -138,6 +147,8 @@ class TurnVocab:
             free_mask=free,
             call_prefix=tuple(turn_prefix_ids(tokenizer, TOOL_CALL_OPEN)),
             think_close_ids=tuple(continuation_ids(tokenizer, "\n</think>\n")),
+            match_keys=match_keys(tokenizer.all_token_bytes()),
+            call_opening=tuple(turn_prefix_ids(tokenizer, TOOL_CALL_OPEN + '[{"name":"')),
         )
 
 
@@ -159,10 +170,17 @@ class TurnResult:
     decode_s: float
     pending: list[int]  # tokens generated but not yet fed to the session
     logprobs: list[dict[str, Any]] | None = None  # per answer-text token, when requested
+    # forward passes after the prefill, and the drafts per source (`speculate.py`):
+    # {"decode_passes", "lookup_drafted", "lookup_accepted", "grammar_drafted", ...}
+    speculation: dict[str, int] = field(default_factory=dict)
 
     @property
     def decode_tokens(self) -> int:
         return len(self.tokens)
+
+    @property
+    def decode_passes(self) -> int:
+        return self.speculation.get("decode_passes", 0)
 
 
 def _free_mask(vocab: TurnVocab, parser: SegmentParser, config: GenerationConfig) -> np.ndarray:
@@ -227,8 +245,18 @@ def generate_turn(
     stop_reason = "length"
     limit = context_limit if context_limit is not None else 1 << 62
 
+    def draft_state() -> DraftState:
+        return DraftState(matcher if matcher is not None else answer,
+                          free=parser.call is None and answer is None,
+                          call_open=m.tool_call_open if config.allow_call else None,
+                          constraint=constraint)
+
+    feed = stepper(session, config.speculate,
+                   lambda: Drafter(NgramIndex(vocab.match_keys), vocab.free_mask, m.stops),
+                   draft_state, limit=context_limit, max_steps=config.max_new_tokens - 1,
+                   opening=vocab.call_opening if config.allow_call else ())
     t0 = time.perf_counter()
-    logits = checked(session.prefill(list(prompt), logits=True), "prefill", session.position)
+    logits = checked(feed.prefill(list(prompt), logits=True), "prefill", feed.position)
     t1 = time.perf_counter()
     pending: list[int] = []
 
@@ -242,67 +270,70 @@ def generate_turn(
                 matcher = constraint.start()
         return events
 
-    while len(tokens) < config.max_new_tokens:
-        position = session.position
-        in_call = parser.mode == CALL
-        budget_spent = (
-            config.reasoning_budget is not None
-            and answer is None
-            and parser.call is None
-            and len(tokens) >= config.reasoning_budget
-            and (config.allow_call or (parser.mode == THINK and not think_closed))
-        )
-        chosen = False
-        if budget_spent and not config.allow_call:
-            # Text only: the budget ends the think block, then the answer runs free.
-            forced = list(vocab.think_close_ids)
-            think_closed = True
-        elif budget_spent:
-            forced = _forced_call_ids(vocab, parser, len(tokens))
-            forced_call = True
-        if budget_spent:
-            for token in forced[:-1]:
-                yield from emit(token)
-                session.step(token)
-            token = forced[-1]
-        else:
-            if matcher is not None:
-                allowed = matcher.allowed_mask()
-            elif answer is not None:
-                allowed = answer.allowed_mask()
-            elif parser.call is None:
-                allowed = _free_mask(vocab, parser, config)
+    try:
+        while len(tokens) < config.max_new_tokens:
+            position = feed.position
+            in_call = parser.mode == CALL
+            budget_spent = (
+                config.reasoning_budget is not None
+                and answer is None
+                and parser.call is None
+                and len(tokens) >= config.reasoning_budget
+                and (config.allow_call or (parser.mode == THINK and not think_closed))
+            )
+            chosen = False
+            if budget_spent and not config.allow_call:
+                # Text only: the budget ends the think block, then the answer runs free.
+                forced = list(vocab.think_close_ids)
+                think_closed = True
+            elif budget_spent:
+                forced = _forced_call_ids(vocab, parser, len(tokens))
+                forced_call = True
+            if budget_spent:
+                for token in forced[:-1]:
+                    yield from emit(token)
+                    feed.step(token)
+                token = forced[-1]
             else:
-                allowed = None
-            token = choose_token(logits, config.sampling, position=position, seed=seed,
-                                 allowed=allowed)
-            if in_call:
-                probs_in_call.append(float(softmax(logits)[token]))
-            if matcher is not None:
-                matcher.advance(token)
-            elif answer is not None:
-                answer.advance(token)
-            chosen = True
-        was_answer, leading = parser.mode == ANSWER, not parser.text
-        yield from emit(token)
-        if logprobs is not None and chosen and was_answer and parser.mode == ANSWER \
-                and token not in m.stops and token != m.think_open:
-            entry = token_logprob(logits, token, vocab.token_bytes, config.logprobs or 0,
-                                  leading)
-            logprobs.append(entry)
-            yield LogprobDelta(entry)
-        if token in m.stops or (matcher is not None and matcher.is_finished()):
-            stop_reason = "eos" if token == m.eos else "end"
-            pending = [token]
-            break
-        if parser.stopped:
-            stop_reason = "stop"
-            pending = [token]
-            break
-        if session.position + 1 >= limit or len(tokens) >= config.max_new_tokens:
-            pending = [token]
-            break
-        logits = checked(session.step(token), "decode step", session.position)
+                if matcher is not None:
+                    allowed = matcher.allowed_mask()
+                elif answer is not None:
+                    allowed = answer.allowed_mask()
+                elif parser.call is None:
+                    allowed = _free_mask(vocab, parser, config)
+                else:
+                    allowed = None
+                token = choose_token(logits, config.sampling, position=position, seed=seed,
+                                     allowed=allowed)
+                if in_call:
+                    probs_in_call.append(float(softmax(logits)[token]))
+                if matcher is not None:
+                    matcher.advance(token)
+                elif answer is not None:
+                    answer.advance(token)
+                chosen = True
+            was_answer, leading = parser.mode == ANSWER, not parser.text
+            yield from emit(token)
+            if logprobs is not None and chosen and was_answer and parser.mode == ANSWER \
+                    and token not in m.stops and token != m.think_open:
+                entry = token_logprob(logits, token, vocab.token_bytes, config.logprobs or 0,
+                                      leading)
+                logprobs.append(entry)
+                yield LogprobDelta(entry)
+            if token in m.stops or (matcher is not None and matcher.is_finished()):
+                stop_reason = "eos" if token == m.eos else "end"
+                pending = [token]
+                break
+            if parser.stopped:
+                stop_reason = "stop"
+                pending = [token]
+                break
+            if feed.position + 1 >= limit or len(tokens) >= config.max_new_tokens:
+                pending = [token]
+                break
+            logits = checked(feed.step(token), "decode step", feed.position)
+    finally:
+        feed.settle()  # undo draft tokens fed past the turn
     yield from parser.finish()
     t2 = time.perf_counter()
     result = TurnResult(
@@ -320,6 +351,7 @@ def generate_turn(
         decode_s=t2 - t1,
         pending=pending,
         logprobs=logprobs,
+        speculation=feed.stats(),
     )
     yield TurnComplete(result)
 

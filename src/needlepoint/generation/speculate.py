@@ -1,0 +1,217 @@
+"""Speculative decoding: drafts verified in one pass, the output unchanged.
+
+The turn loop (`turn.py`) decodes exactly as without speculation: it asks for the logits
+after each token it chose and picks the next one (greedy, or the position-keyed seeded draw
+of `sampling.py`, so a pick never depends on how many tokens were drafted). What changes is
+where the logits come from. `Speculator` stands in for the session:
+
+* `step(token)` with no draft pending: it proposes a draft (`drafts.py`: prompt lookup and
+  grammar fast-forward), runs `session.extend([token, *draft])` (one forward pass, the
+  logits after every position) and returns the first row, keeping the others;
+* `step(token)` when `token` is the next draft token: its row is returned at no cost (the
+  model's own pick equalled the draft);
+* `step(token)` when it is not: the rest of the draft is undone (`session.rewind(n)`) and a
+  new pass starts from `token`.
+
+So a pass yields the longest draft prefix the picks agree with plus the pick after it, and
+the turn sees the same logits, hence the same tokens, events, log probabilities and
+confidence as stepping one token at a time: `extend` is bit-identical to steps and `rewind`
+exact in deploy numerics. `settle()` undoes what is left of a draft when the turn ends, so
+the session holds exactly the tokens a plain decode would have fed.
+
+Speculation needs a session with `extend` and `rewind` whose multi-position logits are the
+steps' bits (`speculation_supported`); any other session (float numerics, transformer
+models, the scheduler's proxies) decodes with plain steps through `PlainStepper`.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..errors import NonFiniteActivationError
+from .drafts import (
+    GRAMMAR,
+    LOOKUP,
+    MAX_DRAFT,
+    OPENING,
+    SOURCES,
+    Draft,
+    Drafter,
+    DraftState,
+    NgramIndex,
+)
+
+K_START, K_MIN, K_MAX = 8, 2, 16  # lookup tokens per draft (adaptive)
+
+
+def speculation_supported(session: Any) -> bool:
+    """Whether `session` can verify drafts exactly: it has `extend` and `rewind`, and its
+    multi-position logits are the bits of single steps (`exact_extend` when the session says
+    so, else a Needle 3 session in deploy numerics)."""
+    if not (callable(getattr(session, "extend", None)) and
+            callable(getattr(session, "rewind", None))):
+        return False
+    exact = getattr(session, "exact_extend", None)
+    if exact is not None:
+        return bool(exact)
+    return getattr(getattr(session, "model", None), "quantized", False) is True
+
+
+class PlainStepper:
+    """A session as the turn loop uses it, one forward pass per step (counted)."""
+
+    def __init__(self, session: Any) -> None:
+        self.session = session
+        self.passes = 0
+
+    @property
+    def position(self) -> int:
+        return self.session.position
+
+    def prefill(self, ids: Sequence[int], logits: bool = True) -> np.ndarray | None:
+        return self.session.prefill(ids, logits=logits)
+
+    def step(self, token: int) -> np.ndarray:
+        self.passes += 1
+        return self.session.step(token)
+
+    def settle(self) -> None:
+        """Nothing to undo."""
+
+    def stats(self) -> dict[str, int]:
+        return {"decode_passes": self.passes, **{f"{s}_drafted": 0 for s in SOURCES},
+                **{f"{s}_accepted": 0 for s in SOURCES}}
+
+
+class Speculator(PlainStepper):
+    """The session seen through drafts (module docstring). `state()` says where the turn is
+    (grammar matcher, free phase) when a draft is proposed; `limit` is the context length
+    (no draft reaches past it); `max_steps` the most steps the turn can still ask for;
+    `opening` the tokens drafted with the prompt (see `prefill`)."""
+
+    def __init__(self, session: Any, drafter: Drafter, state: Callable[[], DraftState], *,
+                 limit: int | None = None, max_steps: int | None = None,
+                 opening: Sequence[int] = ()) -> None:
+        super().__init__(session)
+        self.drafter = drafter
+        self.state = state
+        self.limit = limit
+        self.opening = [int(t) for t in opening]
+        self.steps_left = max_steps if max_steps is not None else 1 << 62
+        self.k = K_START
+        self.ahead: deque[tuple[int, np.ndarray, str]] = deque()  # fed, not yet asked for
+        self.drafted = dict.fromkeys(SOURCES, 0)
+        self.accepted = dict.fromkeys(SOURCES, 0)
+        self._lookup_fed = 0  # lookup tokens in the current draft
+
+    @property
+    def position(self) -> int:
+        """The position the turn is at (draft tokens fed ahead of it do not count)."""
+        return self.session.position - len(self.ahead)
+
+    def prefill(self, ids: Sequence[int], logits: bool = True) -> np.ndarray | None:
+        """Consume the prompt. With an `opening`, the prompt's last chunk is run by `extend`
+        with the opening after it (one pass, as the plain prefill's last chunk: chunking
+        never changes a deploy row's bits), so the opening's rows are ready if the turn
+        writes it."""
+        self.settle()
+        ids = [int(t) for t in ids]
+        self.drafter.index.extend(ids)
+        chunk = getattr(self.session, "chunk", None)
+        opening = self.opening[: self._room(len(ids) - 1)] if logits and ids else []
+        if not opening or not isinstance(chunk, int) or chunk < 2:
+            return self.session.prefill(ids, logits=logits)
+        cut = (len(ids) - 1) // chunk * chunk  # where the prompt's last chunk starts
+        opening = opening[: chunk - (len(ids) - cut)]
+        if not opening:
+            return self.session.prefill(ids, logits=logits)
+        if cut:
+            self.session.prefill(ids[:cut], logits=False)
+        rows = self.session.extend(ids[cut:] + opening)
+        last = len(ids) - cut - 1
+        for token, row in zip(opening, rows[last + 1 :], strict=True):
+            self.ahead.append((token, row, OPENING))
+        self.drafted[OPENING] += len(opening)
+        self._lookup_fed = 0
+        return rows[last]
+
+    def step(self, token: int) -> np.ndarray:
+        token = int(token)
+        self.steps_left -= 1
+        self.drafter.index.extend([token])
+        if self.ahead and self.ahead[0][0] == token:
+            _, row, source = self.ahead.popleft()
+            self.accepted[source] += 1
+            if not self.ahead:
+                self._adapt(rejected=False)
+            return row
+        if self.ahead:
+            self._adapt(rejected=True)
+            self.settle()
+        return self._pass(token)
+
+    def _adapt(self, rejected: bool) -> None:
+        """More lookup tokens after a fully accepted draft, fewer after a rejection."""
+        if not self._lookup_fed:
+            return
+        if rejected:
+            self.k = max(K_MIN, self.k // 2)
+        else:
+            self.k = min(K_MAX, self.k + 2)
+        self._lookup_fed = 0
+
+    def _room(self, before: int = 0) -> int:
+        """Draft tokens that can follow `before` more tokens and the one being stepped."""
+        room = min(MAX_DRAFT, max(0, self.steps_left))
+        if self.limit is not None:  # the token and its draft must fit the context
+            room = min(room, self.limit - self.session.position - before - 1)
+        return max(0, room)
+
+    def _pass(self, token: int) -> np.ndarray:
+        room = self._room()
+        draft = self.drafter.propose(self.state(), self.k, room) if room else Draft()
+        self.passes += 1
+        if not draft.tokens:
+            return self.session.step(token)
+        before = self.session.position
+        try:
+            rows = self.session.extend([token, *draft.tokens])
+        except NonFiniteActivationError:
+            # Non-finite activations somewhere in the draft: decode this token on its own,
+            # which raises exactly when plain decoding would.
+            if self.session.position > before:
+                self.session.rewind(self.session.position - before)
+            return self.session.step(token)
+        for draft_token, row, source in zip(draft.tokens, rows[1:], draft.sources, strict=True):
+            self.ahead.append((draft_token, row, source))
+            self.drafted[source] += 1
+        self._lookup_fed = draft.sources.count(LOOKUP)
+        return rows[0]
+
+    def settle(self) -> None:
+        """Undo the draft tokens fed ahead of the turn (the session then holds exactly the
+        tokens the turn stepped)."""
+        if self.ahead:
+            self.session.rewind(len(self.ahead))
+            self.ahead.clear()
+
+    def stats(self) -> dict[str, int]:
+        return {"decode_passes": self.passes,
+                **{f"{s}_drafted": self.drafted[s] for s in SOURCES},
+                **{f"{s}_accepted": self.accepted[s] for s in SOURCES}}
+
+
+def stepper(session: Any, speculate: bool, drafter: Callable[[], Drafter],
+            state: Callable[[], DraftState], **limits: int | None) -> PlainStepper:
+    """A `Speculator` when asked for and the session supports it, else a `PlainStepper`."""
+    if speculate and speculation_supported(session):
+        return Speculator(session, drafter(), state, **limits)
+    return PlainStepper(session)
+
+
+__all__ = ["GRAMMAR", "LOOKUP", "NgramIndex", "PlainStepper", "Speculator", "stepper",
+           "speculation_supported"]
