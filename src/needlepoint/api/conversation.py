@@ -90,6 +90,8 @@ class Conversation:
                                  check_tools=check_tools, require_call=config.require_call,
                                  parallel_calls=parallel_calls)
         envelope["seed"] = result.seed
+        # forward passes after the prefill and the drafts per source (generation/speculate.py)
+        envelope["timings"].update(result.speculation)
         yield Done(envelope)
 
     def confidence_logit(self) -> tuple[float | None, float]:

@@ -70,7 +70,7 @@ EXTRACT_TOOL = "extract"
 EXTRACT_DESCRIPTION = "Extract the requested fields from the text."
 SAMPLING_OPTIONS = ("temperature", "top_k", "top_p", "seed")
 TURN_OPTIONS = ("max_new_tokens", "reasoning_budget", "require_call", "allow_call", "stop",
-                "logprobs")
+                "logprobs", "speculate")
 GRAMMAR_OPTIONS = ("parallel_tool_calls", "response_format")
 NO_TOOLS_NOTE = ("no tools were declared, so there is nothing to call: the turn refused at "
                  "once (pass allow_call=False for a plain text answer)")
@@ -124,6 +124,7 @@ class Needle:
         cache: ModelCache | None = MODEL_CACHE,
         retrieve_k: int | None = DEFAULT_RETRIEVE_K,
         retrieve_threshold: int = DEFAULT_RETRIEVE_THRESHOLD,
+        speculate: bool = True,
     ) -> None:
         self.model = load_model(model, cache)
         self.tokenizer = self.model.tokenizer
@@ -134,7 +135,7 @@ class Needle:
         self.kv_window = kv_window
         self.defaults = {"temperature": temperature, "top_k": top_k, "top_p": top_p,
                          "seed": seed, "max_new_tokens": max_new_tokens,
-                         "reasoning_budget": reasoning_budget}
+                         "reasoning_budget": reasoning_budget, "speculate": speculate}
         self.config()  # validate the defaults now, not at the first query
         if retrieve_k is not None and (not isinstance(retrieve_k, int) or retrieve_k < 1):
             raise ValueError(f"retrieve_k must be a positive int or None, got {retrieve_k!r}")

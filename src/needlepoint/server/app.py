@@ -55,6 +55,7 @@ def create_app(
     batching: bool = True,
     max_kv_bytes: int | None = DEFAULT_MAX_KV_BYTES,
     step_tokens: int | None = None,
+    speculate: bool = True,
 ) -> FastAPI:
     """Build the server for one model: a `.cact` path or an already loaded model object.
 
@@ -65,10 +66,12 @@ def create_app(
     `max_kv_bytes` in all (429 past it); without, `workers` threads each run their own
     request (default: one per CPU). Bodies over `max_body_bytes` get 413.
     `needle_factory` replaces `needlepoint.Needle` (tests use it to inject a test double).
+    `speculate=False` decodes without drafts (`Needle(speculate=False)`; same tokens).
     """
     if max_body_bytes < 1:
         raise ValueError(f"max_body_bytes must be >= 1, got {max_body_bytes}")
-    engine = Engine(model, model_name=model_name, needle_factory=needle_factory)
+    engine = Engine(model, model_name=model_name, needle_factory=needle_factory,
+                    speculate=speculate)
     workers = workers or (DEFAULT_SESSIONS if batching else default_workers())
     scheduler = None
     if batching:

@@ -37,6 +37,7 @@ def serve(
     batching: bool = True,
     max_kv_bytes: int | None = DEFAULT_MAX_KV_BYTES,
     step_tokens: int | None = None,
+    speculate: bool = True,
 ) -> None:
     """Load `model` once (a path; None: `$NEEDLEPOINT_MODEL`, else the bundled demo model)
     and serve it until interrupted (blocking)."""
@@ -54,7 +55,8 @@ def serve(
     if model is None or isinstance(model, str | os.PathLike):
         model = resolve_model_path(model)
     app = create_app(model, workers=workers, max_queue=max_queue, max_body_bytes=max_body_bytes,
-                     batching=batching, max_kv_bytes=max_kv_bytes, step_tokens=step_tokens)
+                     batching=batching, max_kv_bytes=max_kv_bytes, step_tokens=step_tokens,
+                     speculate=speculate)
     # One process: parallelism comes from the app's worker threads, which share the weights;
     # uvicorn's own `workers` would fork N processes holding N copies of the model.
     uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False)
@@ -106,6 +108,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"]
     )
+    parser.add_argument("--no-speculate", dest="speculate", action="store_false",
+                        help="decode one forward pass per token (no drafts; same tokens)")
     from ..stages.options import add_stage_arguments
 
     add_stage_arguments(parser)  # --stages, --ray, --placement (docs/distributed.md)
@@ -126,6 +130,7 @@ def run(args: argparse.Namespace) -> int:
         batching=args.batching,
         max_kv_bytes=args.max_kv_bytes,
         step_tokens=args.step_tokens,
+        speculate=getattr(args, "speculate", True),
     )
     return 0
 

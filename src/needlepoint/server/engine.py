@@ -103,7 +103,9 @@ class Engine:
         *,
         model_name: str | None = None,
         needle_factory: Callable[..., Any] | None = None,
+        speculate: bool = True,
     ) -> None:
+        self.speculate = speculate  # False: `Needle(speculate=False)` (no drafts)
         self.scheduler: Any = None  # set by create_app when batching is on
         path = Path(model) if isinstance(model, str | os.PathLike) else None
         if path is not None:
@@ -123,7 +125,9 @@ class Engine:
     def needle(self, tools: list[dict[str, Any]], system: str, model: Any = None) -> Any:
         """A fresh `Needle` (own session) over the shared model (or `model`, a lease's view
         of it); bad tools raise here."""
-        return self.factory(tools=tools, model=model or self.model, system=system or None)
+        options = {} if self.speculate else {"speculate": False}
+        return self.factory(tools=tools, model=model or self.model, system=system or None,
+                            **options)
 
     @contextmanager
     def leased(self, job: Any) -> Iterator[Any]:
