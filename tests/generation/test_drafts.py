@@ -15,6 +15,7 @@ from needlepoint.generation.drafts import (
     Drafter,
     DraftState,
     NgramIndex,
+    lookup_kind,
     match_keys,
 )
 from needlepoint.generation.grammar import TokenVocab, ToolCallGrammar
@@ -135,6 +136,12 @@ def test_lookup_after_forced_tokens_and_cut_at_the_first_rejected_token(grammar_
     # grammar then forces `arguments":{"city`
     assert draft.tokens[: len(name) + 1] == call[3 : 4 + len(name)]
     assert draft.sources[: len(name) + 1] == [LOOKUP] * (len(name) + 1)
+    # acceptance classes: the n-gram length of the match (`name":"`: the prompt has `{"`,
+    # not `[{"`, before it), whether the token starts the guess
+    first, *rest_kinds = draft.kinds[: len(name) + 1]
+    assert first == lookup_kind(2, True) == "lookup2"
+    assert rest_kinds == [lookup_kind(2, False)] * len(name) == ["lookup2+"] * len(name)
+    assert draft.kinds[len(name) + 1 :] == [GRAMMAR] * (len(draft) - len(name) - 1)
     rest = draft.tokens[len(name) + 1 :]
     assert rest and set(draft.sources[len(name) + 1 :]) == {GRAMMAR}
     assert b"description" not in b"".join(tokenizer.token_bytes(t) for t in draft.tokens)

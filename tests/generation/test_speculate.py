@@ -15,11 +15,12 @@ from conftest import shared_dir, toy_model_path
 
 import needlepoint
 from needlepoint.errors import NonFiniteActivationError
+from needlepoint.generation.draft_policy import DraftPolicy, policy_for
 from needlepoint.generation.drafts import LOOKUP, Drafter, DraftState, NgramIndex
 from needlepoint.generation.grammar import TokenVocab, ToolCallGrammar
 from needlepoint.generation.prompt import prompt_ids, render_prompt
 from needlepoint.generation.speculate import (
-    K_START,
+    LOOKUP_MAX,
     PlainStepper,
     Speculator,
     speculation_supported,
@@ -73,19 +74,21 @@ class LogSession:
         del self.ids[len(self.ids) - n :]
 
 
-def _speculator(session, index_tokens=(), **kwargs):
+def _speculator(session, index_tokens=(), ratio=0.0, **kwargs):
+    """A speculator that verifies whole drafts (ratio 0: an extra position costs nothing)."""
     index = NgramIndex()
     index.extend(list(index_tokens))
-    return Speculator(session, Drafter(index), lambda: DraftState(), **kwargs)
+    return Speculator(session, Drafter(index), lambda: DraftState(),
+                      policy=DraftPolicy(ratio=ratio), **kwargs)
 
 
 def test_draft_accepted_prefix_plus_one_then_rewind():
     session = LogSession()
     spec = _speculator(session)
     spec.prefill([1, 2, 3, 4, 5, 9, 1, 2])  # the tail "1 2" continued with 3 4 5 9 ...
-    row = spec.step(3)  # a pass: [3] + draft (lookup after "2 3": 4 5 9 1 2 3 4 5)
-    assert session.calls[-1] == ("extend", 1 + K_START) and spec.passes == 1
-    assert spec.position == 9 and session.position == 9 + K_START
+    row = spec.step(3)  # a pass: [3] + draft (lookup after "2 3": 4 5 9 1 2 3 4 5 9 ...)
+    assert session.calls[-1] == ("extend", 1 + LOOKUP_MAX) and spec.passes == 1
+    assert spec.position == 9 and session.position == 9 + LOOKUP_MAX
     reference = LogSession()
     reference.prefill([1, 2, 3, 4, 5, 9, 1, 2], logits=False)
     assert np.array_equal(row, reference.step(3))
@@ -93,31 +96,63 @@ def test_draft_accepted_prefix_plus_one_then_rewind():
         assert np.array_equal(spec.step(token), reference.step(token))
     assert spec.passes == 1 and spec.accepted[LOOKUP] == 2
     assert np.array_equal(spec.step(7), reference.step(7))  # disagrees: rewind, new pass
-    assert ("rewind", K_START - 2) in session.calls and spec.passes == 2
+    assert ("rewind", LOOKUP_MAX - 2) in session.calls and spec.passes == 2
     assert spec.position == reference.position
     spec.settle()
     assert session.ids == reference.ids and not spec.ahead
     stats = spec.stats()
-    assert stats["decode_passes"] == 2 and stats["lookup_drafted"] >= K_START
+    assert stats["decode_passes"] == 2 and stats["lookup_drafted"] >= LOOKUP_MAX
     assert stats["lookup_accepted"] == 2 and stats["grammar_drafted"] == 0
 
 
-def test_empty_draft_is_a_plain_step_and_k_adapts():
+def test_empty_draft_is_a_plain_step():
     session = LogSession()
     spec = _speculator(session)
     spec.prefill([1, 2])
     spec.step(3)  # nothing to look up: a plain step
-    assert session.calls[-1] == ("step", 1)
-    spec = _speculator(LogSession())
-    spec.prefill([5, 6, 7, 8, 5, 6, 7, 8, 5])
-    spec.step(6)  # draft 7 8 5 6 7 8 5 6 (the repetition)
-    for token in (7, 8, 5, 6, 7, 8, 5, 6):
-        spec.step(token)
-    assert spec.passes == 1 and spec.k == K_START + 2  # all accepted: longer drafts
-    spec.step(7)  # a pass drafting 8 5 6 7 ...
-    assert spec.passes == 2
-    spec.step(1)  # ... rejected at its first token: shorter drafts
-    assert spec.k == (K_START + 2) // 2 and spec.passes == 3
+    assert session.calls[-1] == ("step", 1) and spec.passes == 1
+
+
+def test_policy_cuts_drafts_where_they_stop_paying_off():
+    policy = DraftPolicy(ratio=0.2)
+    # grammar tokens are nearly sure: many are kept; a first lookup token (prior 0.3) is
+    # kept, the reach after it falls below 0.2 within a few continuing tokens
+    assert policy.keep(["grammar"] * 20) == 20
+    assert policy.keep(["lookup1", "lookup1+", "lookup1+", "lookup1+"]) == 1
+    assert DraftPolicy(ratio=0.4).keep(["lookup1", "grammar"]) == 0
+    assert DraftPolicy(ratio=0.0).keep(["lookup1"] * 30) == 30
+    # acceptance is learnt per kind
+    for _ in range(40):
+        policy.reached("lookup3", True)
+        policy.reached("lookup3+", True)
+        policy.reached("lookup1", False)
+    assert policy.rate("lookup3") > 0.9 and policy.rate("lookup1") < 0.1
+    assert policy.keep(["lookup3", "lookup3+", "lookup3+"]) == 3
+    assert policy.keep(["lookup1"]) == 0
+    # the ratio is timed: slope per extra position over a one-position pass
+    timed = DraftPolicy()
+    timed.timed(1, 0.010)
+    timed.timed(5, 0.018)
+    assert timed.ratio() == pytest.approx(0.2)
+    timed.timed(1, 0.010)
+    timed.timed(2, 0.5)  # two positions: too few to tell the slope, ignored
+    assert timed.ratio() == pytest.approx(0.2)
+
+
+def test_acceptance_is_counted_on_reached_tokens_and_shared_per_model():
+    session = LogSession()
+    policy = DraftPolicy(ratio=0.0)
+    spec = Speculator(session, Drafter(NgramIndex()), lambda: DraftState(), policy=policy)
+    spec.drafter.index.extend([2, 3, 4, 6])
+    spec.prefill([7])
+    spec.step(2)  # drafts 3 4 6 7 2 ...: 3 accepted, 4 rejected (9), the rest never reached
+    spec.step(3)
+    spec.step(9)
+    counts = {kind: tuple(c) for kind, c in policy.counts.items()}
+    assert sum(c[1] for c in counts.values()) == 2 and sum(c[0] for c in counts.values()) == 1
+    model = needlepoint.load(toy_model_path())
+    assert policy_for(model.session()) is policy_for(model.session())
+    assert policy_for(LogSession()) is not policy_for(LogSession())  # no model: fresh
 
 
 def test_room_limits_drafts_to_the_context_and_the_turn():
@@ -155,7 +190,7 @@ def test_a_failing_draft_falls_back_to_the_token_alone():
     spec = _speculator(session)
     spec.prefill([1, 2, 9, 8, 1])
     spec.step(2)  # the draft 9 8 ... poisons the pass: undo it and step 2 alone
-    assert session.calls[-3:] == [("extend", 1 + K_START), ("rewind", 1), ("step", 1)]
+    assert session.calls[-3:] == [("extend", 1 + LOOKUP_MAX), ("rewind", 1), ("step", 1)]
     assert session.ids == [1, 2, 9, 8, 1, 2] and spec.passes == 1
 
 

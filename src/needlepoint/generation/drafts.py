@@ -99,6 +99,11 @@ class NgramIndex:
         best first: up to `limit` tokens that followed an earlier occurrence of the n-gram
         ending `tail`, longest n first, the most recent occurrence first (the last `KEEP`
         occurrences of each n-gram are kept)."""
+        for _, tokens in self.matches(tail, limit):
+            yield tokens
+
+    def matches(self, tail: Sequence[int], limit: int) -> Iterator[tuple[int, list[int]]]:
+        """`candidates`, each with the length n of the n-gram it matched."""
         if limit <= 0 or not tail:
             return
         keyed = [self._key(int(t)) for t in tail[-self.max_n :]]
@@ -109,26 +114,42 @@ class NgramIndex:
                 continue
             for end in hit:  # an occurrence that has a continuation in the indexed tokens
                 if 0 <= end < last:
-                    yield self.tokens[end + 1 : end + 1 + limit]
+                    yield n, self.tokens[end + 1 : end + 1 + limit]
 
     def lookup(self, tail: Sequence[int], limit: int) -> list[int]:
         """The best continuation of `tail` (`candidates`), or [] when nothing matches."""
         return next(self.candidates(tail, limit), [])
 
 
+def lookup_kind(n: int, first: bool) -> str:
+    """The acceptance class of a lookup token: its n-gram length, and whether it starts a
+    guess (a copy that has started tends to go on)."""
+    return f"{LOOKUP}{n}{'' if first else '+'}"
+
+
 @dataclass
 class Draft:
-    """Draft tokens and the source of each."""
+    """Draft tokens, the source of each and its acceptance class (`kinds`: the source, or
+    `lookup_kind` for lookup tokens)."""
 
     tokens: list[int] = field(default_factory=list)
     sources: list[str] = field(default_factory=list)
+    kinds: list[str] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.tokens)
 
-    def add(self, tokens: Sequence[int], source: str) -> None:
+    def add(self, tokens: Sequence[int], source: str, n: int = 0) -> None:
         self.tokens.extend(int(t) for t in tokens)
         self.sources.extend([source] * len(tokens))
+        if source == LOOKUP:
+            self.kinds.extend(lookup_kind(n, i == 0) for i in range(len(tokens)))
+        else:
+            self.kinds.extend([source] * len(tokens))
+
+    def cut(self, size: int) -> Draft:
+        """The first `size` tokens."""
+        return Draft(self.tokens[:size], self.sources[:size], self.kinds[:size])
 
 
 @dataclass
@@ -170,11 +191,11 @@ class Drafter:
         return tokens
 
     def _guess(self, tail: list[int], limit: int, matcher: DraftMatcher | None, free: bool
-               ) -> tuple[list[int], bool]:
+               ) -> tuple[list[int], bool, int]:
         """The first of a few lookup candidates whose first token the grammar (or the free
-        phase) allows, cut where it stops allowing them (`matcher` advances over it); and
-        whether it was cut at a stop token."""
-        for rank, guess in enumerate(self.index.candidates(tail, limit)):
+        phase) allows, cut where it stops allowing them (`matcher` advances over it); whether
+        it was cut at a stop token; the length of its n-gram match."""
+        for rank, (n, guess) in enumerate(self.index.matches(tail, limit)):
             if rank >= CANDIDATES:
                 break
             guess, stop = self._stop_cut(guess)
@@ -184,8 +205,8 @@ class Drafter:
             elif matcher is not None:
                 guess = guess[: matcher.advance_prefix(guess)]
             if guess:
-                return guess, stop and len(guess) == whole
-        return [], False
+                return guess, stop and len(guess) == whole, n
+        return [], False, 0
 
     def propose(self, state: DraftState, lookup_budget: int, room: int) -> Draft:
         """A draft of at most `room` tokens, at most `lookup_budget` of them from lookup."""
@@ -210,8 +231,8 @@ class Drafter:
                     continue
             if lookup_budget <= 0:
                 break
-            guess, stop = self._guess(tail, min(lookup_budget, room - len(draft)), matcher,
-                                      free)
+            guess, stop, n = self._guess(tail, min(lookup_budget, room - len(draft)), matcher,
+                                         free)
             if not guess:
                 break
             if free and state.call_open in guess:  # the draft enters the call: grammar on
@@ -219,7 +240,7 @@ class Drafter:
                 if _lookahead(state.constraint):
                     matcher = state.constraint.start()
                     matcher = matcher if _lookahead(matcher) else None
-            draft.add(guess, LOOKUP)
+            draft.add(guess, LOOKUP, n)
             lookup_budget -= len(guess)
             tail = (tail + guess)[-MAX_NGRAM:]
             if stop:

@@ -26,6 +26,7 @@ models, the scheduler's proxies) decodes with plain steps through `PlainStepper`
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -33,19 +34,10 @@ from typing import Any
 import numpy as np
 
 from ..errors import NonFiniteActivationError
-from .drafts import (
-    GRAMMAR,
-    LOOKUP,
-    MAX_DRAFT,
-    OPENING,
-    SOURCES,
-    Draft,
-    Drafter,
-    DraftState,
-    NgramIndex,
-)
+from .draft_policy import DraftPolicy, policy_for
+from .drafts import MAX_DRAFT, OPENING, SOURCES, Draft, Drafter, DraftState
 
-K_START, K_MIN, K_MAX = 8, 2, 16  # lookup tokens per draft (adaptive)
+LOOKUP_MAX = 16  # lookup tokens per draft, before the policy cuts it
 
 
 def speculation_supported(session: Any) -> bool:
@@ -91,22 +83,24 @@ class Speculator(PlainStepper):
     """The session seen through drafts (module docstring). `state()` says where the turn is
     (grammar matcher, free phase) when a draft is proposed; `limit` is the context length
     (no draft reaches past it); `max_steps` the most steps the turn can still ask for;
-    `opening` the tokens drafted with the prompt (see `prefill`)."""
+    `opening` the tokens drafted with the prompt (see `prefill`); `policy` how much of a
+    draft is worth verifying (`draft_policy.py`; by default the one learnt for this
+    session's model)."""
 
     def __init__(self, session: Any, drafter: Drafter, state: Callable[[], DraftState], *,
                  limit: int | None = None, max_steps: int | None = None,
-                 opening: Sequence[int] = ()) -> None:
+                 opening: Sequence[int] = (), policy: DraftPolicy | None = None) -> None:
         super().__init__(session)
         self.drafter = drafter
         self.state = state
         self.limit = limit
         self.opening = [int(t) for t in opening]
         self.steps_left = max_steps if max_steps is not None else 1 << 62
-        self.k = K_START
-        self.ahead: deque[tuple[int, np.ndarray, str]] = deque()  # fed, not yet asked for
+        self.policy = policy if policy is not None else policy_for(session)
+        # fed to the session ahead of the turn, not yet asked for: (token, row, source, kind)
+        self.ahead: deque[tuple[int, np.ndarray, str, str]] = deque()
         self.drafted = dict.fromkeys(SOURCES, 0)
         self.accepted = dict.fromkeys(SOURCES, 0)
-        self._lookup_fed = 0  # lookup tokens in the current draft
 
     @property
     def position(self) -> int:
@@ -123,6 +117,7 @@ class Speculator(PlainStepper):
         self.drafter.index.extend(ids)
         chunk = getattr(self.session, "chunk", None)
         opening = self.opening[: self._room(len(ids) - 1)] if logits and ids else []
+        opening = opening[: self.policy.keep([OPENING] * len(opening))]
         if not opening or not isinstance(chunk, int) or chunk < 2:
             return self.session.prefill(ids, logits=logits)
         cut = (len(ids) - 1) // chunk * chunk  # where the prompt's last chunk starts
@@ -134,35 +129,23 @@ class Speculator(PlainStepper):
         rows = self.session.extend(ids[cut:] + opening)
         last = len(ids) - cut - 1
         for token, row in zip(opening, rows[last + 1 :], strict=True):
-            self.ahead.append((token, row, OPENING))
+            self.ahead.append((token, row, OPENING, OPENING))
         self.drafted[OPENING] += len(opening)
-        self._lookup_fed = 0
         return rows[last]
 
     def step(self, token: int) -> np.ndarray:
         token = int(token)
         self.steps_left -= 1
         self.drafter.index.extend([token])
-        if self.ahead and self.ahead[0][0] == token:
-            _, row, source = self.ahead.popleft()
-            self.accepted[source] += 1
-            if not self.ahead:
-                self._adapt(rejected=False)
-            return row
         if self.ahead:
-            self._adapt(rejected=True)
+            drafted, row, source, kind = self.ahead[0]
+            self.policy.reached(kind, drafted == token)
+            if drafted == token:
+                self.ahead.popleft()
+                self.accepted[source] += 1
+                return row
             self.settle()
         return self._pass(token)
-
-    def _adapt(self, rejected: bool) -> None:
-        """More lookup tokens after a fully accepted draft, fewer after a rejection."""
-        if not self._lookup_fed:
-            return
-        if rejected:
-            self.k = max(K_MIN, self.k // 2)
-        else:
-            self.k = min(K_MAX, self.k + 2)
-        self._lookup_fed = 0
 
     def _room(self, before: int = 0) -> int:
         """Draft tokens that can follow `before` more tokens and the one being stepped."""
@@ -173,10 +156,14 @@ class Speculator(PlainStepper):
 
     def _pass(self, token: int) -> np.ndarray:
         room = self._room()
-        draft = self.drafter.propose(self.state(), self.k, room) if room else Draft()
+        draft = self.drafter.propose(self.state(), LOOKUP_MAX, room) if room else Draft()
+        draft = draft.cut(self.policy.keep(draft.kinds))
         self.passes += 1
+        start = time.perf_counter()
         if not draft.tokens:
-            return self.session.step(token)
+            row = self.session.step(token)
+            self.policy.timed(1, time.perf_counter() - start)
+            return row
         before = self.session.position
         try:
             rows = self.session.extend([token, *draft.tokens])
@@ -186,10 +173,10 @@ class Speculator(PlainStepper):
             if self.session.position > before:
                 self.session.rewind(self.session.position - before)
             return self.session.step(token)
-        for draft_token, row, source in zip(draft.tokens, rows[1:], draft.sources, strict=True):
-            self.ahead.append((draft_token, row, source))
-            self.drafted[source] += 1
-        self._lookup_fed = draft.sources.count(LOOKUP)
+        self.policy.timed(1 + len(draft), time.perf_counter() - start)
+        for entry in zip(draft.tokens, rows[1:], draft.sources, draft.kinds, strict=True):
+            self.ahead.append(entry)
+            self.drafted[entry[2]] += 1
         return rows[0]
 
     def settle(self) -> None:
@@ -213,5 +200,4 @@ def stepper(session: Any, speculate: bool, drafter: Callable[[], Drafter],
     return PlainStepper(session)
 
 
-__all__ = ["GRAMMAR", "LOOKUP", "NgramIndex", "PlainStepper", "Speculator", "stepper",
-           "speculation_supported"]
+__all__ = ["LOOKUP_MAX", "PlainStepper", "Speculator", "speculation_supported", "stepper"]
