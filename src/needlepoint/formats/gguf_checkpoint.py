@@ -17,6 +17,7 @@ Supported architectures: `llama` (Llama, SmolLM, TinyLlama, ...) and `gpt2`; any
 
 from __future__ import annotations
 
+import mmap
 import os
 import re
 from functools import cached_property
@@ -241,6 +242,17 @@ class GGUFCheckpoint:
         key = "attention.head_count" if transform == "attn_q" else "attention.head_count_kv"
         heads = int(self._arch(key, self._arch("attention.head_count")))
         return tuple(None if a is None else unpermute_rope_rows(a, heads) for a in found)
+
+    def release_pages(self) -> None:
+        """Drop this process's resident pages of the file mapping (they are read again from
+        the page cache if touched later): a loader that has copied what it needs (the int8
+        weights) keeps the file out of its resident set."""
+        handle = getattr(self.reader.data, "_mmap", None)
+        if handle is not None and hasattr(mmap, "MADV_DONTNEED"):
+            try:
+                handle.madvise(mmap.MADV_DONTNEED)
+            except (OSError, ValueError):  # pragma: no cover - platform without madvise
+                pass
 
     @cached_property
     def tokenizer(self) -> HFTokenizer:

@@ -149,8 +149,11 @@ def pack_weight(codes: np.ndarray, scale: np.ndarray, offset: np.ndarray | None 
     bits = 4 if offset is not None and low >= 0 and high <= 15 else 8
     n_pad = -(-rows // LANES) * LANES
     nb = k_pad // BLOCK
-    full = np.zeros((n_pad, k_pad), np.int8)
-    full[:rows] = codes
+    if rows == n_pad:
+        full = codes.view(np.int8) if codes.dtype == np.uint8 else codes.astype(np.int8, copy=False)
+    else:
+        full = np.zeros((n_pad, k_pad), np.int8)
+        full[:rows] = codes
     # [G, 8 lanes, nb, 8 quads, 4] -> [G, nb, quads, lanes, 4]
     quads = full.reshape(n_pad // LANES, LANES, nb, 8, 4).transpose(0, 2, 3, 1, 4)
     if bits == 8:

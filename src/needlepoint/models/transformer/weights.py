@@ -195,8 +195,15 @@ def load_weights(checkpoint: Any, spec: BlockSpec, numerics: str = "float",
     d = spec.d_model
     positions = fetch.get(names.positions, (spec.max_seq_len, d)) if spec.learned_positions \
         else None
-    layers = [_layer(fetch, spec, i) for i in range(spec.num_layers)]
+    release = getattr(checkpoint, "release_pages", None) if fetch.int8 else None
+    layers = []
+    for i in range(spec.num_layers):
+        layers.append(_layer(fetch, spec, i))
+        if release is not None:  # the layer's int8 weights are copies: drop the file's pages
+            release()
     embed, lm_head = _embedding_and_head(fetch, spec)
+    if release is not None:
+        release()
     return TransformerWeights(
         embed=embed, positions=positions, layers=layers,
         final_norm=fetch.norm(names.final_norm, spec), lm_head=lm_head, numerics=numerics,
