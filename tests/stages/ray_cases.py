@@ -267,3 +267,23 @@ def test_stage_that_never_starts_is_an_error_at_load(cluster):
                        "not-there.cact") as caught:
         RayTransport([missing], None, ["node_b"], start_timeout_s=30)
     assert caught.value.stage == 0
+
+
+def test_stalled_stage_times_out_naming_it(cluster):
+    """A stage process that stops answering (SIGSTOP) fails the request after
+    call_timeout_s with a StageLostError naming it: never a hang."""
+    ids = long_prompt("tiny", 60)
+    with _ray(fixture_path("tiny"), [0, 1, 3], _alternate(3), call_timeout_s=3) as staged:
+        session = staged.session()
+        pid = staged.stage_info()[1]["pid"]
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            with pytest.raises(StageLostError, match=r"stage 1 \(layers 1-2\) did not answer "
+                               r"within 3 s") as caught:
+                session.prefill(ids)
+            assert caught.value.stage == 1
+            assert time.monotonic() - started < 15
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        assert_bits(staged.session().prefill(ids), model("tiny").forward(ids)[-1])

@@ -211,3 +211,39 @@ def test_server_on_a_staged_model_answers_as_on_one_process():
     finally:
         staged.close()
     assert answers[1] == answers[0] == [("set_alarm", {"time": "06:45"})]
+
+
+class _Recorder:
+    """A transport wrapper that logs every submit and gather, in order."""
+
+    def __init__(self, inner) -> None:
+        self.inner, self.log = inner, []
+        self.specs = inner.specs
+
+    def submit(self, stage, method, *args):
+        self.log.append(("submit", stage, method, args[-1] if method == "run" else None))
+        return self.inner.submit(stage, method, *args)
+
+    def gather(self, pending, timeout=None):
+        self.log.append(("gather", len(pending)))
+        return self.inner.gather(pending, timeout)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def test_prefill_chunks_are_all_in_flight_and_only_the_last_reaches_the_lm_head():
+    """A 100-token prefill in chunks of 16 on 3 stages: all 7 x 3 stage calls are submitted
+    before the head waits for any (stage k can work on chunk i while stage k-1 works on
+    chunk i+1), and only the last chunk asks the last stage for rows to read out."""
+    ids = long_prompt("tiny", 100)
+    with load_staged(fixture_path("tiny"), [0, 1, 3], cache=False) as staged:
+        session = staged.session(chunk=16)
+        staged.transport = recorder = _Recorder(staged.transport)
+        assert_bits(session.prefill(ids), model("tiny").forward(ids)[-1])
+        runs = [entry for entry in recorder.log if entry[0] == "submit"]
+        assert recorder.log[: len(runs)] == runs and len(runs) == 7 * 3
+        assert recorder.log[len(runs):] == [("gather", 7)]
+        last_stage = [want for _, stage, _, want in runs if stage == 2]
+        assert last_stage == ["none"] * 6 + ["last"]
+        assert {want for _, stage, _, want in runs if stage != 2} == {None}

@@ -34,6 +34,7 @@ CASES = [
     "test_killed_stage_fails_the_request_fast_and_recovers",
     "test_server_stays_healthy_when_a_stage_dies",
     "test_stage_that_never_starts_is_an_error_at_load",
+    "test_stalled_stage_times_out_naming_it",
 ]
 TIMEOUT_S = 900
 INSIDE = """set -e

@@ -174,14 +174,26 @@ class RayTransport:
                 f"unreachable: {_last_line(str(error))}); Ray restarts it, and sessions whose "
                 f"cache lived there are gone", lost)
         if isinstance(error, exceptions.GetTimeoutError):
-            spec = self.specs[stage]
-            return StageLostError(f"no answer through {spec.name} within {waited:.0f} s "
-                                  f"(call_timeout_s); the request is abandoned", stage)
+            silent = self._first_silent(stage)
+            spec = self.specs[silent]
+            return StageLostError(f"{spec.name} did not answer within {waited:.0f} s "
+                                  f"(call_timeout_s); the request is abandoned", silent)
         if isinstance(error, exceptions.RayError):
             spec = self.specs[stage]
             return StageLostError(f"{spec.name}: {type(error).__name__}: "
                                   f"{_last_line(str(error))}", stage)
         return error
+
+    def _first_silent(self, default: int, wait_s: float = 2.0) -> int:
+        """The first stage, in chain order, that does not answer a ping within `wait_s` (a
+        stage's calls run in order, so those after a stalled one wait behind it)."""
+        pings = [actor.call.remote("ping") for actor in self.actors]
+        done, _ = self.ray.wait(pings, num_returns=len(pings), timeout=wait_s)
+        answered = {ref.hex() for ref in done}
+        for k, ref in enumerate(pings):
+            if ref.hex() not in answered:
+                return k
+        return default
 
     def call(self, stage: int, method: str, *args: Any) -> Any:
         return self.gather([self.submit(stage, method, *args)])[0]
