@@ -154,12 +154,18 @@ def run_batch(model: Any, items: list[tuple[Any, np.ndarray, bool, bool]], batch
     return results
 
 
-def plan_step(works: list[Work], step_tokens: int) -> list[tuple[Work, int]]:
+def plan_step(works: list[Work], step_tokens: int, new_first: bool = False
+              ) -> list[tuple[Work, int]]:
     """One engine step's items, (work, tokens to run): every pending decode step (one token),
     then prefill chunks in submission order while the budget of `step_tokens` rows lasts. A
     chunk that does not finish its prefill is a multiple of the session's own chunk (so the
     session cuts the prompt where it would alone), and the oldest prefill always advances,
-    however many decode steps there are."""
+    however many decode steps there are. With `new_first`, when a prefill that has not started
+    is waiting, the step runs only the first chunks of such prefills: a new request's first
+    token then waits for its own prompt only, not for the decode rows of every other request
+    (the caller alternates, so decoders lose at most one step to it)."""
+    if new_first and any(w.fed == 0 and w.remaining > 1 for w in works):
+        works = [w for w in works if w.fed == 0 and w.remaining > 1]
     steps = [(w, 1) for w in works if w.remaining == 1]
     budget = step_tokens - len(steps)
     plan = list(steps)

@@ -15,7 +15,10 @@ Each request runs its turn on its own thread, on `BatchedSession` proxies (`batc
 3. takes every pending decode step (one token each) and fills the rest of the per-step token
    budget (`step_tokens`) with chunks of pending prefills, oldest first (chunked prefill:
    a long prompt never stalls the decoders for more than a budget's worth of rows); chunks
-   are multiples of the session's own prefill chunk, and the oldest prefill always advances;
+   are multiples of the session's own prefill chunk, and the oldest prefill always advances.
+   When new requests are waiting (`new_first`, the default), their first chunks get a step
+   of their own, so a new request's first token waits for its own prompt, not for everyone
+   else's decode rows; the step after such a step always decodes;
 4. makes one `model.run_batch` call for all of it (or, for a model without one, runs the
    items one after the other: `batched.run_batch`), and hands out the logits.
 
@@ -103,7 +106,8 @@ class Scheduler:
     """Owns a model's sessions and batches their work (see the module docstring).
 
     `batched=None` uses `model.run_batch` when the model has it; False runs each item alone
-    (still one engine thread, the same chunking and admission). `max_kv_bytes=None` caps KV
+    (still one engine thread, the same chunking and admission). `new_first=False` mixes new
+    prompts' first chunks into the decode steps like later chunks. `max_kv_bytes=None` caps KV
     bytes at `max_sessions` sessions' worth. The engine thread starts with the first lease
     (`autostart=False`: only at `start()`) and ends with `close()`. `log_steps=True` keeps,
     per engine step, the `(lease.number, rows)` of every item it ran (`step_log`)."""
@@ -118,6 +122,7 @@ class Scheduler:
         gather_s: float = DEFAULT_GATHER_S,
         max_gather_s: float = DEFAULT_MAX_GATHER_S,
         batched: bool | None = None,
+        new_first: bool = True,
         autostart: bool = True,
         log_steps: bool = False,
     ) -> None:
@@ -135,6 +140,8 @@ class Scheduler:
         self.max_kv_bytes = (max_sessions * self.session_kv_bytes if max_kv_bytes is None
                              else int(max_kv_bytes))
         self.step_tokens = step_tokens
+        self.new_first = new_first
+        self._new_only = False  # the last step ran only new prompts' first chunks
         self.gather_s, self.max_gather_s = gather_s, max_gather_s
         self.stopped = False
         self.autostart = autostart
@@ -274,7 +281,11 @@ class Scheduler:
             self._gather()
             self._drop_cancelled()
             calls = [w for w in self._queue if w.call is not None]
-            plan = plan_step([w for w in self._queue if w.call is None], self.step_tokens)
+            pending = [w for w in self._queue if w.call is None]
+            plan = plan_step(pending, self.step_tokens, self.new_first and not self._new_only)
+            # a step of new prompts only is followed by one that decodes (no starvation)
+            self._new_only = bool(plan) and len(plan) < len(pending) and \
+                all(w.fed == 0 and w.remaining > 1 for w, _ in plan)
             return calls, plan
 
     def _gather(self) -> None:
