@@ -1,6 +1,7 @@
 """A GGUF file (llama.cpp's format) as a checkpoint with Hugging Face names and config.
 
-Read with the `gguf` package (llama.cpp's own reader, memory-mapped). The metadata is translated
+Read by `gguf_reader.GGUFFile` (the metadata decoded once, the file one read-only memory map;
+the `gguf` package supplies the type tables and the K-quant decoders). The metadata is translated
 to the `config.json` fields the model layer reads (`config`), and the tensors are offered under
 their Hugging Face names, float32, in Hugging Face layout:
 
@@ -28,6 +29,7 @@ import numpy as np
 
 from ..errors import CheckpointError, MissingTensorError, UnsupportedArchitectureError
 from .gguf_quants import dequantize, integer_blocks
+from .gguf_reader import GGUFFile
 from .hf_tokenizer import HFTokenizer
 
 _LLAMA_LAYER = {
@@ -68,7 +70,8 @@ def _gguf():
 
 
 def field_value(field: Any) -> Any:
-    """A metadata field's value (str, int, float, bool, or a list of them)."""
+    """A `gguf.GGUFReader` metadata field's value (str, int, float, bool, or a list of them),
+    as `GGUFFile.values` holds it."""
     gguf = _gguf()
     kinds = list(field.types)
     strings = gguf.GGUFValueType.STRING
@@ -92,7 +95,7 @@ class GGUFCheckpoint:
     def __init__(self, path: Path, reader: Any) -> None:
         self.path = path
         self.reader = reader
-        self.metadata = {name: f for name, f in reader.fields.items()}
+        self.metadata = reader.values
         self.architecture = self.value("general.architecture")
         if self.architecture not in _TABLES:
             raise UnsupportedArchitectureError(
@@ -107,8 +110,8 @@ class GGUFCheckpoint:
 
     # ------------------------------------------------------------------ metadata
     def value(self, key: str, default: Any = None) -> Any:
-        field = self.metadata.get(key)
-        return default if field is None else field_value(field)
+        value = self.metadata.get(key)
+        return default if value is None else value
 
     def _arch(self, key: str, default: Any = None) -> Any:
         return self.value(f"{self.architecture}.{key}", default)
@@ -280,9 +283,9 @@ def unpermute_rope_rows(values: np.ndarray, heads: int) -> np.ndarray:
 def open_gguf(path: str | os.PathLike[str]) -> GGUFCheckpoint:
     """Open and validate a GGUF file (memory-mapped, read-only)."""
     file = Path(path)
-    gguf = _gguf()
+    _gguf()
     try:
-        reader = gguf.GGUFReader(str(file), "r")
+        reader = GGUFFile(file)
     except (ValueError, OSError, IndexError, KeyError) as error:
         raise CheckpointError(f"{file}: not a valid GGUF file: {error}") from None
     return GGUFCheckpoint(file, reader)
