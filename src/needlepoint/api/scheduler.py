@@ -153,7 +153,7 @@ class Scheduler:
         self._last_arrival = 0.0
         self._kv_reserved = 0
         self._thread: threading.Thread | None = None
-        self._stats = {"steps": 0, "rows": 0, "sessions_stepped": 0, "max_batch": 0,
+        self._stats = {"steps": 0, "rows": 0, "sessions_stepped": 0, "max_batch": 0, "calls": 0,
                        "leases": 0, "peak_leases": 0, "cancelled": 0, "refused": 0}
 
     # -- admission -----------------------------------------------------------------------
@@ -348,10 +348,11 @@ class Scheduler:
                 work.finish(result=result, error=failure)
 
     def _record(self, plan: list[tuple[Work, int]], calls: list[Work]) -> None:
-        if not plan and not calls:
-            return
         stats = self._stats
-        stats["steps"] += 1
+        stats["calls"] += len(calls)
+        if not plan:
+            return
+        stats["steps"] += 1  # engine steps that ran the model
         stats["rows"] += sum(n for _, n in plan)
         stats["sessions_stepped"] += len(plan)
         stats["max_batch"] = max(stats["max_batch"], len(plan))

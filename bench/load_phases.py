@@ -1,0 +1,172 @@
+"""The load benchmark's phases, each against one running server (`bench/load.py`):
+
+* `scaling`: aggregate decode tokens/s of N clients (1, then 16) looping text requests with
+  a fixed `max_tokens` (short prompts, so the time is decode time);
+* `ttft`: time to the first streamed chunk of a new request, alone and while 15 others
+  decode long answers;
+* `soak`: many clients (64) for a fixed time on tool-calling requests from the eval set, every
+  answer checked against the one the same request got alone, RSS sampled every second.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import openai
+
+from .load_server import Server, health, one_request, percentile
+
+
+def text_request(query: str, max_tokens: int) -> dict[str, Any]:
+    return {"messages": [{"role": "user", "content": query}], "tool_choice": "none",
+            "max_tokens": max_tokens}
+
+
+async def _loop(client: openai.AsyncOpenAI, model: str, requests: list[dict[str, Any]],
+                stop: Callable[[], bool], start: int, step: int, record: Callable) -> None:
+    i = start
+    while not stop():
+        request = requests[i % len(requests)]
+        i += step
+        try:
+            record(await one_request(client, model, request, stream=False), request)
+        except (openai.APIStatusError, openai.APIConnectionError, openai.APITimeoutError) as e:
+            record(e, request)
+
+
+async def scaling(client: openai.AsyncOpenAI, model: str, queries: list[str], clients: int,
+                  duration: float, max_tokens: int) -> dict[str, Any]:
+    """`clients` clients loop fixed-length text requests for `duration` s."""
+    requests = [text_request(q, max_tokens) for q in queries]
+    before = await health(client)
+    tokens, done, errors = 0, 0, Counter()
+    deadline = time.monotonic() + duration
+
+    def record(result: Any, _: dict) -> None:
+        nonlocal tokens, done
+        if isinstance(result, Exception):
+            errors[type(result).__name__] += 1
+            return
+        tokens += result[2]
+        done += 1
+
+    began = time.monotonic()
+    await asyncio.gather(*(_loop(client, model, requests, lambda: time.monotonic() > deadline,
+                                 k, clients, record) for k in range(clients)))
+    elapsed = time.monotonic() - began
+    after = await health(client)
+    return {"clients": clients, "requests": done, "tokens": tokens, "seconds": elapsed,
+            "tokens_per_s": tokens / elapsed, "errors": dict(errors),
+            "mean_batch": _mean_batch(before, after)}
+
+
+async def ttft(client: openai.AsyncOpenAI, model: str, probes: list[dict[str, Any]],
+               queries: list[str], background: int, long_tokens: int) -> dict[str, Any]:
+    """Time to the first token of new requests, one at a time: each probe is a streamed
+    tool-calling request with `max_tokens` 1, so its first chunk comes once its prompt is
+    prefilled and its first token chosen. Alone, then while `background` clients decode
+    `long_tokens`-token text answers."""
+    probes = [{**request, "max_tokens": 1} for request in probes]
+
+    async def probe_all() -> list[float]:
+        times = []
+        for request in probes:
+            first, _, _ = await one_request(client, model, request, stream=True)
+            times.append(first)
+        return times
+
+    await probe_all()  # warm-up (grammars, caches)
+    alone = await probe_all()
+    stop = False
+    long_requests = [text_request(q, long_tokens) for q in queries]
+    busy = [asyncio.ensure_future(_loop(client, model, long_requests, lambda: stop, k,
+                                        background, lambda *_: None))
+            for k in range(background)]
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:  # wait until all of them are decoding
+        live = (await health(client)).get("scheduler", {}).get("live_sessions")
+        if live is None or live >= background:
+            break
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(0.5)
+    loaded = await probe_all()
+    stop = True
+    await asyncio.gather(*busy)
+    return {"probes": len(probes), "background": background,
+            "alone_p50_s": percentile(alone, 50), "loaded_p50_s": percentile(loaded, 50),
+            "loaded_p90_s": percentile(loaded, 90), "alone": alone, "loaded": loaded}
+
+
+async def soak(client: openai.AsyncOpenAI, model: str, server: Server,
+               requests: list[dict[str, Any]], clients: int, duration: float) -> dict[str, Any]:
+    """`clients` clients for `duration` s; every 4th request streamed; answers checked."""
+    reference, unloaded = [], []  # each request's answer alone, before any load
+    for request in requests:
+        seconds, calls, _ = await one_request(client, model, request, stream=False)
+        reference.append(calls)
+        unloaded.append(seconds)
+    before = await health(client)
+    latencies: list[float] = []
+    first_chunks: list[float] = []
+    errors: Counter[str] = Counter()
+    wrong = tokens = 0
+    rss: list[int] = []
+    deadline = time.monotonic() + duration
+
+    async def client_loop(k: int) -> None:
+        nonlocal wrong, tokens
+        i = k
+        while time.monotonic() < deadline:
+            index, stream = i % len(requests), i % 4 == 3
+            i += clients
+            start = time.perf_counter()
+            try:
+                first, calls, n = await one_request(client, model, requests[index], stream)
+            except openai.APIStatusError as error:
+                errors[f"HTTP {error.status_code}"] += 1
+                continue
+            except (openai.APIConnectionError, openai.APITimeoutError) as error:
+                errors[type(error).__name__] += 1
+                continue
+            latencies.append(time.perf_counter() - start)
+            if stream:
+                first_chunks.append(first)
+            tokens += n
+            wrong += calls != reference[index]
+
+    async def sample_rss() -> None:
+        while time.monotonic() < deadline:
+            if value := server.rss():
+                rss.append(value)
+            await asyncio.sleep(1.0)
+
+    began = time.monotonic()
+    await asyncio.gather(sample_rss(), *(client_loop(k) for k in range(clients)))
+    elapsed = time.monotonic() - began  # the load, plus draining what was in flight
+    state = await health(client)
+    return {
+        "clients": clients, "load_s": duration, "duration_s": elapsed,
+        "unloaded_latency_p50_s": percentile(unloaded, 50),
+        "requests_ok": len(latencies), "requests_per_s": len(latencies) / elapsed,
+        "completion_tokens_per_s": tokens / elapsed,
+        "latency_p50_s": percentile(latencies, 50), "latency_p99_s": percentile(latencies, 99),
+        "stream_ttft_p50_s": percentile(first_chunks, 50),
+        "stream_ttft_p99_s": percentile(first_chunks, 99),
+        "errors": dict(errors), "wrong_answers": wrong, "distinct_requests": len(requests),
+        "rss_max_sampled_mib": max(rss, default=0) / 2**20,
+        "rss_every_10s_mib": [round(v / 2**20) for v in rss[::10]],
+        "peak_in_flight": state.get("peak_in_flight"),
+        "mean_batch": _mean_batch(before, state),
+    }
+
+
+def _mean_batch(before: dict[str, Any], after: dict[str, Any]) -> float | None:
+    """Sessions per engine step between two /health readings (None without batching)."""
+    old, new = before.get("scheduler"), after.get("scheduler")
+    if not old or not new or new["steps"] == old["steps"]:
+        return None
+    return (new["sessions_stepped"] - old["sessions_stepped"]) / (new["steps"] - old["steps"])

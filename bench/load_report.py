@@ -1,0 +1,100 @@
+"""`docs/benchmarks_server.md` from the load benchmark's result files
+(`bench/results/load_*.json`, one per model and mode). Everything above the `<!-- notes -->`
+line is generated; the hand-written notes after it are kept."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+MARKER = "<!-- notes -->"
+TARGETS = {"scaling": 4.0, "ttft": 2.0}
+
+
+def _mode(result: dict[str, Any]) -> str:
+    if not result.get("batching"):
+        return "no batching (each request on its own worker thread and session)"
+    if result.get("batched"):
+        return "continuous batching, one `model.run_batch` call per engine step"
+    return "continuous batching, the engine step running each item alone (no run_batch)"
+
+
+def _verdict(value: float, target: float, higher: bool) -> str:
+    met = value >= target if higher else value <= target
+    sign = ">=" if higher else "<="
+    return f"{value:.2f}x (target {sign} {target:g}x: {'met' if met else 'not met'})"
+
+
+def section(result: dict[str, Any]) -> str:
+    phases = result["phases"]
+    lines = [f"## {result['label']}: {result['model']}", "",
+             f"Mode: {_mode(result)}. Server: `--workers {result['workers']} --max-queue "
+             f"{result['max_queue']}`. Machine: {result['machine']}; the clients share the "
+             "CPUs with the server.", "", f"Command: `{result['command']}`", ""]
+    if "scaling" in phases:
+        scale = phases["scaling"]
+        lines += [f"**Decode throughput** (text requests, `max_tokens` {scale['max_tokens']}, "
+                  "short prompts, each client looping):", "",
+                  "| clients | requests | completion tokens | tokens/s | sessions per engine "
+                  "step | errors |", "|---|---|---|---|---|---|"]
+        for run in scale["runs"]:
+            batch = "-" if run["mean_batch"] is None else f"{run['mean_batch']:.1f}"
+            errors = ", ".join(f"{k}: {v}" for k, v in run["errors"].items()) or "none"
+            lines.append(f"| {run['clients']} | {run['requests']} | {run['tokens']} | "
+                         f"{run['tokens_per_s']:.1f} | {batch} | {errors} |")
+        lines += ["", f"16 clients vs 1: {_verdict(scale['ratio'], TARGETS['scaling'], True)}",
+                  ""]
+    if "ttft" in phases:
+        t = phases["ttft"]
+        lines += [f"**Time to first token** of a new request ({t['probes']} tool-calling "
+                  "requests from the eval set, 2-4 tools, streamed with `max_tokens` 1, one at a "
+                  "time; time to the first chunk):", "", "| | p50 | p90 |", "|---|---|---|",
+                  f"| alone | {t['alone_p50_s'] * 1000:.0f} ms | - |",
+                  f"| while {t['background']} others decode | {t['loaded_p50_s'] * 1000:.0f} "
+                  f"ms | {t['loaded_p90_s'] * 1000:.0f} ms |", "",
+                  f"Loaded vs alone (p50): {_verdict(t['ratio'], TARGETS['ttft'], False)}", ""]
+    if "soak" in phases:
+        s = phases["soak"]
+        errors = ", ".join(f"{k}: {v}" for k, v in s["errors"].items()) or "none"
+        batch = "-" if s["mean_batch"] is None else f"{s['mean_batch']:.1f}"
+        rss = " / ".join(str(v) for v in s["rss_every_10s_mib"])
+        lines += [f"**Soak**: {s['clients']} clients for {s['load_s']:.0f} s "
+                  f"({s['duration_s']:.0f} s until the requests in flight at the deadline had "
+                  f"finished; rates are over the latter), looping over {s['distinct_requests']} "
+                  "tool-calling requests from `needle3-toy.eval.jsonl` (2-4 tools each), every "
+                  "4th streamed, greedy; every answer checked against the same request alone.",
+                  "", "| metric | value |", "|---|---|",
+                  f"| requests completed | {s['requests_ok']} |",
+                  f"| requests/s | {s['requests_per_s']:.1f} |",
+                  f"| completion tokens/s | {s['completion_tokens_per_s']:.0f} |",
+                  f"| sessions per engine step (mean) | {batch} |",
+                  f"| latency of one request alone, p50 | "
+                  f"{s['unloaded_latency_p50_s'] * 1000:.0f} ms |",
+                  f"| latency p50 / p99 | {s['latency_p50_s'] * 1000:.0f} ms / "
+                  f"{s['latency_p99_s'] * 1000:.0f} ms |",
+                  f"| streamed: first chunk p50 / p99 | {s['stream_ttft_p50_s'] * 1000:.0f} ms "
+                  f"/ {s['stream_ttft_p99_s'] * 1000:.0f} ms |",
+                  f"| errors | {errors} |",
+                  f"| wrong answers (differ from the request alone) | {s['wrong_answers']} |",
+                  f"| peak admitted in flight | {s['peak_in_flight']} |",
+                  f"| server RSS after loading / max sampled under load | "
+                  f"{result['rss_after_load_mib']:.0f} MiB / {s['rss_max_sampled_mib']:.0f} MiB |",
+                  f"| RSS every 10 s (MiB) | {rss} |",
+                  f"| server peak RSS (VmHWM) | {result['peak_rss_mib']:.0f} MiB |", ""]
+    return "\n".join(lines)
+
+
+def write_report(paths: list[Path], out: Path) -> None:
+    results = [json.loads(p.read_text()) for p in paths]
+    notes = ""
+    if out.exists() and MARKER in out.read_text():
+        notes = out.read_text().split(MARKER, 1)[1]
+    head = ("# Server load benchmark (`python -m bench.load`)\n\n"
+            "`needlepoint serve` on 127.0.0.1 driven by the official `openai` async client "
+            "(one process). Phases: decode throughput with 16 clients vs 1, time to first "
+            "token of a new request while 15 others decode, and a soak of 64 clients; "
+            "targets of the continuous-batching issue in parentheses. Generated from "
+            "`bench/results/load_*.json`; notes by hand at the end.\n")
+    body = "\n".join(section(r) for r in results)
+    out.write_text(f"{head}\n{body}\n{MARKER}{notes or chr(10)}")
