@@ -114,6 +114,30 @@ def test_matmul_native_equals_reference_any_rows_threads_variant(lib, kind) -> N
     assert (wide[:, :5] == 7).all() and (wide[:, 5 + n :] == 7).all()
 
 
+def test_float16_scales_are_stored_as_such_and_give_the_same_bits(lib) -> None:
+    """GGUF's d / m are float16: stored so (fewer bytes), the same values, the same bits."""
+    rng = np.random.default_rng(5)
+    n, k = 40, 96
+    codes = rng.integers(0, 16, (n, k)).astype(np.int8)
+    scale = rng.uniform(0.001, 0.05, (n, 3)).astype(np.float16).astype(F32)
+    offset = rng.uniform(-0.3, 0.1, (n, 3)).astype(np.float16).astype(F32)
+    offset[0, 0] = F32(np.float16(1.8e-7))  # a float16 subnormal (3 x 2^-24)
+    half = i8.pack_weight(codes, scale, offset)
+    full = i8.pack_weight(codes, scale, offset, half=False)
+    assert half.half and not full.half and half.nbytes < full.nbytes
+    np.testing.assert_array_equal(half.scales()[0][:n], scale)
+    np.testing.assert_array_equal(half.scales()[1][:n], offset)
+    assert not i8.pack_weight(codes, scale * F32(1.0001), offset).half  # not exact in float16
+    x = _rows(rng, 5, k)
+    q = i8.quantize(x, k)
+    ref = i8.matmul_reference(*q, full)
+    for variant in (1, 0):
+        lib.i8_force_variant(variant)
+        np.testing.assert_array_equal(i8.matmul(*q, half), ref)
+        np.testing.assert_array_equal(i8.matmul(*q, full), ref)
+    np.testing.assert_array_equal(i8.matmul_reference(*q, half), ref)
+
+
 def test_matmul_is_the_defined_epilogue_by_hand() -> None:
     """One output in Python integers and float64, operation by operation."""
     rng = np.random.default_rng(3)

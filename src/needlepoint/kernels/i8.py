@@ -10,7 +10,9 @@ Q8_0 / Q4_0 / Q4_1 / Q5_x, so a GGUF weight enters as it is stored (no re-quanti
   `q = clip(rint(x / xs_b), -127, 127)` (int8) and their integer sum `S_b`.
 * A weight is integer codes `c[n, k]` (int8 in [-127, 127], or 4-bit 0..15) with one float32
   scale `ws[n, b]` per output and block and, optionally, an offset `wm[n, b]`: the weight is
-  `ws * c + wm` (Q4_1's `d * q + m`; Q4_0 is `d * q - 8 d`; plain int8 has no offset).
+  `ws * c + wm` (Q4_1's `d * q + m`; Q4_0 is `d * q - 8 d`; plain int8 has no offset). Scales
+  and offsets that are all exactly float16 (GGUF's own `d`, `m`) are stored as float16: fewer
+  bytes per product, the same values, so the same bits.
 * The block dot `D[t, n, b] = sum_k q[t, k] c[n, k]` is an exact integer (|D| < 2^20), in any
   order: numpy's float32 BLAS here (every partial sum is an integer below 2^24), AVX2 byte
   products in the kernel, any batch, thread or SIMD width.
@@ -117,6 +119,11 @@ class I8Weight:
         extra = 0 if self.offset is None else self.offset.nbytes
         return int(self.data.nbytes + self.scale.nbytes + extra)
 
+    @property
+    def half(self) -> bool:
+        """Scales (and offsets) stored as float16."""
+        return self.scale.dtype == np.float16
+
     def codes(self) -> np.ndarray:
         """The integer codes [G*8, k_pad] int8, row n = output n (padding rows are zero)."""
         if self.bits == 8:
@@ -130,15 +137,27 @@ class I8Weight:
     def scales(self) -> tuple[np.ndarray, np.ndarray | None]:
         """scale [G*8, nb] and offset (or None), row n = output n."""
         g, nb = self.groups, self.blocks
-        to_rows = lambda a: a.transpose(0, 2, 1).reshape(g * LANES, nb)  # noqa: E731
+        to_rows = lambda a: a.transpose(0, 2, 1).reshape(g * LANES, nb).astype(F32)  # noqa: E731
         return to_rows(self.scale), None if self.offset is None else to_rows(self.offset)
+
+
+def _exactly_half(*arrays: np.ndarray | None) -> bool:
+    for a in arrays:
+        if a is None:
+            continue
+        with np.errstate(over="ignore"):
+            back = a.astype(np.float16).astype(F32)
+        if not np.array_equal(back, a):
+            return False
+    return True
 
 
 def pack_weight(codes: np.ndarray, scale: np.ndarray, offset: np.ndarray | None = None,
                 n_out: int | None = None, k_in: int | None = None,
-                threads: int = 1) -> I8Weight:
+                threads: int = 1, half: bool | None = None) -> I8Weight:
     """The kernel layout of codes [N, k_pad] (int8 in [-127, 127], or 0..15 with an offset:
-    stored 4-bit), scale / offset [N, nb] float32."""
+    stored 4-bit), scale / offset [N, nb] float32 (stored float16 where that is exact, unless
+    `half` is False)."""
     codes = np.asarray(codes)
     rows, k_pad = codes.shape
     if k_pad % BLOCK or scale.shape != (rows, k_pad // BLOCK):
@@ -162,8 +181,12 @@ def pack_weight(codes: np.ndarray, scale: np.ndarray, offset: np.ndarray | None 
         u = quads.view(np.uint8)
         data = np.ascontiguousarray(u[:, :, :4] | (u[:, :, 4:] << 4))
 
+    scale = np.asarray(scale, F32)
+    offset = None if offset is None else np.asarray(offset, F32)
+    store = np.float16 if half is not False and _exactly_half(scale, offset) else F32
+
     def grouped(a: np.ndarray) -> np.ndarray:
-        out = np.zeros((n_pad, nb), F32)
+        out = np.zeros((n_pad, nb), store)
         out[:rows] = a
         return np.ascontiguousarray(out.reshape(n_pad // LANES, LANES, nb).transpose(0, 2, 1))
 
@@ -223,7 +246,7 @@ def matmul(codes: np.ndarray, xscale: np.ndarray, xsums: np.ndarray, w: I8Weight
     offset = 0 if w.offset is None else w.offset.ctypes.data
     status = lib.i8_matmul(
         codes.ctypes.data, xscale.ctypes.data, xsums.ctypes.data, rows, w.blocks, w.bits,
-        w.data.ctypes.data, w.scale.ctypes.data, offset, w.groups, w.n_out,
+        w.data.ctypes.data, w.scale.ctypes.data, offset, int(w.half), w.groups, w.n_out,
         0 if bias is None else bias.ctypes.data, out.ctypes.data, out.strides[0] // 4,
         w.threads,
     )

@@ -14,7 +14,7 @@ import os
 import warnings
 from pathlib import Path
 
-ABI_VERSION = 2
+ABI_VERSION = 3
 FOLDER = Path(__file__).resolve().parent / "i8native"
 _P, _I64, _I32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32
 
@@ -23,7 +23,8 @@ class Part(ctypes.Structure):
     """`i8_part` of np_i8.c: one packed weight (`kernels.i8.I8Weight`)."""
 
     _fields_ = [("n_out", _I64), ("groups", _I64), ("nb", _I64), ("bits", _I32),
-                ("threads", _I32), ("data", _P), ("scale", _P), ("offset", _P)]
+                ("threads", _I32), ("half", _I32), ("unused", _I32), ("data", _P),
+                ("scale", _P), ("offset", _P)]
 
 
 class Lin(ctypes.Structure):
@@ -53,7 +54,7 @@ def _signatures(lib: ctypes.CDLL) -> None:
     lib.i8_quantize.restype = i32
     lib.i8_norm.argtypes = [p, i64, i64, p, p, f64, i32, p]
     lib.i8_norm.restype = i32
-    lib.i8_matmul.argtypes = [p, p, p, i64, i64, i32, p, p, p, i64, i64, p, p, i64, i32]
+    lib.i8_matmul.argtypes = [p, p, p, i64, i64, i32, p, p, p, i32, i64, i64, p, p, i64, i32]
     lib.i8_matmul.restype = i32
     lib.i8_exp32_array.argtypes = [p, i64, p]
     lib.i8_exp32_array.restype = None

@@ -28,10 +28,28 @@
  * outputs side by side (models/transformer/linear.py Int8Linear). */
 typedef struct {
     int64_t n_out, groups, nb;
-    int32_t bits, threads;
+    int32_t bits, threads, half, unused;
     const uint8_t *data;
-    const float *scale, *offset;
+    const void *scale, *offset; /* float32, or float16 when half */
 } i8_part;
+
+/* float16 bits -> float32, exactly (normal, subnormal, zero, inf, NaN). */
+static inline float i8_half(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1Fu, man = h & 0x3FFu;
+    uint32_t bits;
+    float out;
+    if (exp == 0) {
+        out = (float)man * 5.9604644775390625e-08f; /* man * 2^-24, exact */
+        memcpy(&bits, &out, 4);
+        bits |= sign;
+    } else if (exp == 31) {
+        bits = sign | 0x7F800000u | (man << 13);
+    } else {
+        bits = sign | ((exp + 112u) << 23) | (man << 13);
+    }
+    memcpy(&out, &bits, 4);
+    return out;
+}
 
 typedef struct {
     const i8_part *parts;
@@ -55,7 +73,7 @@ typedef struct {
 #define I8_NAME(name) name##_avx2
 #define I8_SIMD_AVX2 1
 #pragma GCC push_options
-#pragma GCC target("avx2")
+#pragma GCC target("avx2,f16c")
 #include <immintrin.h>
 #include "np_i8_body.h"
 #include "np_i8_rows.h"
@@ -76,7 +94,7 @@ static int i8_pick(void) {
         int v = 0;
 #ifdef I8_HAVE_AVX2
         __builtin_cpu_init();
-        if (__builtin_cpu_supports("avx2")) v = 1;
+        if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c")) v = 1;
 #endif
         const char *force = getenv("NEEDLEPOINT_I8_VARIANT");
         if (force && force[0] == '0') v = 0;
@@ -91,7 +109,7 @@ static int i8_pick(void) {
 #define I8_DISPATCH(name, ...) name##_base(__VA_ARGS__)
 #endif
 
-int i8_abi_version(void) { return 2; }
+int i8_abi_version(void) { return 3; }
 
 /* 1 when the AVX2 variant runs, 0 for the baseline one. */
 int i8_simd_variant(void) { return i8_pick(); }
@@ -101,7 +119,8 @@ int i8_simd_variant(void) { return i8_pick(); }
 int i8_force_variant(int v) {
     i8_pick();
 #ifdef I8_HAVE_AVX2
-    if (v == 0 || __builtin_cpu_supports("avx2")) i8_variant = v ? 1 : 0;
+    if (v == 0 || (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c")))
+        i8_variant = v ? 1 : 0;
 #else
     (void)v;
 #endif
@@ -126,7 +145,8 @@ typedef struct {
     int64_t T, nb;
     int bits;
     const uint8_t *wdata;
-    const float *wscale, *woffset;
+    const void *wscale, *woffset;
+    int half;
     int64_t g_first, g_last, n_out;
     const float *bias;
     float *out;
@@ -135,8 +155,8 @@ typedef struct {
 
 static void i8_run(const i8_job *j) {
     I8_DISPATCH(i8_matmul_groups, j->codes, j->xscale, j->xsums, j->T, j->nb, j->bits, j->wdata,
-                j->wscale, j->woffset, j->g_first, j->g_last, j->n_out, j->bias, j->out,
-                j->out_stride);
+                j->wscale, j->woffset, j->half, j->g_first, j->g_last, j->n_out, j->bias,
+                j->out, j->out_stride);
 }
 
 static void *i8_worker(void *arg) {
@@ -150,8 +170,8 @@ static void *i8_worker(void *arg) {
  * thread, so the bits do not depend on the thread count. Products under about a million
  * multiply-adds stay on the calling thread. */
 int i8_matmul(const int8_t *codes, const float *xscale, const int32_t *xsums, int64_t T,
-              int64_t nb, int bits, const uint8_t *wdata, const float *wscale,
-              const float *woffset, int64_t groups, int64_t n_out, const float *bias,
+              int64_t nb, int bits, const uint8_t *wdata, const void *wscale,
+              const void *woffset, int half, int64_t groups, int64_t n_out, const float *bias,
               float *out, int64_t out_stride, int threads) {
     if ((bits != 8 && bits != 4) || n_out > groups * 8) return I8_BADARG;
     if (threads > I8_MAX_THREADS) threads = I8_MAX_THREADS;
@@ -162,7 +182,7 @@ int i8_matmul(const int8_t *codes, const float *xscale, const int32_t *xsums, in
     int started[I8_MAX_THREADS] = {0};
     if (threads < 1) threads = 1;
     for (int i = 0; i < threads; i++) {
-        i8_job job = {codes, xscale, xsums, T, nb, bits, wdata, wscale, woffset,
+        i8_job job = {codes, xscale, xsums, T, nb, bits, wdata, wscale, woffset, half,
                       groups * i / threads, groups * (i + 1) / threads, n_out, bias, out,
                       out_stride};
         jobs[i] = job;

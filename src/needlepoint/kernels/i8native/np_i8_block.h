@@ -15,7 +15,7 @@ static int i8_apply(const i8_lin *L, const float *x, int64_t T, float *y, int8_t
     for (int64_t i = 0; i < L->n_parts; i++) {
         const i8_part *p = &L->parts[i];
         st = i8_matmul(codes, xs, sums, T, p->nb, p->bits, p->data, p->scale, p->offset,
-                       p->groups, p->n_out, L->bias ? L->bias + col : NULL, y + col,
+                       p->half, p->groups, p->n_out, L->bias ? L->bias + col : NULL, y + col,
                        L->n_total, p->threads);
         if (st) return st;
         col += p->n_out;

@@ -58,12 +58,27 @@ static int I8_NAME(i8_quantize)(const float *x, int64_t T, int64_t K, int64_t k_
 }
 
 /* -- the product -------------------------------------------------------------------------- */
+/* Block b's 8 weight scales (or offsets) as float32: stored float32, or float16 (GGUF's own
+ * d / m, converted exactly). */
+static inline void I8_NAME(i8_load8)(const void *base, int half, int64_t b, float *out) {
+    if (!half) {
+        memcpy(out, (const float *)base + b * 8, sizeof(float) * 8);
+        return;
+    }
+    const uint16_t *h = (const uint16_t *)base + b * 8;
+#if defined(I8_SIMD_AVX2)
+    _mm256_storeu_ps(out, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h)));
+#else
+    for (int j = 0; j < 8; j++) out[j] = i8_half(h[j]);
+#endif
+}
+
 /* Rows t0 .. t0+R-1 against one group of 8 outputs: exact int32 block dots, then the pinned
  * float64 epilogue over the blocks in order (kernels/i8.py module doc). */
 static inline void I8_NAME(i8_group)(const int8_t *codes, const float *xscale,
                                      const int32_t *xsums, int64_t t0, int R, int64_t nb,
-                                     int bits, const uint8_t *wg, const float *sg,
-                                     const float *mg, double acc[4][8]) {
+                                     int bits, const uint8_t *wg, const void *sg,
+                                     const void *mg, int half, double acc[4][8]) {
     int64_t k_pad = nb * 32;
     for (int r = 0; r < R; r++)
         for (int j = 0; j < 8; j++) acc[r][j] = 0.0;
@@ -126,8 +141,13 @@ static inline void I8_NAME(i8_group)(const int8_t *codes, const float *xscale,
             }
         }
 #endif
-        const float *sb = sg + b * 8;
-        const float *mb = mg ? mg + b * 8 : NULL;
+        float sb[8], mbuf[8];
+        const float *mb = NULL;
+        I8_NAME(i8_load8)(sg, half, b, sb);
+        if (mg) {
+            I8_NAME(i8_load8)(mg, half, b, mbuf);
+            mb = mbuf;
+        }
         for (int r = 0; r < R; r++) {
             double xs = (double)xscale[(t0 + r) * nb + b];
             double ss = (double)xsums[(t0 + r) * nb + b];
@@ -147,30 +167,35 @@ static inline void I8_NAME(i8_group)(const int8_t *codes, const float *xscale,
 /* out[t, n] for groups g_first .. g_last-1 (outputs n < n_out), every row. */
 static void I8_NAME(i8_matmul_groups)(const int8_t *codes, const float *xscale,
                                       const int32_t *xsums, int64_t T, int64_t nb, int bits,
-                                      const uint8_t *wdata, const float *wscale,
-                                      const float *woffset, int64_t g_first, int64_t g_last,
-                                      int64_t n_out, const float *bias, float *out,
-                                      int64_t out_stride) {
+                                      const uint8_t *wdata, const void *wscale,
+                                      const void *woffset, int half, int64_t g_first,
+                                      int64_t g_last, int64_t n_out, const float *bias,
+                                      float *out, int64_t out_stride) {
     int64_t group_bytes = nb * (bits == 8 ? 256 : 128);
     for (int64_t g = g_first; g < g_last; g++) {
         const uint8_t *wg = wdata + g * group_bytes;
-        const float *sg = wscale + g * nb * 8;
-        const float *mg = woffset ? woffset + g * nb * 8 : NULL;
+        size_t width = half ? 2 : 4;
+        const void *sg = (const char *)wscale + (size_t)(g * nb * 8) * width;
+        const void *mg = woffset ? (const char *)woffset + (size_t)(g * nb * 8) * width : NULL;
         for (int64_t t0 = 0; t0 < T; t0 += 4) {
             int R = T - t0 < 4 ? (int)(T - t0) : 4;
             double acc[4][8];
             switch (R) {  /* constant R: each case is unrolled on its own */
             case 4:
-                I8_NAME(i8_group)(codes, xscale, xsums, t0, 4, nb, bits, wg, sg, mg, acc);
+                I8_NAME(i8_group)(codes, xscale, xsums, t0, 4, nb, bits, wg, sg, mg, half,
+                                  acc);
                 break;
             case 3:
-                I8_NAME(i8_group)(codes, xscale, xsums, t0, 3, nb, bits, wg, sg, mg, acc);
+                I8_NAME(i8_group)(codes, xscale, xsums, t0, 3, nb, bits, wg, sg, mg, half,
+                                  acc);
                 break;
             case 2:
-                I8_NAME(i8_group)(codes, xscale, xsums, t0, 2, nb, bits, wg, sg, mg, acc);
+                I8_NAME(i8_group)(codes, xscale, xsums, t0, 2, nb, bits, wg, sg, mg, half,
+                                  acc);
                 break;
             default:
-                I8_NAME(i8_group)(codes, xscale, xsums, t0, 1, nb, bits, wg, sg, mg, acc);
+                I8_NAME(i8_group)(codes, xscale, xsums, t0, 1, nb, bits, wg, sg, mg, half,
+                                  acc);
             }
             for (int r = 0; r < R; r++) {
                 float *o = out + (t0 + r) * out_stride;

@@ -59,7 +59,8 @@ class FusedBlock:
     def _lin(self, linear: Int8Linear) -> i8_native.Lin:
         parts = (i8_native.Part * len(linear.parts))(*[
             i8_native.Part(n_out=p.n_out, groups=p.groups, nb=p.blocks, bits=p.bits,
-                           threads=p.threads, data=_address(p.data), scale=_address(p.scale),
+                           threads=p.threads, half=int(p.half), data=_address(p.data),
+                           scale=_address(p.scale),
                            offset=_address(p.offset))
             for p in linear.parts])
         self._keep += [linear, parts]

@@ -127,7 +127,7 @@ def _merge(parts: Sequence[i8.I8Weight]) -> list[i8.I8Weight]:
         last = merged[-1] if merged else None
         if (last is not None and last.n_out % i8.LANES == 0 and last.bits == part.bits
                 and (last.offset is None) == (part.offset is None)
-                and last.blocks == part.blocks):
+                and last.blocks == part.blocks and last.half == part.half):
             offset = None if part.offset is None else np.concatenate([last.offset, part.offset])
             merged[-1] = i8.I8Weight(last.n_out + part.n_out, last.k_in, last.bits,
                                      np.concatenate([last.data, part.data]),
