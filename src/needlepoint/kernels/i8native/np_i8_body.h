@@ -101,8 +101,13 @@ static inline void I8_NAME(i8_group)(const int8_t *codes, const float *xscale,
                 }
             }
         } else {
+            /* 4-bit codes 0..15 times int8 activations: each 16-bit lane of a byte product is
+             * at most 2 * 15 * 127 = 3810 in size, so the 8 products of a block sum in 16 bits
+             * (at most 30480) before one widening to 32 bits: still exact. */
             const uint8_t *wb = wg + b * 128;
             const __m256i mask = _mm256_set1_epi8(0x0F);
+            __m256i acc16[4];
+            for (int r = 0; r < R; r++) acc16[r] = _mm256_setzero_si256();
             for (int q = 0; q < 4; q++) {
                 __m256i packed = _mm256_loadu_si256((const __m256i *)(wb + q * 32));
                 __m256i wlo = _mm256_and_si256(packed, mask);
@@ -114,11 +119,10 @@ static inline void I8_NAME(i8_group)(const int8_t *codes, const float *xscale,
                     memcpy(&four_hi, xr + 4 * q + 16, 4);
                     __m256i p0 = _mm256_maddubs_epi16(wlo, _mm256_set1_epi32(four_lo));
                     __m256i p1 = _mm256_maddubs_epi16(whi, _mm256_set1_epi32(four_hi));
-                    __m256i s = _mm256_add_epi32(_mm256_madd_epi16(p0, ones),
-                                                 _mm256_madd_epi16(p1, ones));
-                    iacc[r] = _mm256_add_epi32(iacc[r], s);
+                    acc16[r] = _mm256_add_epi16(acc16[r], _mm256_add_epi16(p0, p1));
                 }
             }
+            for (int r = 0; r < R; r++) iacc[r] = _mm256_madd_epi16(acc16[r], ones);
         }
         for (int r = 0; r < R; r++) _mm256_storeu_si256((__m256i *)dot[r], iacc[r]);
 #else
