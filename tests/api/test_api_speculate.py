@@ -129,3 +129,18 @@ def test_cli_and_server_switch(model):
     Engine(model, needle_factory=factory).needle([ALARM], "")
     Engine(model, needle_factory=factory, speculate=False).needle([ALARM], "")
     assert "speculate" not in made[0] and made[1]["speculate"] is False
+
+
+def test_confidence_is_unchanged_on_a_model_with_a_confidence_head():
+    from conftest import get_fixture
+
+    tiny = needlepoint.load(get_fixture("needle3", "tiny").cact)
+    assert tiny.has_confidence_head
+    for query in QUERIES[:2]:
+        envelopes = [needlepoint.Needle(tools=TOOLS, model=tiny, speculate=speculate,
+                                        reasoning_budget=0, max_new_tokens=40,
+                                        seed=5).complete(query) for speculate in (True, False)]
+        _same(*envelopes)
+        assert envelopes[0]["confidence"] is not None
+        assert envelopes[0]["timings"]["decode_passes"] < envelopes[1]["timings"][
+            "decode_passes"]

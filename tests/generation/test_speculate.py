@@ -170,7 +170,7 @@ def test_room_limits_drafts_to_the_context_and_the_turn():
 def test_opening_is_drafted_with_the_prompt_in_its_last_chunk():
     session = LogSession()
     session.chunk = 4
-    spec = _speculator(session, opening=[20, 21, 22])
+    spec = _speculator(session, opening=[20, 21])
     row = spec.prefill([1, 2, 3, 4, 5, 6])
     # [1..4] as a prefill chunk, then [5, 6] + the opening in one pass of <= 4 rows
     assert session.calls == [("prefill", 4), ("extend", 4)]
@@ -180,9 +180,30 @@ def test_opening_is_drafted_with_the_prompt_in_its_last_chunk():
     assert spec.accepted["opening"] == 1 and spec.drafted["opening"] == 2
     spec.step(9)
     assert ("rewind", 1) in session.calls
-    plain = _speculator(LogSession(), opening=[20])
-    plain.prefill([1, 2])  # no `chunk`: a plain prefill
-    assert plain.session.calls == [("prefill", 2)]
+
+
+def test_opening_after_a_long_last_chunk_gets_a_pass_when_it_pays():
+    prompt = list(range(1, 21))  # a last chunk of 20 rows: too many logits to compute
+    session = LogSession()
+    session.chunk = 128
+    spec = _speculator(session, opening=[20, 21, 22], ratio=0.1)
+    row = spec.prefill(prompt)
+    assert session.calls == [("prefill", 19), ("extend", 4)]
+    assert np.array_equal(row, LogSession().prefill(prompt))
+    # when the opening is rarely written, a pass of its own does not pay: a plain prefill
+    policy = DraftPolicy(ratio=0.1)
+    for _ in range(20):
+        policy.reached("opening", False)
+    assert not policy.worth_pass(["opening"] * 3) and DraftPolicy(0.1).worth_pass(["opening"] * 3)
+    assert not DraftPolicy(0.1).worth_pass(["opening"])  # one token never pays for a pass
+    lazy = Speculator(LogSession(), Drafter(NgramIndex()), lambda: DraftState(),
+                      policy=policy, opening=[20, 21, 22])
+    lazy.prefill(prompt)
+    assert lazy.session.calls == [("prefill", 20)] and not lazy.ahead
+    # a session without `chunk` still gets the split
+    plain = _speculator(LogSession(), opening=[20, 21, 22])
+    plain.prefill([1, 2])
+    assert plain.session.calls == [("prefill", 1), ("extend", 4)]
 
 
 def test_a_failing_draft_falls_back_to_the_token_alone():

@@ -65,6 +65,16 @@ class DraftPolicy:
                 return i
         return len(kinds)
 
+    def worth_pass(self, kinds: Sequence[str]) -> bool:
+        """Whether draft tokens are worth a pass of their own: the steps they are expected to
+        save (the sum of their reach) beat what the pass costs in steps."""
+        ratio = self.ratio()
+        reach, saved = 1.0, 0.0
+        for kind in kinds:
+            reach *= self.rate(kind)
+            saved += reach
+        return saved > 1 - ratio + ratio * len(kinds)
+
     def reached(self, kind: str, accepted: bool) -> None:
         with self._lock:
             counts = self.counts.setdefault(kind, [0.0, 0.0])

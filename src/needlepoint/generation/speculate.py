@@ -38,6 +38,7 @@ from .draft_policy import DraftPolicy, policy_for
 from .drafts import MAX_DRAFT, OPENING, SOURCES, Draft, Drafter, DraftState
 
 LOOKUP_MAX = 16  # lookup tokens per draft, before the policy cuts it
+SHORT_TAIL = 8  # a last prompt chunk this short carries the opening (its logits are cheap)
 
 
 def speculation_supported(session: Any) -> bool:
@@ -108,21 +109,26 @@ class Speculator(PlainStepper):
         return self.session.position - len(self.ahead)
 
     def prefill(self, ids: Sequence[int], logits: bool = True) -> np.ndarray | None:
-        """Consume the prompt. With an `opening`, the prompt's last chunk is run by `extend`
-        with the opening after it (one pass, as the plain prefill's last chunk: chunking
-        never changes a deploy row's bits), so the opening's rows are ready if the turn
-        writes it."""
+        """Consume the prompt, with the `opening` drafted after it when that pays: its rows
+        come from one `extend` of the prompt's last tokens and the opening (chunking never
+        changes a deploy row's bits). When the prompt's last chunk is short, that extend is
+        the last chunk itself (no extra pass); otherwise all but the last prompt token are
+        prefilled first, and the opening is drafted only when its expected saving beats
+        the extra pass (`DraftPolicy.worth_pass`)."""
         self.settle()
         ids = [int(t) for t in ids]
         self.drafter.index.extend(ids)
-        chunk = getattr(self.session, "chunk", None)
         opening = self.opening[: self._room(len(ids) - 1)] if logits and ids else []
         opening = opening[: self.policy.keep([OPENING] * len(opening))]
-        if not opening or not isinstance(chunk, int) or chunk < 2:
-            return self.session.prefill(ids, logits=logits)
-        cut = (len(ids) - 1) // chunk * chunk  # where the prompt's last chunk starts
-        opening = opening[: chunk - (len(ids) - cut)]
         if not opening:
+            return self.session.prefill(ids, logits=logits)
+        cut = len(ids) - 1  # the prompt before the pass that drafts the opening
+        chunk = getattr(self.session, "chunk", None)
+        if isinstance(chunk, int) and chunk > 0:
+            aligned = cut // chunk * chunk  # where the prompt's last chunk starts
+            if len(ids) - aligned <= SHORT_TAIL and len(ids) - aligned + len(opening) <= chunk:
+                cut = aligned
+        if cut == len(ids) - 1 and cut and not self.policy.worth_pass([OPENING] * len(opening)):
             return self.session.prefill(ids, logits=logits)
         if cut:
             self.session.prefill(ids[:cut], logits=False)
