@@ -7,8 +7,9 @@ Hypothesis draws the model (the trained toy model, the random-weight `tiny` Need
 fixture), the query (an eval-set query, optionally with random words) and its tool set (an
 eval-set tool list, or random schemas from the grammar property test), the grammar on or off,
 a content constraint, temperature (0 included), top-k / top-p, any int64 seed, the reasoning
-budget, required / single calls, stop sequences, log probabilities, max_new_tokens and a
-context limit that cuts the turn short.
+budget, required / single calls, stop sequences, log probabilities, max_new_tokens, a
+context limit that cuts the turn short, and a `kv_window` (ring caches shorter than the
+prompt).
 """
 
 from __future__ import annotations
@@ -59,8 +60,8 @@ def _examples():
 EXAMPLES = _examples()
 
 
-def _decode(model, vocab, ids, config, constraint, content, limit):
-    session = model.session()
+def _decode(model, vocab, ids, config, constraint, content, limit, kv_window):
+    session = model.session(kv_window=kv_window)
     events, result = [], None
     for event in generate_turn(session, vocab, ids, config, constraint,
                                context_limit=limit, content=content):
@@ -102,7 +103,8 @@ def cases(draw):
                 grammar=draw(st.booleans()) or draw(st.booleans()),
                 parallel=draw(st.booleans()) or draw(st.booleans()),
                 content=(not require) and draw(st.integers(0, 5)) == 0,
-                room=draw(st.sampled_from([None, None, None, 2, 9])))
+                room=draw(st.sampled_from([None, None, None, 2, 9])),
+                kv_window=draw(st.sampled_from([None, None, None, 40])))
 
 
 @settings(max_examples=30, deadline=None,
@@ -123,7 +125,8 @@ def test_speculation_changes_nothing_but_the_passes(case):
     runs = {}
     for speculate in (False, True):
         config = GenerationConfig(**{**case["config"].__dict__, "speculate": speculate})
-        runs[speculate] = _decode(model, vocab, ids, config, constraint, content, limit)
+        runs[speculate] = _decode(model, vocab, ids, config, constraint, content, limit,
+                                  case["kv_window"])
     (plain_session, plain_events, plain), (spec_session, spec_events, spec) = (
         runs[False], runs[True])
     assert spec.tokens == plain.tokens

@@ -51,7 +51,9 @@ def speculation_supported(session: Any) -> bool:
     exact = getattr(session, "exact_extend", None)
     if exact is not None:
         return bool(exact)
-    return getattr(getattr(session, "model", None), "quantized", False) is True
+    from ..models.needle3.session import V3Session  # docs/numerics.md: batch-invariant
+
+    return isinstance(session, V3Session) and session.model.quantized is True
 
 
 class PlainStepper:
