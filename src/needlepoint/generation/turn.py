@@ -53,7 +53,9 @@ NORMAL_TYPE, BYTE_TYPE = 0, 4  # tokenizer piece types that carry ordinary text
 
 
 class Session(Protocol):
-    """The model session interface (`model.session()`): an append-only KV cache."""
+    """The model session interface (`model.session()`): an append-only KV cache. A session
+    that also has exact `extend(ids)` / `rewind(n)` is decoded speculatively
+    (`speculate.py`), with the same tokens."""
 
     position: int
 
