@@ -79,13 +79,25 @@ def _agreement(record: dict) -> list[str]:
 
 def _profile(record: dict) -> list[str]:
     prof = record.get("profile") or {}
-    if "functions" not in prof:
+    if "fused" not in prof:
         return []
-    steps = prof["steps"]
-    lines = [f"## Where the time goes: needlepoint int8, one decode step ({steps} steps under "
-             f"cProfile, {prof['wall_s'] / steps * 1e3:.1f} ms per step with the profiler on)",
-             "", "| function (own time) | calls per step | ms per step |", "|---|---|---|"]
-    for row in prof["functions"][:12]:
+    fused, kernels = prof["fused"], prof["kernels"]
+    steps = fused["steps"]
+    lines = ["## Where the time goes: needlepoint int8 decode steps", "",
+             f"After the {record['prompt_tokens']}-token prompt, {steps} steps, 1 thread. "
+             f"Without a profiler a step takes {fused['step_s_unprofiled'] * 1e3:.1f} ms as run "
+             "(each block one native call, `i8_block`), "
+             f"{kernels['step_s_unprofiled'] * 1e3:.1f} ms with `model.fused = False` (the "
+             "same kernels, same bits, called one by one from Python). Own time per function "
+             "under cProfile, kernel by kernel (so each kernel's share shows):", "",
+             "| function (own time) | calls per step | ms per step |", "|---|---|---|"]
+    for row in kernels["functions"][:12]:
+        lines.append(f"| `{row['function']}` | {row['calls'] / steps:.0f} | "
+                     f"{row['own_s'] / steps * 1e3:.2f} |")
+    lines += ["", "As run (the 30 `int8_fused.py` calls are the blocks; `i8.py` matmul is the LM "
+              "head):", "", "| function (own time) | calls per step | ms per step |",
+              "|---|---|---|"]
+    for row in fused["functions"][:6]:
         lines.append(f"| `{row['function']}` | {row['calls'] / steps:.0f} | "
                      f"{row['own_s'] / steps * 1e3:.2f} |")
     return lines + [""]

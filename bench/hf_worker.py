@@ -12,7 +12,8 @@ time after the prompt), `reps`, `out` (the result JSON; "logits" also writes `lo
   mark of this process image; `ru_maxrss` would also count the parent's RSS at fork time).
 * logits: the logits of every prompt position, teacher-forced (llama.cpp with
   `logits_all=True`; needlepoint's `model.forward`), saved as float32 .npy.
-* profile: cProfile over needlepoint's decode steps, own time per function.
+* profile: cProfile over needlepoint's decode steps, own time per function: as run, and with
+  `model.fused = False` (every kernel called from Python: each one's share).
 
 The thread environment (OMP/OpenBLAS variables, `OMP_WAIT_POLICY=passive`) is set by the
 parent before this process starts (`bench.spawn.child_env`).
@@ -122,26 +123,45 @@ def logits(spec: dict) -> dict:
     return {"shape": list(out.shape)}
 
 
-def profile(spec: dict) -> dict:
+def _profiled(engine, ids: list[int], decode: list[int]) -> dict:
     import cProfile
     import pstats
 
-    engine = make(spec)
-    engine.prefill(spec["ids"])
+    engine.prefill(ids)
     profiler = cProfile.Profile()
     t = time.perf_counter()
     profiler.enable()
-    for token in spec["decode"]:
+    for token in decode:
         engine.step(token)
     profiler.disable()
     wall = time.perf_counter() - t
-    stats = pstats.Stats(profiler)
     rows = []
-    for (path, line, name), (_, calls, own, total, _) in stats.stats.items():
+    for (path, line, name), (_, calls, own, total, _) in pstats.Stats(profiler).stats.items():
         rows.append({"function": f"{Path(path).name}:{line}({name})", "calls": calls,
                      "own_s": own, "cumulative_s": total})
     rows.sort(key=lambda r: -r["own_s"])
-    return {"steps": len(spec["decode"]), "wall_s": wall, "functions": rows[:25]}
+    return {"steps": len(decode), "wall_s": wall, "functions": rows[:25]}
+
+
+def profile(spec: dict) -> dict:
+    """cProfile of decode steps: as run (each block one native call), and kernel by kernel
+    (`model.fused = False`: the same kernels called from Python, so each one's share shows),
+    plus unprofiled step times of both."""
+    engine = make(spec)
+    ids, decode = spec["ids"], spec["decode"]
+    out = {}
+    for label, fused in (("fused", True), ("kernels", False)):
+        engine.model.fused = fused
+        engine.prefill(ids)
+        steps = []
+        for token in decode:
+            t = time.perf_counter()
+            engine.step(token)
+            steps.append(time.perf_counter() - t)
+        out[label] = _profiled(engine, ids, decode)
+        out[label]["step_s_unprofiled"] = float(np.median(steps))
+    engine.model.fused = True
+    return out
 
 
 JOBS = {"speed": speed, "logits": logits, "profile": profile}

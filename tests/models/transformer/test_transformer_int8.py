@@ -90,9 +90,9 @@ def test_threads_blas_and_numpy_references_give_the_same_bits(models, name, monk
     with threadpool_limits(limits=2):
         np.testing.assert_array_equal(two_threads.forward(ids), one)
         np.testing.assert_array_equal(models[name].forward(ids), one)
-    assert i8_native.LIBRARY is not None and native.LIBRARY is not None
+    assert i8_native.LIBRARY is not None
     monkeypatch.setattr(i8_native, "LIBRARY", None)  # every kernel: its numpy reference
-    monkeypatch.setattr(native, "LIBRARY", None)
+    monkeypatch.setattr(native, "LIBRARY", None)  # (the int8 path does not use this one)
     np.testing.assert_array_equal(models[name].forward(ids[:60]), one[:60])
 
 
