@@ -24,7 +24,9 @@ NATIVE = Extension(
 I8 = Extension(
     "needlepoint.kernels.i8native._np_i8",
     sources=["src/needlepoint/kernels/i8native/np_i8.c"],
-    depends=["src/needlepoint/kernels/i8native/np_i8_body.h"],
+    depends=["src/needlepoint/kernels/i8native/np_i8_body.h",
+             "src/needlepoint/kernels/i8native/np_i8_rows.h",
+             "src/needlepoint/kernels/i8native/np_i8_block.h"],
     define_macros=[("I8_PYTHON_MODULE", "1")],
     extra_compile_args=["-O3", "-ffp-contract=off", "-fno-fast-math", "-fno-math-errno"],
     libraries=["m", "pthread"],
