@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -81,21 +82,18 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                       batching=state.get("batching"),
                       batched=state.get("scheduler", {}).get("batched"))
         queries = short_queries()
+        result["loadavg"] = {"start": os.getloadavg()[0]}
         if "scaling" in args.phases:
-            runs = [await scaling(client, model, queries, n, args.scale_duration,
-                                  args.max_tokens) for n in (1, args.scale_clients)]
-            result["phases"]["scaling"] = {"max_tokens": args.max_tokens, "runs": runs,
-                                           "ratio": runs[1]["tokens_per_s"]
-                                           / runs[0]["tokens_per_s"]}
+            result["phases"]["scaling"] = await scaling_rounds(client, model, queries, args)
         if "ttft" in args.phases:
-            out = await ttft(client, model, load_requests(args.probes), queries,
-                             args.scale_clients - 1, args.long_tokens)
-            out["ratio"] = out["loaded_p50_s"] / out["alone_p50_s"]
-            result["phases"]["ttft"] = out
+            result["phases"]["ttft"] = await ttft(
+                client, model, load_requests(args.probes), queries, args.scale_clients - 1,
+                args.long_tokens, args.rounds)
         if "soak" in args.phases:
             result["phases"]["soak"] = await soak(client, model, server,
                                                   load_requests(args.requests), args.clients,
                                                   args.duration)
+        result["loadavg"]["end"] = os.getloadavg()[0]
         result["peak_rss_mib"] = (proc_status(server.proc.pid, "VmHWM") or 0) / 2**20
         result["scheduler"] = (await health(client)).get("scheduler")
     finally:
@@ -105,6 +103,35 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     result["machine"] = f"{info['cpu']}, {info['logical_cpus']} CPUs, Python {info['python']}"
     result["command"] = "python -m bench.load " + " ".join(args.argv)
     return result
+
+
+async def scaling_rounds(client: openai.AsyncOpenAI, model: str, queries: list[str],
+                         args: argparse.Namespace) -> dict[str, Any]:
+    """1 client, then `scale_clients`, alternating for `rounds` rounds (both see the same
+    machine); the ratio is the median of the rounds' ratios."""
+    window = args.scale_duration / args.rounds
+    runs: dict[int, list[dict[str, Any]]] = {1: [], args.scale_clients: []}
+    for _ in range(args.rounds):
+        for n in runs:
+            runs[n].append(await scaling(client, model, queries, n, window, args.max_tokens))
+    ratios = [many["tokens_per_s"] / one["tokens_per_s"]
+              for one, many in zip(runs[1], runs[args.scale_clients], strict=True)]
+    total = []
+    for n, parts in runs.items():
+        batches = [p["mean_batch"] for p in parts if p["mean_batch"] is not None]
+        errors: dict[str, int] = {}
+        for part in parts:
+            for kind, count in part["errors"].items():
+                errors[kind] = errors.get(kind, 0) + count
+        total.append({"clients": n, "requests": sum(p["requests"] for p in parts),
+                      "tokens": sum(p["tokens"] for p in parts),
+                      "seconds": sum(p["seconds"] for p in parts),
+                      "tokens_per_s": sum(p["tokens"] for p in parts)
+                      / sum(p["seconds"] for p in parts),
+                      "mean_batch": sum(batches) / len(batches) if batches else None,
+                      "errors": errors})
+    return {"max_tokens": args.max_tokens, "rounds": args.rounds, "runs": total,
+            "round_ratios": ratios, "ratio": sorted(ratios)[len(ratios) // 2]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -118,7 +145,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", type=int, default=64, help="soak clients")
     parser.add_argument("--duration", type=float, default=60.0, help="seconds of soak")
     parser.add_argument("--scale-clients", type=int, default=16)
-    parser.add_argument("--scale-duration", type=float, default=30.0)
+    parser.add_argument("--scale-duration", type=float, default=60.0,
+                        help="seconds of each client count, over all rounds")
+    parser.add_argument("--rounds", type=int, default=5,
+                        help="alternations of the scaling and ttft measurements")
     parser.add_argument("--max-tokens", type=int, default=32,
                         help="max_tokens of the scaling requests")
     parser.add_argument("--long-tokens", type=int, default=200,

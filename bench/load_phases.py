@@ -65,12 +65,15 @@ async def scaling(client: openai.AsyncOpenAI, model: str, queries: list[str], cl
 
 
 async def ttft(client: openai.AsyncOpenAI, model: str, probes: list[dict[str, Any]],
-               queries: list[str], background: int, long_tokens: int) -> dict[str, Any]:
+               queries: list[str], background: int, long_tokens: int,
+               rounds: int = 1) -> dict[str, Any]:
     """Time to the first token of new requests, one at a time: each probe is a streamed
     tool-calling request with `max_tokens` 1, so its first chunk comes once its prompt is
-    prefilled and its first token chosen. Alone, then while `background` clients decode
-    `long_tokens`-token text answers."""
+    prefilled and its first token chosen. Per round: every probe alone, then every probe
+    while `background` clients decode `long_tokens`-token text answers (alternating, so both
+    see the same machine)."""
     probes = [{**request, "max_tokens": 1} for request in probes]
+    long_requests = [text_request(q, long_tokens) for q in queries]
 
     async def probe_all() -> list[float]:
         times = []
@@ -80,25 +83,32 @@ async def ttft(client: openai.AsyncOpenAI, model: str, probes: list[dict[str, An
         return times
 
     await probe_all()  # warm-up (grammars, caches)
-    alone = await probe_all()
-    stop = False
-    long_requests = [text_request(q, long_tokens) for q in queries]
-    busy = [asyncio.ensure_future(_loop(client, model, long_requests, lambda: stop, k,
-                                        background, lambda *_: None))
-            for k in range(background)]
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:  # wait until all of them are decoding
-        live = (await health(client)).get("scheduler", {}).get("live_sessions")
-        if live is None or live >= background:
-            break
-        await asyncio.sleep(0.05)
-    await asyncio.sleep(0.5)
-    loaded = await probe_all()
-    stop = True
-    await asyncio.gather(*busy)
-    return {"probes": len(probes), "background": background,
+    alone: list[float] = []
+    loaded: list[float] = []
+    ratios = []
+    for _ in range(rounds):
+        alone_now = await probe_all()
+        stop = asyncio.Event()
+        busy = [asyncio.ensure_future(_loop(client, model, long_requests, stop.is_set, k,
+                                            background, lambda *_: None))
+                for k in range(background)]
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:  # wait until all of them are decoding
+            live = (await health(client)).get("scheduler", {}).get("live_sessions")
+            if live is None or live >= background:
+                break
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.5)
+        loaded_now = await probe_all()
+        stop.set()
+        await asyncio.gather(*busy)
+        alone += alone_now
+        loaded += loaded_now
+        ratios.append(percentile(loaded_now, 50) / percentile(alone_now, 50))
+    return {"probes": len(probes), "rounds": rounds, "background": background,
             "alone_p50_s": percentile(alone, 50), "loaded_p50_s": percentile(loaded, 50),
-            "loaded_p90_s": percentile(loaded, 90), "alone": alone, "loaded": loaded}
+            "loaded_p90_s": percentile(loaded, 90), "round_ratios": ratios,
+            "ratio": percentile(ratios, 50), "alone": alone, "loaded": loaded}
 
 
 async def soak(client: openai.AsyncOpenAI, model: str, server: Server,

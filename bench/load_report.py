@@ -20,6 +20,14 @@ def _mode(result: dict[str, Any]) -> str:
     return "continuous batching, the engine step running each item alone (no run_batch)"
 
 
+def _load(result: dict[str, Any]) -> str:
+    load = result.get("loadavg")
+    if not load:
+        return ""
+    return (f" and with other work (1-minute load average {load['start']:.1f} at the start, "
+            f"{load['end']:.1f} at the end)")
+
+
 def _verdict(value: float, target: float, higher: bool) -> str:
     met = value >= target if higher else value <= target
     sign = ">=" if higher else "<="
@@ -31,7 +39,8 @@ def section(result: dict[str, Any]) -> str:
     lines = [f"## {result['label']}: {result['model']}", "",
              f"Mode: {_mode(result)}. Server: `--workers {result['workers']} --max-queue "
              f"{result['max_queue']}`. Machine: {result['machine']}; the clients share the "
-             "CPUs with the server.", "", f"Command: `{result['command']}`", ""]
+             "CPUs with the server" + _load(result) + ".", "",
+             f"Command: `{result['command']}`", ""]
     if "scaling" in phases:
         scale = phases["scaling"]
         lines += [f"**Decode throughput** (text requests, `max_tokens` {scale['max_tokens']}, "
@@ -43,17 +52,21 @@ def section(result: dict[str, Any]) -> str:
             errors = ", ".join(f"{k}: {v}" for k, v in run["errors"].items()) or "none"
             lines.append(f"| {run['clients']} | {run['requests']} | {run['tokens']} | "
                          f"{run['tokens_per_s']:.1f} | {batch} | {errors} |")
-        lines += ["", f"16 clients vs 1: {_verdict(scale['ratio'], TARGETS['scaling'], True)}",
-                  ""]
+        rounds = ", ".join(f"{r:.2f}" for r in scale.get("round_ratios", []))
+        lines += ["", f"16 clients vs 1 (median of {scale.get('rounds', 1)} alternating rounds: "
+                  f"{rounds}): {_verdict(scale['ratio'], TARGETS['scaling'], True)}", ""]
     if "ttft" in phases:
         t = phases["ttft"]
         lines += [f"**Time to first token** of a new request ({t['probes']} tool-calling "
                   "requests from the eval set, 2-4 tools, streamed with `max_tokens` 1, one at a "
-                  "time; time to the first chunk):", "", "| | p50 | p90 |", "|---|---|---|",
+                  "time, alone and loaded in alternating rounds; time to the first chunk):", "",
+                  "| | p50 | p90 |", "|---|---|---|",
                   f"| alone | {t['alone_p50_s'] * 1000:.0f} ms | - |",
                   f"| while {t['background']} others decode | {t['loaded_p50_s'] * 1000:.0f} "
                   f"ms | {t['loaded_p90_s'] * 1000:.0f} ms |", "",
-                  f"Loaded vs alone (p50): {_verdict(t['ratio'], TARGETS['ttft'], False)}", ""]
+                  f"Loaded vs alone (p50 per round, median of {t.get('rounds', 1)} rounds: "
+                  f"{', '.join(f'{r:.2f}' for r in t.get('round_ratios', []))}): "
+                  f"{_verdict(t['ratio'], TARGETS['ttft'], False)}", ""]
     if "soak" in phases:
         s = phases["soak"]
         errors = ", ".join(f"{k}: {v}" for k, v in s["errors"].items()) or "none"
