@@ -4,7 +4,8 @@ cases as a test here.
 
 Ray advertises a machine's routable address even when told 127.0.0.1; inside `unshare -n`
 (after `ip link set lo up`) there is no other address to advertise or reach. The namespace
-also has its own process tree (`--pid --fork --mount-proc`: every Ray process dies with it)
+also has its own process tree (`--pid --fork --kill-child --mount-proc`: every Ray process
+dies with it, also when this test is interrupted)
 and its own tmpfs on /dev/shm holding Ray's temp dir and object stores (`RAY_TMPDIR`): no
 process and no /dev/shm file outlives the run. Where such a namespace cannot be made (not
 root, no `unshare`), the cases fail with a message that says so: they are never skipped.
@@ -73,12 +74,14 @@ def ray_run(tmp_path_factory) -> dict:
     work = tmp_path_factory.mktemp("ray-cases")
     report = work / "report.xml"
     command = [
-        "unshare", "--net", "--pid", "--fork", "--mount-proc", "sh", "-c", INSIDE, "inside",
+        "unshare", "--net", "--pid", "--fork", "--kill-child", "--mount-proc", "sh", "-c", INSIDE,
+        "inside",
         sys.executable, "-m", "pytest", str(Path(__file__).with_name("ray_cases.py")), "-q",
         "-p", "no:cacheprovider", f"--basetemp={work / 'tmp'}", f"--junitxml={report}",
         "-o", "junit_family=xunit1", "-s",
     ]
     env = dict(os.environ, NEEDLEPOINT_CACHE="0", RAY_USAGE_STATS_ENABLED="0")
+    shm_before = set(os.listdir("/dev/shm"))
     try:
         done = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True,
                               timeout=TIMEOUT_S)
@@ -98,7 +101,24 @@ def ray_run(tmp_path_factory) -> dict:
             elif skipped is not None:
                 text = f"skipped: {skipped.get('message')}"
             results[case.get("name")] = text
-    return {"results": results, "output": output}
+    left = {"shm": sorted(set(os.listdir("/dev/shm")) - shm_before),
+            "processes": _ray_processes()}
+    return {"results": results, "output": output, "left": left}
+
+
+def _ray_processes() -> list[str]:
+    """Command lines of live processes that belong to a Ray run of ours (its temp dir)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            line = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if "/dev/shm/ray" in line:
+            found.append(f"{entry.name}: {line[:200]}")
+    return found
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -113,3 +133,8 @@ def test_ray_case(ray_run, case):
 
 def test_every_ray_case_is_reported(ray_run):
     assert sorted(ray_run["results"]) == sorted(CASES), ray_run["output"][-3000:]
+
+
+def test_nothing_is_left_behind(ray_run):
+    """No Ray process of the run is alive and /dev/shm holds nothing new afterwards."""
+    assert ray_run["left"] == {"shm": [], "processes": []}

@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from functools import cached_property
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -103,7 +102,8 @@ class StagedModel:
         return [r if every else r[-1] for r, (_, _, every) in zip(results, requests, strict=True)]
 
     def stage_info(self) -> list[dict]:
-        """Per stage: its layers, process id, host, RSS, resident archive bytes, sessions."""
+        """Per stage: its layers, process id, host, RSS, resident archive bytes, sessions
+        (with the local transport every stage reports this one process's RSS)."""
         return self.transport.call_all("info")
 
     def close(self) -> None:
@@ -168,7 +168,8 @@ def load_staged(
                              "with stages (Needle 3 only)")
     kept, cfg = rung(archive, layers)
     plan = plan_stages(archive, kept, stages)
-    source = str(Path(path).resolve())
+    source = os.path.abspath(os.fspath(path))  # every node opens this path (no symlinks
+    # resolved: a link may point elsewhere on another machine)
     specs = [StageSpec(source, r.index, len(plan), r.first, r.end, layers, numerics, threads,
                        cache) for r in plan.ranges]
     weights = head_weights(archive, cfg, kept, numerics, threads, cache)

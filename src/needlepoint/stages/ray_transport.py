@@ -96,6 +96,8 @@ class RayTransport:
         if not ray.is_initialized():
             ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
         actor_class = ray.remote(StageActor)
+        for spec, opts in zip(self.specs, options, strict=True):
+            opts.setdefault("num_cpus", spec.threads)  # a stage keeps its threads busy
         self.actors = [
             actor_class.options(max_restarts=-1, max_task_retries=0, **opts).remote(spec)
             for spec, opts in zip(self.specs, options, strict=True)
@@ -134,7 +136,8 @@ class RayTransport:
         if missing:
             return (f": no node in the Ray cluster offers resource {', '.join(missing)} "
                     f"(offered: {', '.join(sorted(offered))})")
-        return ": the cluster has no room for it, or its node is not up"
+        return (": no node that matches has its CPUs free (a stage reserves num_cpus = threads "
+            "on its node), or its node is not up")
 
     # -- calls -------------------------------------------------------------------------------
     def submit(self, stage: int, method: str, *args: Any) -> _Pending:

@@ -54,10 +54,12 @@ class StagedSession:
         head = model.weights.confidence
         self.pool = ConfidencePool.empty(head) if head is not None else None
         self.engram_tail = new_tail(model.config, len(model.weights.engram))
-        self._register(model.transport.call_all("open", self.sid, kv_window))
+        self._register()
+        self.incarnations = model.transport.call_all("open", self.sid, kv_window)
 
-    def _register(self, incarnations: list[str]) -> None:
-        self.incarnations = incarnations
+    def _register(self) -> None:
+        """Free the stages' caches when this session is closed or collected (registered
+        before they are opened: a stage that did open keeps nothing if another failed)."""
         self._finalizer = weakref.finalize(self, _close_everywhere, self.model.transport,
                                            self.sid)
         self._finalizer.atexit = False  # at exit the stages go with the process / Ray
@@ -82,7 +84,8 @@ class StagedSession:
         other.tokens = self.tokens.copy()
         other.pool = self.pool.copy() if self.pool is not None else None
         other.engram_tail = self.engram_tail.copy()
-        other._register(self.model.transport.call_all("fork", self.sid, other.sid))
+        other._register()
+        other.incarnations = self.model.transport.call_all("fork", self.sid, other.sid)
         return other
 
     __copy__ = fork
