@@ -125,8 +125,9 @@ class Needle:
         retrieve_k: int | None = DEFAULT_RETRIEVE_K,
         retrieve_threshold: int = DEFAULT_RETRIEVE_THRESHOLD,
         speculate: bool = True,
+        threads: int | None = None,
     ) -> None:
-        self.model = load_model(model, cache)
+        self.model = load_model(model, cache, threads)
         self.tokenizer = self.model.tokenizer
         self.tools: list[ToolSpec] = tool_specs(tools)
         self.system = system

@@ -37,10 +37,11 @@ def serve(
     batching: bool = True,
     max_kv_bytes: int | None = DEFAULT_MAX_KV_BYTES,
     step_tokens: int | None = None,
+    threads: int | None = None,
     speculate: bool = True,
 ) -> None:
     """Load `model` once (a path; None: `$NEEDLEPOINT_MODEL`, else the bundled demo model)
-    and serve it until interrupted (blocking)."""
+    and serve it until interrupted (blocking). `threads`: `needlepoint.load(threads=...)`."""
     try:
         import uvicorn
 
@@ -54,6 +55,10 @@ def serve(
 
     if model is None or isinstance(model, str | os.PathLike):
         model = resolve_model_path(model)
+        if threads is not None:
+            from ..models.hub import load_model
+
+            model = load_model(model, threads=threads)
     app = create_app(model, workers=workers, max_queue=max_queue, max_body_bytes=max_body_bytes,
                      batching=batching, max_kv_bytes=max_kv_bytes, step_tokens=step_tokens,
                      speculate=speculate)
@@ -108,6 +113,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"]
     )
+    parser.add_argument("--threads", type=_at_least(1), default=None,
+                        help="CPU threads for the model (default: $NEEDLEPOINT_THREADS, else 1)")
     parser.add_argument("--no-speculate", dest="speculate", action="store_false",
                         help="decode one forward pass per token (no drafts; same tokens)")
     from ..stages.options import add_stage_arguments
@@ -130,6 +137,7 @@ def run(args: argparse.Namespace) -> int:
         batching=args.batching,
         max_kv_bytes=args.max_kv_bytes,
         step_tokens=args.step_tokens,
+        threads=args.threads,
         speculate=getattr(args, "speculate", True),
     )
     return 0
