@@ -213,6 +213,11 @@ def test_a_failing_draft_falls_back_to_the_token_alone():
     spec.step(2)  # the draft 9 8 ... poisons the pass: undo it and step 2 alone
     assert session.calls[-3:] == [("extend", 1 + LOOKUP_MAX), ("rewind", 1), ("step", 1)]
     assert session.ids == [1, 2, 9, 8, 1, 2] and spec.passes == 1
+    session = LogSession(poison=20)  # the same for an opening drafted with the prompt
+    spec = _speculator(session, opening=[20, 21, 22])
+    row = spec.prefill([1, 2, 3])
+    assert session.calls == [("prefill", 2), ("extend", 4), ("rewind", 1), ("prefill", 1)]
+    assert np.array_equal(row, LogSession().prefill([1, 2, 3])) and not spec.ahead
 
 
 def test_speculation_supported():

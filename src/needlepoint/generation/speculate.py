@@ -134,7 +134,13 @@ class Speculator(PlainStepper):
             return self.session.prefill(ids, logits=logits)
         if cut:
             self.session.prefill(ids[:cut], logits=False)
-        rows = self.session.extend(ids[cut:] + opening)
+        before = self.session.position
+        try:
+            rows = self.session.extend(ids[cut:] + opening)
+        except NonFiniteActivationError:  # as in `_pass`: the prompt's tail on its own
+            if self.session.position > before:
+                self.session.rewind(self.session.position - before)
+            return self.session.prefill(ids[cut:], logits=logits)
         last = len(ids) - cut - 1
         for token, row in zip(opening, rows[last + 1 :], strict=True):
             self.ahead.append((token, row, OPENING, OPENING))
@@ -201,10 +207,11 @@ class Speculator(PlainStepper):
 
 
 def stepper(session: Any, speculate: bool, drafter: Callable[[], Drafter],
-            state: Callable[[], DraftState], **limits: int | None) -> PlainStepper:
-    """A `Speculator` when asked for and the session supports it, else a `PlainStepper`."""
+            state: Callable[[], DraftState], **options: Any) -> PlainStepper:
+    """A `Speculator` (with `options`) when asked for and the session supports it, else a
+    `PlainStepper`."""
     if speculate and speculation_supported(session):
-        return Speculator(session, drafter(), state, **limits)
+        return Speculator(session, drafter(), state, **options)
     return PlainStepper(session)
 
 
