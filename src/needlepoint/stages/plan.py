@@ -9,6 +9,7 @@ are numbered 0..k-1, as `needlepoint.load(path, layers=k)` numbers them).
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -100,7 +101,8 @@ def plan_stages(
     sizes = layer_bytes(archive, kept)
     if isinstance(stages, bool):
         raise StagePlanError(f"stages must be a count or a list of cut points, got {stages!r}")
-    if isinstance(stages, int):
+    if isinstance(stages, numbers.Integral):
+        stages = int(stages)
         if not 1 <= stages <= layers:
             raise StagePlanError(
                 f"stages={stages}: the model has {layers} layers, so 1 to {layers} stages")

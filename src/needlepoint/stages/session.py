@@ -18,7 +18,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import ModelInputError, StageError, StageNonFiniteError, StageSessionLostError
+from ..errors import (
+    ModelInputError,
+    NonFiniteActivationError,
+    StageError,
+    StageNonFiniteError,
+    StageSessionLostError,
+)
 from ..models.needle3.engram import EngramTail, new_tail
 from ..models.needle3.heads import ConfidencePool
 from ..models.needle3.session import CHUNK, bounded_window
@@ -165,7 +171,11 @@ class StagedSession:
                 last_chunk = first + self.chunk >= len(tokens)
                 rows = "all" if want == "all" else ("last" if want == "last" and last_chunk
                                                      else "none")
-                part = embed(cfg, weights, quantized, chunk, start, tail)
+                try:
+                    part = embed(cfg, weights, quantized, chunk, start, tail)
+                except NonFiniteActivationError as error:
+                    raise StageNonFiniteError(f"the head (embedding / engram lookups, chunk "
+                                              f"at position {start}): {error}") from None
                 tail = part.tail
                 if not finite(part.x0) or not all(
                         finite(k) and finite(v) for k, v in part.site_kv.values()):
