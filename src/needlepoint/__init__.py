@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from . import kernels
@@ -13,11 +15,40 @@ from .errors import (
     ToolSchemaError,
 )
 from .formats.cact import CactArchive, open_archive
-from .models.loader import NUMERICS, load
+from .models.loader import NUMERICS
+from .models.loader import load as load_model_file
 from .version import __version__
 
 if TYPE_CHECKING:  # pragma: no cover
     from .api.needle import Needle, tool
+
+
+def load(
+    path: str | os.PathLike[str],
+    *,
+    layers: int | None = None,
+    numerics: str = "deploy",
+    cache: bool | None = None,
+    threads: int | None = None,
+    stages: int | Sequence[int] | None = None,
+    transport: str = "local",
+    ray_address: str | None = None,
+) -> Any:
+    """Load a model: a Needle `.cact` archive (Needle 3 or 2, from its tag), a Hugging Face
+    model directory, a `.gguf` file or a known name (`models.loader.load` documents
+    `layers`, `numerics`, `cache`, `threads`).
+
+    `stages=N` (balanced by weight bytes) or `stages=[0, 7, 14]` (each stage's first layer)
+    cuts a Needle 3 model at block boundaries into stages (docs/distributed.md): in this
+    process (`transport="local"`) or on Ray actors (`transport="ray"`, the `ray` extra; the
+    cluster at `ray_address`). It has a model's interface and, in deploy numerics, the same
+    logits bit for bit; `needlepoint.stages.load_staged` has the placement options."""
+    if stages is not None or transport != "local" or ray_address is not None:
+        from .stages import load_staged
+
+        return load_staged(path, stages, transport=transport, ray_address=ray_address,
+                           layers=layers, numerics=numerics, cache=cache, threads=threads)
+    return load_model_file(path, layers=layers, numerics=numerics, cache=cache, threads=threads)
 
 
 def __getattr__(name: str) -> Any:

@@ -6,9 +6,7 @@ and calls it, so model lookup sits above nothing it needs.
 
 from __future__ import annotations
 
-import importlib
 import os
-from collections.abc import Sequence
 from typing import Any
 
 from ..formats.cact import open_archive
@@ -46,9 +44,6 @@ def load(
     numerics: str = "deploy",
     cache: bool | None = None,
     threads: int | None = None,
-    stages: int | Sequence[int] | None = None,
-    transport: str = "local",
-    ray_address: str | None = None,
 ) -> Any:
     """Load a `.cact` model; the generation (Needle 3 or 2) comes from the archive's tag.
     A Hugging Face model directory, a `.gguf` file or a known name ("smollm2") loads a
@@ -64,22 +59,12 @@ def load(
     model's products (`resolve_threads`: default 1); it also caps the process's BLAS/OpenMP
     pools (threadpoolctl), so no pool is left spinning on a busy machine.
 
-    `stages=N` (balanced by weight bytes) or `stages=[0, 7, 14]` (each stage's first layer)
-    cuts a Needle 3 model at block boundaries into stages (docs/distributed.md): in this
-    process (`transport="local"`) or on Ray actors (`transport="ray"`, the `ray` extra; the
-    cluster at `ray_address`). It has this model's interface and, in deploy numerics, the
-    same logits bit for bit; `needlepoint.stages.load_staged` has the placement options.
+    A model cut into stages (`stages=`) is built one layer up, by `needlepoint.load` (the
+    package facade) and `needlepoint.stages`.
     """
     if numerics not in TRANSFORMER_NUMERICS:
         raise ValueError(f"numerics must be one of {NUMERICS}, got {numerics!r}")
     threads = resolve_threads(threads)
-    if stages is not None or transport != "local" or ray_address is not None:
-        # `stages/` sits above `models/` and builds on it: dispatched to by module name at
-        # run time (as cli/main.py reaches `serve`), so models/ has no import of stages/
-        staged = importlib.import_module("needlepoint.stages")
-        return staged.load_staged(path, stages, transport=transport, ray_address=ray_address,
-                                  layers=layers, numerics=numerics, cache=cache,
-                                  threads=threads)
     from .transformer.known import is_known_name, resolve_known
 
     if is_known_name(path):  # a model shipped in a package, e.g. "smollm2"
