@@ -316,3 +316,50 @@ def test_complete_many_on_a_model_without_run_batch() -> None:
         alone = needle.complete(query, max_new_tokens=12)
         assert (alone["text"], alone["function_calls"]) == (envelope["text"],
                                                            envelope["function_calls"])
+
+
+def test_extend_and_rewind_through_the_scheduler(models: dict[str, Any]) -> None:
+    """A draft verified and partly undone: the same bits and positions as on a lone session
+    (the rewind is applied by the engine thread before the session's next work)."""
+    model = models["tiny"]
+    prompt = list(range(5, 150))
+    scheduler = Scheduler(model, max_sessions=1)
+    outputs = []
+    try:
+        with scheduler.lease() as lease:
+            for session in (model.session(), lease.model.session()):
+                got = [session.prefill(prompt), session.extend([5, 6, 7, 8])]
+                session.rewind(3)
+                got.append(np.array([session.position]))
+                got += [session.step(9), session.extend([10, 11])]
+                got.append(np.array([session.position]))
+                assert session.chunk == 128
+                outputs.append(got)
+            assert outputs[1] and lease.model.session().exact_extend is True  # as the model's
+    finally:
+        scheduler.close()
+    assert same_bits(*outputs)
+    assert int(outputs[1][2][0]) == len(prompt) + 1
+
+
+def test_speculative_turns_through_the_scheduler(models: dict[str, Any]) -> None:
+    """Turns that verify drafts (the default) get the tokens they get alone; the drafts are
+    multi-row items of the engine steps, beside other requests' work."""
+    model = models["toy"]
+    needle = needlepoint.Needle(tools=EXAMPLES[0]["tools"], model=model, cache=None)
+    queries = [e["query"] for e in EXAMPLES[:8]]
+    alone = [needle.complete(q, max_new_tokens=32) for q in queries]
+    scheduler = Scheduler(model, max_sessions=8, log_steps=True)
+    try:
+        together = needle.complete_many(queries, max_new_tokens=32, scheduler=scheduler)
+    finally:
+        scheduler.close()
+    for a, b in zip(alone, together, strict=True):
+        for key in ("type", "function_calls", "text", "stop_reason"):
+            assert a[key] == b[key]
+        assert a["timings"]["decode_tokens"] == b["timings"]["decode_tokens"]
+    passes = sum(e["timings"]["decode_passes"] for e in together)
+    assert passes < sum(e["timings"]["decode_tokens"] for e in together)  # drafts accepted
+    drafts = [step for step in scheduler.step_log if any(1 < rows <= 128 for _, rows in step)
+              and len(step) > 1]
+    assert drafts, "no step verified a draft beside other requests' work"

@@ -20,6 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import ModelInputError
+
 # Positions per prefill chunk when a session does not say (`V3Session.chunk`): chunks the
 # scheduler cuts are multiples of it, so a session's own chunking is the same as alone.
 DEFAULT_UNIT = 128
@@ -27,14 +29,16 @@ DEFAULT_UNIT = 128
 
 @dataclass(eq=False)
 class Work:
-    """One pending request to the model: append `ids` to `proxy`'s session (a prefill or a
-    step), or run `call(session)` (fork, confidence head) on the scheduler thread."""
+    """One pending request to the model: append `ids` to `proxy`'s session (a prefill, a
+    step or an extend), or run `call(session)` (fork, confidence head) on the scheduler
+    thread; either after undoing the session's last `rewind` positions (a deferred rewind)."""
 
     proxy: BatchedSession
     ids: np.ndarray | None = None
     all_logits: bool = False  # logits of every position ([len(ids), vocab]) else the last row
     want: bool = True  # the caller wants logits at all (prefill(logits=False) does not)
     call: Callable[[Any], Any] | None = None
+    rewind: int = 0
     fed: int = 0  # ids already run (a prefill is cut into chunks over several steps)
     parts: list[np.ndarray] = field(default_factory=list)  # all_logits rows so far
     result: Any = None
@@ -45,6 +49,13 @@ class Work:
     def remaining(self) -> int:
         return 0 if self.ids is None else len(self.ids) - self.fed
 
+    @property
+    def decode_like(self) -> bool:
+        """A step, or an extend of at most one chunk (a speculative draft being verified):
+        run whole in the next step, beside the other decode steps."""
+        return self.remaining == 1 or (self.all_logits and self.fed == 0
+                                       and self.remaining <= max(1, int(self.proxy.unit)))
+
     def finish(self, result: Any = None, error: BaseException | None = None) -> None:
         self.result, self.error = result, error
         self.done.set()
@@ -52,12 +63,17 @@ class Work:
 
 class BatchedSession:
     """A model session whose work runs on the scheduler: the `Session` interface of
-    `generation/turn.py` (`position`, `prefill`, `step`), plus `extend`, and `fork` /
-    `confidence_logit` when the model's own session has them."""
+    `generation/turn.py` (`position`, `prefill`, `step`), plus `extend`, and `rewind`,
+    `fork`, `confidence_logit` and `chunk` when the model's own session has them. With
+    `extend` and `rewind` (and `exact_extend`, as the model's session) a turn verifies
+    speculative drafts through the scheduler (`generation/speculate.py`): each draft is one
+    multi-row item of an engine step. A rewind costs no step of its own: it is recorded and
+    applied by the engine thread just before this session's next work."""
 
     def __init__(self, lease: Any, session: Any) -> None:
         self._lease = lease
         self._session: Any = session  # None once the scheduler has freed it (cancelled)
+        self._rewind = 0  # positions to undo before the next work
         self.unit = getattr(session, "chunk", DEFAULT_UNIT)
 
     @property
@@ -70,8 +86,25 @@ class BatchedSession:
         return session
 
     @property
+    def model(self) -> Any:
+        return getattr(self.session, "model", None)
+
+    @property
     def position(self) -> int:
-        return self.session.position
+        return self.session.position - self._rewind
+
+    @property
+    def exact_extend(self) -> bool:
+        """Whether `extend` rows are the bits of single steps (as for the model's session)."""
+        from ..generation.speculate import speculation_supported
+
+        return speculation_supported(self.session)
+
+    @property
+    def chunk(self) -> int:
+        if not isinstance(getattr(self.session, "chunk", None), int):
+            raise AttributeError("chunk")
+        return self.unit
 
     def prefill(self, ids: Sequence[int] | np.ndarray, logits: bool = True) -> np.ndarray | None:
         """Consume `ids`; the logits [vocab] after the last one (None with logits=False)."""
@@ -86,29 +119,44 @@ class BatchedSession:
         """Consume `ids`; the logits [len(ids), vocab] after each of them."""
         return self._run(ids, all_logits=True, want=True)
 
+    @property
+    def rewind(self) -> Callable[[int], None]:
+        if not hasattr(self.session, "rewind"):
+            raise AttributeError("rewind")
+        return self._rewind_later
+
+    def _rewind_later(self, count: int) -> None:
+        count = int(count)
+        if not 0 <= count <= self.position:
+            raise ModelInputError(f"cannot rewind {count} of {self.position} positions")
+        self._rewind += count
+
+    def _work(self, **fields: Any) -> Any:
+        rewind, self._rewind = self._rewind, 0
+        try:
+            return self._lease.submit(Work(self, rewind=rewind, **fields))
+        except BaseException:
+            self._rewind += rewind if self._session is not None else 0
+            raise
+
     def _run(self, ids: Any, *, all_logits: bool, want: bool) -> Any:
-        model = getattr(self.session, "model", None)
-        check = getattr(model, "check_ids", None)
+        check = getattr(self.model, "check_ids", None)
         # Checked here, on the request's thread: a bad request fails alone, never the batch.
         tokens = check(ids, self.position) if check is not None else np.asarray(ids, np.int64)
         tokens = np.asarray(tokens, np.int64).reshape(-1)
-        return self._lease.submit(Work(self, tokens, all_logits, want))
+        return self._work(ids=tokens, all_logits=all_logits, want=want)
 
     @property
     def fork(self) -> Callable[[], BatchedSession]:
         if not hasattr(self.session, "fork"):
             raise AttributeError("fork")
-        return self._fork
-
-    def _fork(self) -> BatchedSession:
-        forked = self._lease.submit(Work(self, call=lambda session: session.fork()))
-        return BatchedSession(self._lease, forked)
+        return lambda: BatchedSession(self._lease, self._work(call=lambda s: s.fork()))
 
     @property
     def confidence_logit(self) -> Callable[[], float | None]:
         if not hasattr(self.session, "confidence_logit"):
             raise AttributeError("confidence_logit")
-        return lambda: self._lease.submit(Work(self, call=lambda s: s.confidence_logit()))
+        return lambda: self._work(call=lambda s: s.confidence_logit())
 
 
 class LeasedModel:
@@ -156,22 +204,23 @@ def run_batch(model: Any, items: list[tuple[Any, np.ndarray, bool, bool]], batch
 
 def plan_step(works: list[Work], step_tokens: int, new_first: bool = False
               ) -> list[tuple[Work, int]]:
-    """One engine step's items, (work, tokens to run): every pending decode step (one token),
-    then prefill chunks in submission order while the budget of `step_tokens` rows lasts. A
-    chunk that does not finish its prefill is a multiple of the session's own chunk (so the
-    session cuts the prompt where it would alone), and the oldest prefill always advances,
+    """One engine step's items, (work, tokens to run): every pending decode step (one token,
+    or a short extend: a draft), then prefill chunks in submission order while the budget of
+    `step_tokens` rows lasts. A chunk that does not finish its prefill is a multiple of the
+    session's own chunk (so the session cuts the prompt where it would alone), and the
+    oldest prefill always advances,
     however many decode steps there are. With `new_first`, when a prefill that has not started
     is waiting, the step runs only the first chunks of such prefills: a new request's first
     token then waits for its own prompt only, not for the decode rows of every other request
     (the caller alternates, so decoders lose at most one step to it)."""
-    if new_first and any(w.fed == 0 and w.remaining > 1 for w in works):
-        works = [w for w in works if w.fed == 0 and w.remaining > 1]
-    steps = [(w, 1) for w in works if w.remaining == 1]
-    budget = step_tokens - len(steps)
+    if new_first and any(w.fed == 0 and not w.decode_like for w in works):
+        works = [w for w in works if w.fed == 0 and not w.decode_like]
+    steps = [(w, w.remaining) for w in works if w.decode_like]
+    budget = step_tokens - sum(n for _, n in steps)
     plan = list(steps)
     for work in works:
         left = work.remaining
-        if left <= 1:
+        if work.decode_like:
             continue
         unit = max(1, int(work.proxy.unit))
         if left <= budget:

@@ -312,6 +312,16 @@ class Scheduler:
 
     def _run(self, calls: list[Work], plan: list[tuple[Work, int]]) -> None:
         done: list[tuple[Work, Any, BaseException | None]] = []  # handed out under the lock
+        for work in calls + [w for w, _ in plan]:
+            if work.rewind:  # a rewind the request made since its last work
+                try:
+                    work.proxy.session.rewind(work.rewind)
+                except Exception as error:  # noqa: BLE001 - the request's own failure
+                    done.append((work, None, error))
+                work.rewind = 0
+        failed = {id(w) for w, _, _ in done}
+        calls = [w for w in calls if id(w) not in failed]
+        plan = [(w, n) for w, n in plan if id(w) not in failed]
         for work in calls:
             try:
                 done.append((work, work.call(work.proxy.session), None))
