@@ -63,7 +63,8 @@ def load(
     package facade) and `needlepoint.stages`.
     """
     if numerics not in TRANSFORMER_NUMERICS:
-        raise ValueError(f"numerics must be one of {NUMERICS}, got {numerics!r}")
+        raise ValueError(f"numerics must be one of {NUMERICS} (or \"int8\" for Hugging Face / "
+                         f"GGUF transformer models), got {numerics!r}")
     threads = resolve_threads(threads)
     from .transformer.known import is_known_name, resolve_known
 
