@@ -83,7 +83,6 @@ static inline void I8_NAME(i8_group)(const int8_t *codes, const float *xscale,
     for (int r = 0; r < R; r++)
         for (int j = 0; j < 8; j++) acc[r][j] = 0.0;
     for (int64_t b = 0; b < nb; b++) {
-        int32_t dot[4][8];
 #if defined(I8_SIMD_AVX2)
         __m256i iacc[4];
         const __m256i ones = _mm256_set1_epi16(1);
@@ -124,8 +123,36 @@ static inline void I8_NAME(i8_group)(const int8_t *codes, const float *xscale,
             }
             for (int r = 0; r < R; r++) iacc[r] = _mm256_madd_epi16(acc16[r], ones);
         }
-        for (int r = 0; r < R; r++) _mm256_storeu_si256((__m256i *)dot[r], iacc[r]);
+        /* the epilogue, four outputs per float64 vector: the same operations per lane as
+         * the scalar code below */
+        float sb[8], mbuf[8];
+        I8_NAME(i8_load8)(sg, half, b, sb);
+        __m256 s8 = _mm256_loadu_ps(sb);
+        __m256d slo = _mm256_cvtps_pd(_mm256_castps256_ps128(s8));
+        __m256d shi = _mm256_cvtps_pd(_mm256_extractf128_ps(s8, 1));
+        __m256d mlo = _mm256_setzero_pd(), mhi = _mm256_setzero_pd();
+        if (mg) {
+            I8_NAME(i8_load8)(mg, half, b, mbuf);
+            __m256 m8 = _mm256_loadu_ps(mbuf);
+            mlo = _mm256_cvtps_pd(_mm256_castps256_ps128(m8));
+            mhi = _mm256_cvtps_pd(_mm256_extractf128_ps(m8, 1));
+        }
+        for (int r = 0; r < R; r++) {
+            __m256d dlo = _mm256_cvtepi32_pd(_mm256_castsi256_si128(iacc[r]));
+            __m256d dhi = _mm256_cvtepi32_pd(_mm256_extracti128_si256(iacc[r], 1));
+            __m256d ilo = _mm256_mul_pd(slo, dlo), ihi = _mm256_mul_pd(shi, dhi);
+            if (mg) {
+                __m256d ss = _mm256_set1_pd((double)xsums[(t0 + r) * nb + b]);
+                ilo = _mm256_add_pd(ilo, _mm256_mul_pd(mlo, ss));
+                ihi = _mm256_add_pd(ihi, _mm256_mul_pd(mhi, ss));
+            }
+            __m256d xs = _mm256_set1_pd((double)xscale[(t0 + r) * nb + b]);
+            _mm256_storeu_pd(acc[r], _mm256_add_pd(_mm256_loadu_pd(acc[r]), _mm256_mul_pd(ilo, xs)));
+            _mm256_storeu_pd(acc[r] + 4,
+                             _mm256_add_pd(_mm256_loadu_pd(acc[r] + 4), _mm256_mul_pd(ihi, xs)));
+        }
 #else
+        int32_t dot[4][8];
         for (int r = 0; r < R; r++) {
             const int8_t *xr = codes + (t0 + r) * k_pad + b * 32;
             for (int j = 0; j < 8; j++) {
@@ -144,7 +171,6 @@ static inline void I8_NAME(i8_group)(const int8_t *codes, const float *xscale,
                 dot[r][j] = d;
             }
         }
-#endif
         float sb[8], mbuf[8];
         const float *mb = NULL;
         I8_NAME(i8_load8)(sg, half, b, sb);
@@ -165,6 +191,7 @@ static inline void I8_NAME(i8_group)(const int8_t *codes, const float *xscale,
                 acc[r][j] = acc[r][j] + term;
             }
         }
+#endif
     }
 }
 
