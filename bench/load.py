@@ -78,6 +78,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         model = (await client.models.list()).data[0].id
         state = await health(client)
         result.update(model=model, rss_after_load_mib=(server.rss() or 0) / 2**20,
+                      speculate=args.speculate,
                       workers=state.get("workers"), max_queue=state.get("max_queue"),
                       batching=state.get("batching"),
                       batched=state.get("scheduler", {}).get("batched"))
@@ -157,6 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=None,
                         help="server --workers (default: the server's)")
     parser.add_argument("--no-batching", dest="batching", action="store_false")
+    parser.add_argument("--no-speculate", dest="speculate", action="store_false",
+                        help="serve with --no-speculate (one forward pass per token)")
     parser.add_argument("--max-queue", type=int, default=64)
     parser.add_argument("--requests", type=int, default=48, help="distinct eval requests used")
     parser.add_argument("--timeout", type=float, default=300.0, help="per-request timeout (s)")
@@ -171,6 +174,8 @@ def main(argv: list[str] | None = None) -> int:
     label = args.label or (Path(name).stem if name not in ("toy", "shipped") else name)
     if not args.batching and args.label is None:
         label += "-nobatch"
+    if not args.speculate and args.label is None:
+        label += "-nospec"
     result = asyncio.run(run(args))
     result["label"] = label
     print(json.dumps(result, indent=2))

@@ -13,11 +13,14 @@ TARGETS = {"scaling": 4.0, "ttft": 2.0}
 
 
 def _mode(result: dict[str, Any]) -> str:
+    spec = (", speculative decoding on (drafts verified by extend)" if result.get("speculate",
+                                                                             True)
+            else ", no speculative decoding (`--no-speculate`)")
     if not result.get("batching"):
-        return "no batching (each request on its own worker thread and session)"
+        return "no batching (each request on its own worker thread and session)" + spec
     if result.get("batched"):
-        return "continuous batching, one `model.run_batch` call per engine step"
-    return "continuous batching, the engine step running each item alone (no run_batch)"
+        return "continuous batching, one `model.run_batch` call per engine step" + spec
+    return "continuous batching, each item of a step run alone (no run_batch)" + spec
 
 
 def _load(result: dict[str, Any]) -> str:

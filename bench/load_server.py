@@ -67,6 +67,8 @@ class Server:
             command += ["--workers", str(args.workers)]
         if not args.batching:
             command += ["--no-batching"]
+        if not args.speculate:
+            command += ["--no-speculate"]
         self.proc = subprocess.Popen(command, env=env, cwd=REPO_ROOT)
         self.base_url = f"http://{HOST}:{self.port}/v1"
 
