@@ -94,7 +94,8 @@ def test_kv_cap_gives_429_and_frees_with_the_request(model: Any) -> None:
 
 
 def test_dropped_connection_frees_a_plain_request(model: Any) -> None:
-    app = create_app(model, workers=2, model_name=MODEL_ID)
+    # one pass per token (no speculation), so the 450-token turn outlasts the client's timeout
+    app = create_app(model, workers=2, model_name=MODEL_ID, speculate=False)
     with ServerThread(app) as server:
         body = {"model": MODEL_ID, "messages": user("hello"), "tool_choice": "none",
                 "max_tokens": 450}
