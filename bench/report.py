@@ -193,6 +193,10 @@ def _reproduce_section() -> list[str]:
     return L
 
 
+# The section `bench/speculate.py` writes at the end of docs/benchmarks.md.
+KEPT_SECTION = "\n## Speculative decoding"
+
+
 def write_docs(results: dict, md_path: Path, png_path: Path) -> None:
     note = plot(results, png_path)
     L = []
@@ -207,5 +211,11 @@ def write_docs(results: dict, md_path: Path, png_path: Path) -> None:
     L += _reproduce_section()
     text = "\n".join(L)
     text = re.sub(r"\n{3,}", "\n\n", text)
+    # sections other benchmarks own (`python -m bench.speculate`) are kept as they are
+    if md_path.exists():
+        old = md_path.read_text()
+        at = old.find(KEPT_SECTION)
+        if at >= 0:
+            text = text.rstrip("\n") + "\n\n" + old[at:]
     md_path.parent.mkdir(parents=True, exist_ok=True)
     md_path.write_text(text)
