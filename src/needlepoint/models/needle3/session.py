@@ -116,6 +116,11 @@ class V3Session:
         self._history: list[int] = []  # decode-step tokens not yet appended to `tokens`
 
     @property
+    def exact_extend(self) -> bool:
+        """`extend` is bit-identical to stepping and `rewind` exact (deploy numerics)."""
+        return self.model.quantized
+
+    @property
     def position(self) -> int:
         """Tokens consumed so far (the position the next token takes)."""
         return len(self.tokens) + len(self._history)
