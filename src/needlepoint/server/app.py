@@ -24,6 +24,7 @@ from ..errors import (
     ModelInputError,
     NeedlepointError,
     NonFiniteActivationError,
+    StageError,
     ToolSchemaError,
 )
 from ..generation.content import ContentSchemaError
@@ -209,6 +210,10 @@ def _as_api_error(exc: BaseException) -> ApiError:
         log.error("model failure: %s", exc)
         return ApiError(500, f"The model failed: {exc}", type="server_error",
                         code="model_error")
+    if isinstance(exc, StageError):  # a stage of the server's own model failed: retry later
+        log.error("stage failure: %s", exc)
+        return ApiError(503, f"A model stage is unavailable: {exc}", type="server_error",
+                        code="stage_unavailable")
     if isinstance(exc, NeedlepointError):
         return bad_request(str(exc))
     log.exception("unhandled error while serving a request", exc_info=exc)
