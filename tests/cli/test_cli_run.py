@@ -114,3 +114,22 @@ def test_download_fails_fast_and_cleanly_offline(tmp_path):
         assert "could not download Cactus-Compute/needle3" in proc.stderr
         assert "Traceback" not in proc.stderr
         assert time.monotonic() - start < 60
+
+
+def test_eval_no_speculate_gives_the_same_scores(capsys):
+    """`eval --no-speculate` decodes one pass per token; the scores are the same."""
+    import json as _json
+
+    from conftest import shared_dir
+
+    from needlepoint.cli import main as cli_main
+
+    eval_set = shared_dir() / "models" / "needle3-toy.eval.jsonl"
+    args = ["eval", str(toy_model_path()), str(eval_set), "--limit", "6", "--json",
+            "--grammar", "on", "--no-progress"]
+    assert cli_main(args) == 0
+    with_speculation = _json.loads(capsys.readouterr().out)
+    assert cli_main([*args, "--no-speculate"]) == 0
+    without = _json.loads(capsys.readouterr().out)
+    assert with_speculation["grammar"]["correct"] == without["grammar"]["correct"]
+    assert with_speculation["grammar"]["total"] == without["grammar"]["total"] == 6

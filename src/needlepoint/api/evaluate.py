@@ -83,7 +83,10 @@ def exact_match(predicted: Sequence[dict[str, Any]] | None, answers: Sequence[di
 class Evaluator:
     """Decodes examples on one model; the tokenizer-derived tables are built once."""
 
-    def __init__(self, model: Any, *, max_new_tokens: int = 80, modes: Iterable[str] = MODES):
+    def __init__(
+        self, model: Any, *, max_new_tokens: int = 80, modes: Iterable[str] = MODES,
+        speculate: bool = True,
+    ):
         self.model = model
         self.modes = tuple(modes)
         unknown = set(self.modes) - set(MODES)
@@ -94,7 +97,8 @@ class Evaluator:
         self.vocab = TurnVocab.from_tokenizer(tokenizer)
         self.grammar_vocab = TokenVocab.from_tokenizer(tokenizer) if "grammar" in self.modes \
             else None
-        self.config = GenerationConfig(max_new_tokens=max_new_tokens, reasoning_budget=None)
+        self.config = GenerationConfig(max_new_tokens=max_new_tokens, reasoning_budget=None,
+                                       speculate=speculate)
         self.scores = {mode: ModeScore() for mode in self.modes}
         self.limit = getattr(getattr(model, "config", None), "max_seq_len", None)
 
@@ -142,9 +146,12 @@ def evaluate(
     max_new_tokens: int = 80,
     modes: Iterable[str] = MODES,
     on_example: Callable[[int, dict[str, bool]], None] | None = None,
+    speculate: bool = True,
 ) -> dict[str, ModeScore]:
-    """Score every example in every mode; `on_example(index, outcome)` after each one."""
-    evaluator = Evaluator(model, max_new_tokens=max_new_tokens, modes=modes)
+    """Score every example in every mode; `on_example(index, outcome)` after each one;
+    `speculate`: speculative decoding (the same tokens, fewer passes)."""
+    evaluator = Evaluator(model, max_new_tokens=max_new_tokens, modes=modes,
+                          speculate=speculate)
     for index, example in enumerate(examples):
         outcome = evaluator.score(example)
         if on_example is not None:

@@ -29,6 +29,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the scores as JSON")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_threads_argument(parser)
+    parser.add_argument("--no-speculate", dest="speculate", action="store_false",
+                        help="decode one forward pass per token (no drafts; same tokens)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -69,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
                 plain.update(index + 1, shown)
 
         scores = evaluate(model, examples, max_new_tokens=args.max_new_tokens, modes=modes,
-                          on_example=advance)
+                          on_example=advance, speculate=args.speculate)
     if args.json:
         print(json.dumps({mode: s.as_dict() for mode, s in scores.items()}, indent=2))
         return 0
