@@ -101,8 +101,38 @@ def section(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def summary(results: list[dict[str, Any]]) -> str:
+    """One line per result: the three targets side by side."""
+    rows = ["| result | batching | speculation | 16 clients vs 1 (decode tokens/s) | TTFT "
+            "loaded / alone (p50) | soak: requests/s, errors, wrong answers, RSS (MiB) |",
+            "|---|---|---|---|---|---|"]
+    for r in results:
+        p = r["phases"]
+        scale = p.get("scaling")
+        scaled = (f"{scale['ratio']:.2f}x ({scale['runs'][0]['tokens_per_s']:.0f} -> "
+                  f"{scale['runs'][1]['tokens_per_s']:.0f})" if scale else "-")
+        ttft = p.get("ttft")
+        first = (f"{ttft['ratio']:.2f}x ({ttft['alone_p50_s'] * 1000:.0f} / "
+                 f"{ttft['loaded_p50_s'] * 1000:.0f} ms)" if ttft else "-")
+        soak = p.get("soak")
+        soaked = "-"
+        if soak:
+            errors = sum(soak["errors"].values())
+            rss = soak["rss_every_10s_mib"]
+            soaked = (f"{soak['requests_per_s']:.1f}, {errors}, {soak['wrong_answers']}, "
+                      f"{rss[0]} -> {rss[-1]}" if rss else "")
+        batching = ("run_batch" if r.get("batched") else "one by one") if r.get("batching") \
+            else "no"
+        rows.append(f"| {r['label']} | {batching} | {'on' if r.get('speculate', True) else 'off'}"
+                    f" | {scaled} | {first} | {soaked} |")
+    return "\n".join(rows) + "\n"
+
+
 def write_report(paths: list[Path], out: Path) -> None:
     results = [json.loads(p.read_text()) for p in paths]
+    # the toy model first; batched before not; speculation on before off
+    results.sort(key=lambda r: (r["label"].split("-")[0] != "toy", not r.get("batching"),
+                                not r.get("speculate", True), r["label"]))
     notes = ""
     if out.exists() and MARKER in out.read_text():
         notes = out.read_text().split(MARKER, 1)[1]
@@ -113,4 +143,4 @@ def write_report(paths: list[Path], out: Path) -> None:
             "targets of the continuous-batching issue in parentheses. Generated from "
             "`bench/results/load_*.json`; notes by hand at the end.\n")
     body = "\n".join(section(r) for r in results)
-    out.write_text(f"{head}\n{body}\n{MARKER}{notes or chr(10)}")
+    out.write_text(f"{head}\n{summary(results)}\n{body}\n{MARKER}{notes or chr(10)}")
