@@ -15,10 +15,10 @@ from typing import Any
 
 import numpy as np
 
-from ...errors import ModelInputError
 from ...formats.cact import CactArchive
 from ...formats.needle3_geometry import V3Config
 from ..ops import rope_tables, rope_tables_pinned
+from ..token_ids import check_token_ids
 from .batch import run_batch
 from .exact_weights import exact_slots
 from .ladder import ladder_config, ladder_layer_indices
@@ -92,32 +92,8 @@ class V3Model:
         return self.weights.confidence is not None
 
     def check_ids(self, ids: Sequence[int] | np.ndarray, position: int = 0) -> np.ndarray:
-        """Token ids as int64, or a ModelInputError naming what is wrong."""
-        try:
-            tokens = np.asarray(ids)
-        except (TypeError, ValueError) as error:
-            raise ModelInputError(f"token ids must be integers: {error}") from None
-        if tokens.ndim == 0:
-            tokens = tokens.reshape(1)
-        if tokens.ndim != 1:
-            raise ModelInputError(f"token ids must be one sequence, got shape {tokens.shape}")
-        if tokens.size == 0:
-            raise ModelInputError("empty token sequence")
-        if not np.issubdtype(tokens.dtype, np.integer):
-            whole = np.issubdtype(tokens.dtype, np.floating) and np.all(tokens == np.round(tokens))
-            if not whole:
-                raise ModelInputError(f"token ids must be integers, got dtype {tokens.dtype}")
-        vocab = self.config.vocab
-        low, high = tokens.min(), tokens.max()
-        if low < 0 or high >= vocab:
-            bad = int(low if low < 0 else high)
-            raise ModelInputError(f"token id {bad} out of range [0, {vocab})")
-        limit = self.config.max_seq_len
-        if position + tokens.size > limit:
-            raise ModelInputError(
-                f"sequence of {position + tokens.size} tokens exceeds max_seq_len {limit}"
-            )
-        return tokens.astype(np.int64)
+        """Token ids as int64, or a ModelInputError naming what is wrong (`token_ids`)."""
+        return check_token_ids(ids, self.config.vocab, self.config.max_seq_len, position)
 
     def session(
         self, kv_window: int | None = None, *, trace: Trace | None = None, chunk: int = CHUNK

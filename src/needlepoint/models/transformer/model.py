@@ -19,9 +19,9 @@ from typing import Any
 
 import numpy as np
 
-from ...errors import ModelInputError
 from ...formats.checkpoints import open_checkpoint
 from ...kernels import i8_native
+from ..token_ids import check_token_ids
 from .int8 import RopeTable
 from .int8_fused import FusedBlock, fused_blocks
 from .layers import rope_angles
@@ -91,32 +91,8 @@ class TransformerModel:
         return None
 
     def check_ids(self, ids: Sequence[int] | np.ndarray, position: int = 0) -> np.ndarray:
-        """Token ids as int64, or a ModelInputError naming what is wrong."""
-        try:
-            tokens = np.asarray(ids)
-        except (TypeError, ValueError) as error:
-            raise ModelInputError(f"token ids must be integers: {error}") from None
-        if tokens.ndim == 0:
-            tokens = tokens.reshape(1)
-        if tokens.ndim != 1:
-            raise ModelInputError(f"token ids must be one sequence, got shape {tokens.shape}")
-        if tokens.size == 0:
-            raise ModelInputError("empty token sequence")
-        if not np.issubdtype(tokens.dtype, np.integer):
-            whole = np.issubdtype(tokens.dtype, np.floating) and np.all(tokens == np.round(tokens))
-            if not whole:
-                raise ModelInputError(f"token ids must be integers, got dtype {tokens.dtype}")
-        vocab = self.config.vocab
-        low, high = tokens.min(), tokens.max()
-        if low < 0 or high >= vocab:
-            bad = int(low if low < 0 else high)
-            raise ModelInputError(f"token id {bad} out of range [0, {vocab})")
-        limit = self.config.max_seq_len
-        if position + tokens.size > limit:
-            raise ModelInputError(
-                f"sequence of {position + tokens.size} tokens exceeds max_seq_len {limit}"
-            )
-        return tokens.astype(np.int64)
+        """Token ids as int64, or a ModelInputError naming what is wrong (`token_ids`)."""
+        return check_token_ids(ids, self.config.vocab, self.config.max_seq_len, position)
 
     def embed(self, tokens: np.ndarray, start: int) -> np.ndarray:
         """Block input [T, d] of tokens at positions start.. (learned positions added)."""
