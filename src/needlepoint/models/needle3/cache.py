@@ -22,14 +22,14 @@ F32 = np.float32
 LAZY_BYTES = 1 << 16
 
 
-def lazy_zeros(shape: tuple[int, ...]) -> np.ndarray:
-    """A float32 array of zeros in its own anonymous mapping: untouched pages stay
-    unallocated (np.zeros from a reused heap block would write, so hold, every page), and
-    the memory goes back to the system when the array is freed."""
-    nbytes = math.prod(shape) * 4
+def lazy_zeros(shape: tuple[int, ...], dtype=F32) -> np.ndarray:
+    """An array of zeros in its own anonymous mapping: untouched pages stay unallocated
+    (np.zeros from a reused heap block would write, so hold, every page), and the memory
+    goes back to the system when the array is freed."""
+    nbytes = math.prod(shape) * np.dtype(dtype).itemsize
     if nbytes < LAZY_BYTES:
-        return np.zeros(shape, F32)
-    return np.frombuffer(mmap.mmap(-1, nbytes), F32).reshape(shape)
+        return np.zeros(shape, dtype)
+    return np.frombuffer(mmap.mmap(-1, nbytes), dtype).reshape(shape)
 
 
 class LayerCache:

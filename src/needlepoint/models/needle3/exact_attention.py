@@ -13,22 +13,13 @@ or `max_len` linear slots; stores are lazily mapped (a page is resident once wri
 
 from __future__ import annotations
 
-import math
-import mmap
-
 import numpy as np
 
 from ...kernels import exact, pinned
+from .cache import lazy_zeros
 
 F32 = np.float32
-LAZY_BYTES = 1 << 16
 
-
-def _lazy(shape: tuple[int, ...], dtype) -> np.ndarray:
-    nbytes = math.prod(shape) * np.dtype(dtype).itemsize
-    if nbytes < LAZY_BYTES:
-        return np.zeros(shape, dtype)
-    return np.frombuffer(mmap.mmap(-1, nbytes), dtype).reshape(shape)
 
 
 # Positions a deploy session can rewind (`V3Session.rewind`): rings keep this many slots more
@@ -47,10 +38,10 @@ class Int8LayerCache:
         self.window = window
         self.max_len = max_len
         capacity = min(window + MAX_REWIND, max_len) if window else max_len
-        self.kcode = _lazy((kv_heads, capacity, qk_dim), np.int8)
-        self.kscale = _lazy((kv_heads, capacity), F32)
-        self.vcode = _lazy((kv_heads, capacity, v_dim), np.int8)
-        self.vscale = _lazy((kv_heads, capacity), F32)
+        self.kcode = lazy_zeros((kv_heads, capacity, qk_dim), np.int8)
+        self.kscale = lazy_zeros((kv_heads, capacity), F32)
+        self.vcode = lazy_zeros((kv_heads, capacity, v_dim), np.int8)
+        self.vscale = lazy_zeros((kv_heads, capacity), F32)
         self.filled = 0
         self.lag = conv_rows
         # raw q|k|v of position p in row p % len: the last `lag` before the next chunk are the
@@ -91,7 +82,7 @@ class Int8LayerCache:
         other.window, other.max_len, other.filled = self.window, self.max_len, self.filled
         for name in ("kcode", "kscale", "vcode", "vscale"):
             source = getattr(self, name)
-            fresh = _lazy(source.shape, source.dtype)
+            fresh = lazy_zeros(source.shape, source.dtype)
             fresh[:, : self.filled] = source[:, : self.filled]
             setattr(other, name, fresh)
         other.lag, other.raw, other.position = self.lag, self.raw.copy(), self.position
