@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -28,10 +28,14 @@ from ..errors import (
     ToolSchemaError,
 )
 from ..generation.content import ContentSchemaError
+from .auth import ApiKeyMiddleware, KeyChecker
 from .concurrency import ClientGone, EventPump, WorkerPool
 from .engine import ChatResult, Delta, Engine
 from .errors import ApiError, bad_request, body_too_large
 from .fields import validation_message
+from .metrics import Metrics, install_metrics
+from .observe import ObserveMiddleware
+from .playground import install_playground
 from .schemas import ChatCompletionRequest, ModelCard, ModelList, NativeCompleteRequest
 from .settings import (
     DEFAULT_MAX_BODY_BYTES,
@@ -57,6 +61,7 @@ def create_app(
     max_kv_bytes: int | None = DEFAULT_MAX_KV_BYTES,
     step_tokens: int | None = None,
     speculate: bool = True,
+    api_keys: Sequence[str] = (),
 ) -> FastAPI:
     """Build the server for one model: a `.cact` path or an already loaded model object.
 
@@ -68,6 +73,9 @@ def create_app(
     request (default: one per CPU). Bodies over `max_body_bytes` get 413.
     `needle_factory` replaces `needlepoint.Needle` (tests use it to inject a test double).
     `speculate=False` decodes without drafts (`Needle(speculate=False)`; same tokens).
+    With `api_keys`, every `/v1/*` route needs one of them (`server/auth.py`). `/metrics`
+    (`server/metrics.py`), `x-request-id` (`server/observe.py`) and the playground at `/`
+    (`server/playground.py`) are always on.
     """
     if max_body_bytes < 1:
         raise ValueError(f"max_body_bytes must be >= 1, got {max_body_bytes}")
@@ -82,6 +90,7 @@ def create_app(
                               step_tokens=step_tokens or DEFAULT_STEP_TOKENS)
         engine.scheduler = scheduler
     pool = WorkerPool(workers, max_queue)
+    metrics = Metrics(pool, scheduler)  # this app's own registry
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -95,9 +104,14 @@ def create_app(
     )
     app.state.engine = engine
     app.state.pool = pool
+    app.state.metrics = metrics
     _install_error_handlers(app)
     app.add_middleware(CatchAllMiddleware)
+    app.add_middleware(ApiKeyMiddleware, checker=KeyChecker(api_keys))
     app.add_middleware(BodyLimitMiddleware, limit=max_body_bytes)
+    app.add_middleware(ObserveMiddleware, metrics=metrics)  # outermost: ids, log, counts
+    install_metrics(app, metrics)
+    install_playground(app)
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
@@ -121,12 +135,12 @@ def create_app(
         ticket = pool.admit()
         if not req.stream:
             try:
-                result = await pool.run(ticket, job.run, cancel=job.cancel,
+                result = await pool.run(ticket, metrics.chat_run(job), cancel=job.cancel,
                                         gone=_disconnected(request))
             except ClientGone:
                 return Response(status_code=499)  # nobody is listening any more
             return JSONResponse(job.completion(result).model_dump())
-        pump = pool.stream(ticket, job.stream, job.cancel)
+        pump = pool.stream(ticket, metrics.chat_stream(job), job.cancel)
         # Wait for the first item before committing to a 200: errors found while preparing
         # (bad tool schema, prompt over the context) still become proper 4xx responses.
         try:
@@ -149,7 +163,7 @@ def create_app(
         job = engine.native_job(req)
         ticket = pool.admit()
         try:
-            envelope = await pool.run(ticket, job.run, cancel=job.cancel,
+            envelope = await pool.run(ticket, metrics.native_run(job), cancel=job.cancel,
                                       gone=_disconnected(request))
         except ClientGone:
             return Response(status_code=499)

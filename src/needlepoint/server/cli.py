@@ -8,7 +8,9 @@ FastAPI and uvicorn are imported only when the server actually starts, so the CL
 from __future__ import annotations
 
 import argparse
+import copy
 import os
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -21,8 +23,14 @@ from .settings import (
 )
 
 HELP = "serve a model over an OpenAI-compatible HTTP API (needs the 'server' extra)"
+
+
 class MissingExtraError(NeedlepointError, ImportError):
     """The server's dependencies (the `server` extra) are not installed."""
+
+
+class ServeOptionError(NeedlepointError, ValueError):
+    """A server option that cannot work (an empty API key, ...)."""
 
 
 def serve(
@@ -39,9 +47,12 @@ def serve(
     step_tokens: int | None = None,
     threads: int | None = None,
     speculate: bool = True,
+    api_keys: Sequence[str] | None = None,
 ) -> None:
     """Load `model` once (a path; None: `$NEEDLEPOINT_MODEL`, else the bundled demo model)
-    and serve it until interrupted (blocking). `threads`: `needlepoint.load(threads=...)`."""
+    and serve it until interrupted (blocking). `threads`: `needlepoint.load(threads=...)`.
+    `api_keys` plus `$NEEDLEPOINT_API_KEY`: the keys `/v1/*` accepts (none: open; a warning
+    when the address is reachable from other machines)."""
     try:
         import uvicorn
 
@@ -52,7 +63,12 @@ def serve(
             "pip install 'needlepoint[server]'"
         ) from None
     from ..models.hub import resolve_model_path
+    from .auth import KeyConfigError, exposure_warning, keys_from
 
+    try:
+        keys = keys_from(api_keys)
+    except KeyConfigError as error:
+        raise ServeOptionError(str(error)) from None
     if model is None or isinstance(model, str | os.PathLike):
         model = resolve_model_path(model)
         if threads is not None:
@@ -61,10 +77,25 @@ def serve(
             model = load_model(model, threads=threads)
     app = create_app(model, workers=workers, max_queue=max_queue, max_body_bytes=max_body_bytes,
                      batching=batching, max_kv_bytes=max_kv_bytes, step_tokens=step_tokens,
-                     speculate=speculate)
+                     speculate=speculate, api_keys=keys)
+    warning = exposure_warning(host, port, keys)
+    if warning is not None:
+        print(warning, file=sys.stderr, flush=True)
     # One process: parallelism comes from the app's worker threads, which share the weights;
     # uvicorn's own `workers` would fork N processes holding N copies of the model.
-    uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False)
+    # uvicorn's own access log is off: `needlepoint.access` (server/observe.py) writes one
+    # line per request with its x-request-id, through uvicorn's handler and format.
+    uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False,
+                log_config=_log_config(log_level))
+
+
+def _log_config(level: str) -> dict[str, Any]:
+    from uvicorn.config import LOGGING_CONFIG
+
+    config = copy.deepcopy(LOGGING_CONFIG)
+    config["loggers"]["needlepoint"] = {"handlers": ["default"], "level": level.upper(),
+                                        "propagate": False}
+    return config
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -119,6 +150,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="decode one forward pass per token (no drafts; same tokens)")
     from ..stages.options import add_stage_arguments
 
+    parser.add_argument("--api-key", dest="api_keys", action="append", metavar="KEY",
+                        help="require 'Authorization: Bearer KEY' on /v1/* (repeatable; also "
+                        "$NEEDLEPOINT_API_KEY)")
     add_stage_arguments(parser)  # --stages, --ray, --placement (docs/distributed.md)
 
 
@@ -139,6 +173,7 @@ def run(args: argparse.Namespace) -> int:
         step_tokens=args.step_tokens,
         threads=args.threads,
         speculate=getattr(args, "speculate", True),
+        api_keys=getattr(args, "api_keys", None),
     )
     return 0
 

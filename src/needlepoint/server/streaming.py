@@ -233,7 +233,9 @@ class ChunkWriter:
                 yield self._call_chunk(START, index, name)
             if index not in self.with_args:  # e.g. a call written without "arguments"
                 yield self._call_chunk(ARGS, index, arguments)
-        yield self._chunk(ChunkDelta(), finish_reason=result.finish_reason)
+        final = self._chunk(ChunkDelta(), finish_reason=result.finish_reason)
+        final["needlepoint"] = answer_stats(result.envelope)  # an extension; clients ignore it
+        yield final
         if self.include_usage:
             chunk = ChatCompletionChunk(
                 id=self.job.completion_id,
@@ -243,3 +245,15 @@ class ChunkWriter:
                 usage=result.usage(),
             )
             yield chunk.model_dump(exclude_none=True)
+
+
+STAT_TIMINGS = ("prefill_tokens", "decode_tokens", "prefill_s", "decode_s", "prefill_tps",
+                "decode_tps")
+
+
+def answer_stats(envelope: dict[str, Any]) -> dict[str, Any]:
+    """The extension object on a stream's finishing chunk (`"needlepoint"`): the answer's
+    confidence (None without a confidence head) and its prefill and decode speeds."""
+    timings = envelope.get("timings", {})
+    return {"confidence": envelope.get("confidence"),
+            "timings": {key: timings[key] for key in STAT_TIMINGS if key in timings}}
