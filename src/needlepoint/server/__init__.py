@@ -2,7 +2,7 @@
 
     needlepoint serve --model M.cact [--host 127.0.0.1 --port 8000 --workers N
                       --max-queue Q --max-body-bytes B --max-kv-bytes K --step-tokens T
-                      --no-batching]
+                      --no-batching --api-key KEY]
 
 Endpoints:
 
@@ -18,6 +18,12 @@ Endpoints:
   (type, function_calls, text, reasoning, confidence, timings).
 * `GET /v1/models`, `GET /v1/models/{id}`: the one served model, named after its file stem.
 * `GET /health`: status, worker count, requests in flight.
+* `GET /metrics`: Prometheus text (`metrics.py`); `GET /`: the browser playground
+  (`playground.py`, files in `static/`). Every response has an `x-request-id` (`observe.py`).
+
+With `--api-key KEY` (repeatable) or `$NEEDLEPOINT_API_KEY`, every `/v1/*` route needs
+`Authorization: Bearer KEY`, else 401 (`auth.py`); `/health`, `/metrics` and `/` stay open.
+Details: `docs/server.md`.
 
 Message mapping (see `conversation.py`, `history.py`): system/developer messages -> the
 system text; the first user message -> the query with the tools; earlier assistant answers
