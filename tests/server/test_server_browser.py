@@ -42,18 +42,32 @@ def test_playground_streams_a_tool_call_and_continues() -> None:
             expect.set_options(timeout=TIMEOUT_MS)
             urls: list[str] = []
             errors: list[str] = []
+            bodies: list[dict] = []  # the chat requests the page sent
             page.on("request", lambda request: urls.append(request.url))
+            page.on("request", lambda request: bodies.append(request.post_data_json)
+                    if request.url.endswith("/v1/chat/completions") else None)
             page.on("pageerror", lambda error: errors.append(str(error)))
             page.goto(f"{origin}/")
             run_page(page, tool_names)
             if os.environ.get("NEEDLEPOINT_PLAYGROUND_SCREENSHOT"):
                 page.locator("#tools").evaluate("editor => { editor.scrollTop = 0; }")
                 page.screenshot(path=os.environ["NEEDLEPOINT_PLAYGROUND_SCREENSHOT"])
+            controls(page)
         finally:
             browser.close()
     assert not errors, errors
     assert urls and all(u.startswith(origin + "/") for u in urls), urls
-    assert f"{origin}/v1/chat/completions" in urls
+    assert len(bodies) == 3
+    first, result, plain = bodies
+    assert first["stream"] is True and first["temperature"] == 0
+    assert first["tool_choice"] == "auto"
+    assert [t["function"]["name"] for t in first["tools"]] == tool_names
+    assert first["messages"] == [{"role": "user", "content": "wake me up at 06:45"}]
+    assert [m["role"] for m in result["messages"]] == ["user", "assistant", "tool"]
+    call_id = result["messages"][1]["tool_calls"][0]["id"]
+    assert result["messages"][2]["tool_call_id"] == call_id
+    assert plain["tool_choice"] == "none" and plain["temperature"] == 0.7
+    assert plain["messages"] == [{"role": "user", "content": "hello there"}]  # a new chat
 
 
 def run_page(page: Page, tool_names: list[str]) -> None:
@@ -106,3 +120,17 @@ def run_page(page: Page, tool_names: list[str]) -> None:
     expect(page.locator(".msg.assistant .stats")).to_have_count(2)
     expect(page.locator("#error")).to_be_hidden()
     expect(page.locator("#send")).to_be_enabled()
+
+
+def controls(page: Page) -> None:
+    """tool_choice "none" and a temperature, in a new chat: a text answer, no call."""
+    page.click("#reset")
+    expect(page.locator(".msg")).to_have_count(0)
+    page.select_option("#tool-choice", "none")
+    page.locator("#temperature").fill("0.7")
+    page.fill("#query", "hello there")
+    page.click("#send")
+    stats = page.locator(".msg.assistant .stats")
+    expect(stats).to_have_count(1)
+    expect(stats).to_contain_text(re.compile(r"finish: (stop|length)"))
+    expect(page.locator(".msg.assistant .tool-call")).to_have_count(0)
