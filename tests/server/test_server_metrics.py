@@ -189,6 +189,40 @@ def test_live_gauges_while_requests_run(model: Any,  # noqa: F811
         assert value(done, "needlepoint_time_to_first_token_seconds_count") == 2
 
 
+class FailingNeedle(needlepoint.Needle):
+    """A real Needle whose generation fails after its first delta (an engine bug)."""
+
+    def stream(self, text: str, **options: Any) -> Iterator[Any]:
+        events = super().stream(text, **options)
+        yield next(events)
+        raise RuntimeError("engine failure")
+
+
+def test_failed_answers_are_counted(model: Any,  # noqa: F811
+                                    examples: list[dict[str, Any]]) -> None:  # noqa: F811
+    """A 500, and a stream that fails after its 200 (in-band error): both counted."""
+    example = examples[0]
+    app = create_app(model, workers=1, model_name=MODEL_ID, needle_factory=FailingNeedle)
+    with ServerThread(app) as server:
+        client = server.client()
+        with pytest.raises(openai.InternalServerError):
+            client.chat.completions.create(model=MODEL_ID, messages=user(example["query"]),
+                                           tools=openai_tools(example["tools"]))
+        with pytest.raises(openai.APIError):
+            collect_stream(client.chat.completions.create(
+                model=MODEL_ID, messages=user(example["query"]),
+                tools=openai_tools(example["tools"]), stream=True))
+        samples = scrape(server)
+    assert value(samples, "needlepoint_answers_failed_total", endpoint="chat",
+                 error="RuntimeError") == 2
+    chat = "/v1/chat/completions"
+    assert value(samples, "needlepoint_http_requests_total", route=chat, method="POST",
+                 status="500") == 1
+    assert value(samples, "needlepoint_http_requests_total", route=chat, method="POST",
+                 status="200") == 1  # the stream had started
+    assert total(samples, "needlepoint_answers_total") == 0
+
+
 class _Pool:
     def stats(self) -> dict[str, int]:
         return {"workers": 3, "max_queue": 5, "in_flight": 7, "peak_in_flight": 7}

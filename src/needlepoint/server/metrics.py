@@ -52,6 +52,9 @@ class Metrics:
                                          "for the answered requests", registry=r)
         self.answers = Counter(f"{PREFIX}_answers", "Model answers completed, by endpoint "
                                "and finish reason", ["endpoint", "finish_reason"], registry=r)
+        self.failed = Counter(f"{PREFIX}_answers_failed", "Model answers that ended in an "
+                              "error (a streamed one after its 200: reported in-band), by "
+                              "endpoint and error class", ["endpoint", "error"], registry=r)
         self.decode_passes = Counter(f"{PREFIX}_decode_passes", "Forward passes after the "
                                      "prefill (fewer than the tokens when drafts are accepted)",
                                      registry=r)
@@ -106,6 +109,9 @@ class Metrics:
                         self.ttft.observe(time.perf_counter() - start)
                         first = False
                     yield item
+            except Exception as error:
+                self.failed.labels("chat", type(error).__name__).inc()
+                raise
             finally:
                 inner.close()  # a cancelled stream ends its job (and lease) now
 
@@ -127,7 +133,11 @@ class Metrics:
         """`job.run` of `/v1/needlepoint/complete`, counted (not streamed: no first token)."""
 
         def run() -> dict[str, Any]:
-            envelope = job.run()
+            try:
+                envelope = job.run()
+            except Exception as error:
+                self.failed.labels("native", type(error).__name__).inc()
+                raise
             timings = envelope.get("timings", {})
             self.record_envelope("native", int(timings.get("prefill_tokens", 0)),
                                  int(timings.get("decode_tokens", 0)),
