@@ -26,6 +26,7 @@ import needlepoint
 from needlepoint.errors import (
     StageLostError,
     StageNonFiniteError,
+    StagePlacementError,
     StageSessionLostError,
     StageStartError,
 )
@@ -253,11 +254,11 @@ def test_server_stays_healthy_when_a_stage_dies(cluster):
 
 def test_stage_that_never_starts_is_an_error_at_load(cluster):
     started = time.monotonic()
-    with pytest.raises(StageStartError, match=r"stage 1 \(layers 2-3\) did not start within "
-                       r"3 s .*no node in the Ray cluster offers resource nowhere") as caught:
-        _ray(fixture_path("tiny"), 2, ["node_a", "nowhere"], start_timeout_s=3)
+    with pytest.raises(StagePlacementError, match=r"stage 1 \(layers 2-3\): no node of the "
+                       r"Ray cluster offers resource nowhere") as caught:
+        _ray(fixture_path("tiny"), 2, ["node_a", "nowhere"], start_timeout_s=60)
     assert caught.value.stage == 1
-    assert time.monotonic() - started < 30
+    assert time.monotonic() - started < 5
     # a stage whose process cannot open the archive (as on a node without the file)
     from needlepoint.stages.ray_transport import RayTransport
     from needlepoint.stages.stage import StageSpec
@@ -287,3 +288,27 @@ def test_stalled_stage_times_out_naming_it(cluster):
         finally:
             os.kill(pid, signal.SIGCONT)
         assert_bits(staged.session().prefill(ids), model("tiny").forward(ids)[-1])
+
+
+def test_placement_that_cannot_fit_fails_fast_and_stage_cpus_shares(cluster):
+    """Each node has 2 CPUs: 4 one-CPU stages pinned to node_a cannot fit (a typed error
+    within 5 s, naming the CPUs and the fix, no actor left behind); with stage_cpus=0.5 they
+    share node_a's 2 CPUs on purpose and give the single-process logits; 3 two-CPU stages
+    exceed the cluster's 4 CPUs."""
+    import ray
+
+    ids = long_prompt("tiny", 40)
+    for placement, options, numbers in (
+            (["node_a"] * 4, {}, r"4 stages reserve 4 CPUs .* offer 127.0.0.1: 2 CPUs"),
+            (None, {"stage_cpus": 2}, r"3 stages reserve 6 CPUs")):
+        cpus_before = ray.available_resources().get("CPU")
+        started = time.monotonic()
+        with pytest.raises(StagePlacementError, match=numbers) as caught:
+            _ray(fixture_path("tiny"), [0, 1, 2, 3][: 4 if placement else 3], placement,
+                 **options)
+        assert time.monotonic() - started < 5
+        assert "--stage-cpus 0.5" in str(caught.value)
+        assert ray.available_resources().get("CPU") == cpus_before  # no actor reserved any
+    with _ray(fixture_path("tiny"), 4, ["node_a"] * 4, stage_cpus=0.5) as staged:
+        assert {i["host"] for i in staged.stage_info()} == {socket.gethostname()}
+        assert_bits(staged.forward(ids), model("tiny").forward(ids), "stage_cpus=0.5")

@@ -24,6 +24,7 @@ from ..models.loader import resolve_threads
 from ..models.needle3.model import NUMERICS, V3Model
 from ..models.needle3.session import CHUNK
 from .parts import head_weights, rung
+from .placement import check_stage_cpus
 from .plan import StagePlan, plan_stages
 from .session import StagedSession
 from .stage import StageSpec
@@ -136,6 +137,7 @@ def load_staged(
     threads: int | None = None,
     start_timeout_s: float = 120.0,
     call_timeout_s: float = 300.0,
+    stage_cpus: float | None = None,
 ) -> StagedModel:
     """Load a Needle 3 `.cact` archive cut into `stages` (a count, balanced by weight bytes,
     or the first layer of each stage, e.g. `[0, 7, 14]`).
@@ -145,7 +147,10 @@ def load_staged(
     default, `$RAY_ADDRESS` or a new local instance); `placement` puts stage k where its
     entry says (`ray_transport.actor_options`: a custom resource name, `{"label": value}`
     node labels as `label_selector`, or a dict of Ray actor options); without it the stages
-    are spread over the nodes. Every node must see the archive at `path`. A stage that does
+    are spread over the nodes. Each stage reserves `stage_cpus` CPUs on its node (default:
+    `threads`; a fraction such as 0.5 lets stages share a CPU on purpose); stages that cannot
+    all fit the cluster's nodes are a `StagePlacementError` before any actor starts. Every
+    node must see the archive at `path`. A stage that does
     not start within `start_timeout_s` is a `StageStartError`; a call with no answer within
     `call_timeout_s` a `StageLostError`.
     """
@@ -156,8 +161,10 @@ def load_staged(
         raise StagePlanError(f"transport must be one of {TRANSPORTS}, got {transport!r}")
     if numerics not in NUMERICS:
         raise ValueError(f"numerics must be one of {NUMERICS}, got {numerics!r}")
-    if transport != "ray" and (ray_address is not None or placement is not None):
-        raise StagePlanError("ray_address= and placement= need transport='ray'")
+    if transport != "ray" and (ray_address is not None or placement is not None
+                               or stage_cpus is not None):
+        raise StagePlanError("ray_address=, placement= and stage_cpus= need transport='ray'")
+    stage_cpus = check_stage_cpus(stage_cpus)
     threads = resolve_threads(threads)
     if is_checkpoint(path):
         raise StagePlanError(f"{path}: Hugging Face / GGUF models are not supported with "
@@ -180,7 +187,7 @@ def load_staged(
             raise StagePlanError(f"placement has {len(placement)} entries for {len(plan)} "
                                  "stages")
         carrier: Any = RayTransport(specs, ray_address, placement, start_timeout_s,
-                                    call_timeout_s)
+                                    call_timeout_s, stage_cpus)
     else:
         from .local import LocalTransport
 
