@@ -22,8 +22,8 @@ from needlepoint.errors import (
     StagePlanError,
     StageSessionLostError,
 )
-from needlepoint.stages import StagedModel, load_staged, plan_stages
 from needlepoint.models.needle3.parts import layer_bytes
+from needlepoint.stages import StagedModel, load_staged, plan_stages
 from needlepoint.stages.plan import balanced_cuts
 
 TOOLS = REPO_ROOT / "examples" / "tools.json"

@@ -31,7 +31,8 @@ def parse_placement(text: str) -> list[str]:
 def add_stage_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stages", type=parse_stages, default=None, metavar="N|A,B,...",
                         help="cut the model into N stages (balanced by weight bytes), or at "
-                        "these first layers (0,7,14); Needle 3 only (docs/distributed.md)")
+                        "these first layers (0,7,14); Needle 3, Hugging Face and GGUF models "
+                        "(docs/distributed.md)")
     parser.add_argument("--ray", metavar="ADDRESS", default=None,
                         help="run the stages as Ray actors on the cluster at ADDRESS "
                         "(host:port of `ray start --head`; needs the 'ray' extra)")
@@ -60,6 +61,8 @@ def staged_from_args(model: str | os.PathLike[str] | None, args: argparse.Namesp
     from ..models.hub import resolve_model_path
     from .model import load_staged
 
-    return load_staged(resolve_model_path(model), stages, transport="ray" if address else "local",
-                       ray_address=address, placement=placement, stage_cpus=stage_cpus,
+    # a Hugging Face directory or a known name ("smollm2") is resolved by load_staged
+    return load_staged(resolve_model_path(None) if model is None else model, stages,
+                       transport="ray" if address else "local", ray_address=address,
+                       placement=placement, stage_cpus=stage_cpus,
                        threads=getattr(args, "threads", None))
