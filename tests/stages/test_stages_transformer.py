@@ -110,3 +110,30 @@ def test_load_and_cli_take_transformer_stages():
             assert staged.plan.cuts == (0, 1, 3) and staged.numerics == "int8"
             ids = _ids(staged.config.vocab, 12)
             assert_bits(staged.forward(ids), needlepoint.load(path).forward(ids), command)
+
+
+@pytest.mark.parametrize("stages", [2, 3, 4])
+def test_smollm2_in_two_three_four_stages(stages):
+    """SmolLM2-135M (Q4_1 GGUF, 30 blocks) balanced into 2, 3, 4 stages: forward, chunked
+    prefill and steps are the single-process int8 bits."""
+    from hf_helpers import SmolLM2Reference
+
+    path = SmolLM2Reference().path
+    reference = _smollm2(path)
+    ids = _ids(reference.config.vocab, 48, seed=stages)
+    expected = reference.forward(ids)
+    with load_staged(path, stages, numerics="int8") as staged:
+        assert len(staged.plan) == stages and staged.plan.ranges[-1].end == 30
+        assert_bits(staged.forward(ids), expected, f"smollm2 forward, {stages} stages")
+        session = staged.session(chunk=13)
+        assert_bits(session.prefill(ids[:44]), expected[43])
+        assert_bits(np.stack([session.step(int(t)) for t in ids[44:]]), expected[44:])
+
+
+_SMOLLM2: dict = {}
+
+
+def _smollm2(path):
+    if path not in _SMOLLM2:
+        _SMOLLM2[path] = needlepoint.load(path, numerics="int8")
+    return _SMOLLM2[path]
