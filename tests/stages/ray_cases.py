@@ -312,3 +312,42 @@ def test_placement_that_cannot_fit_fails_fast_and_stage_cpus_shares(cluster):
     with _ray(fixture_path("tiny"), 4, ["node_a"] * 4, stage_cpus=0.5) as staged:
         assert {i["host"] for i in staged.stage_info()} == {socket.gethostname()}
         assert_bits(staged.forward(ids), model("tiny").forward(ids), "stage_cpus=0.5")
+
+
+def test_transformers_across_two_nodes(cluster):
+    """tiny Llama and tiny GPT-2 (int8) at every split, alternating nodes, and SmolLM2 in 2
+    stages: forward and steps bit-identical to one process; a rewind reaches every node."""
+    from hf_helpers import SmolLM2Reference, hf_fixture_dir
+    from stages_helpers import all_cut_sets
+
+    for name in ("llama-tiny", "gpt2-tiny"):
+        path = hf_fixture_dir(name)
+        reference = needlepoint.load(path, numerics="int8")
+        ids = np.random.default_rng(1).integers(3, reference.config.vocab, 50)
+        expected = reference.forward(ids)
+        for cuts in all_cut_sets(4):
+            with _ray(path, cuts, _alternate(len(cuts)), numerics="int8") as staged:
+                assert_bits(staged.forward(ids), expected, f"{name} {cuts}")
+    path = SmolLM2Reference().path
+    reference = needlepoint.load(path, numerics="int8")
+    ids = np.random.default_rng(2).integers(3, reference.config.vocab, 40)
+    expected = reference.forward(ids)
+    with _ray(path, 2, ["node_a", "node_b"], numerics="int8") as staged:
+        assert {i["host"] for i in staged.stage_info()} == {socket.gethostname()}
+        session = staged.session(chunk=16)
+        assert_bits(session.prefill(ids[:36]), expected[35], "smollm2 prefill")
+        session.extend(np.full(5, 77))
+        session.rewind(5)
+        assert_bits(np.stack([session.step(int(t)) for t in ids[36:]]), expected[36:])
+
+
+def test_rewind_across_nodes(cluster):
+    reference = model("tiny")
+    ids = long_prompt("tiny", 120)
+    expected = reference.forward(ids)
+    with _ray(fixture_path("tiny"), [0, 2], ["node_a", "node_b"]) as staged:
+        session = staged.session(chunk=32)
+        session.prefill(ids[:100])
+        session.extend(np.full(30, 40))
+        session.rewind(30)
+        assert_bits(session.extend(ids[100:]), expected[100:], "after a rewind")
