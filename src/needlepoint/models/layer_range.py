@@ -18,7 +18,7 @@ stage holds (only those weights); `needlepoint.stages` uses nothing else of `mod
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -76,6 +76,13 @@ class LayerRange(Protocol):
         """Blocks `first .. end-1` over one chunk at positions `start ..`: `x` is the
         embedding rows when `first == 0`, else the previous block's output; `state` holds
         the blocks' caches (advanced in place)."""
+
+    def run_layers_batch(self, first: int, end: int, xs: Sequence[np.ndarray],
+                         states: Sequence[Any], starts: Sequence[int],
+                         sides: Sequence[Mapping[int, tuple[np.ndarray, ...]]]
+                         ) -> list[np.ndarray]:
+        """`run_layers` for one chunk of each of several sequences (a micro-batch): each
+        output is the same bits as that chunk run alone (exact numerics)."""
 
     def final_rows(self, x: np.ndarray, want: str) -> np.ndarray:
         """The last block's output reduced to the rows the head reads out ("all" / "last")."""

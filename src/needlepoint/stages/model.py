@@ -25,6 +25,7 @@ from ..errors import StagePlanError
 from ..models.layer_range import LayerRange
 from ..models.loader import resolve_threads
 from ..models.parts import load_part, part_numerics
+from .pipeline import run_batch
 from .placement import check_stage_cpus
 from .plan import StagePlan, plan_stages
 from .session import StagedSession
@@ -44,6 +45,7 @@ class StagedModel:
         self.quantized = part.quantized
         self.plan = plan
         self.transport = transport
+        self.micro_batches: int | None = None  # run_batch: None = one per stage
 
     def check_ids(self, ids: Sequence[int] | np.ndarray, position: int = 0) -> np.ndarray:
         """Token ids as int64, or a ModelInputError naming what is wrong."""
@@ -91,14 +93,11 @@ class StagedModel:
             session.close()
 
     def run_batch(self, requests: Sequence[tuple[StagedSession, Any, bool]]) -> list[np.ndarray]:
-        """Per request (session, ids, all_logits): every request is submitted before any is
-        waited for, so the stages pipeline across requests (stage k works on request i
-        while stage k-1 works on request i+1); each request's logits are its own bits."""
-        if len({id(s) for s, _, _ in requests}) != len(requests):
-            raise ValueError("run_batch: each session may appear once per call")
-        launched = [s.launch(ids, "all" if every else "last") for s, ids, every in requests]
-        results = [s.finish(item) for (s, _, _), item in zip(requests, launched, strict=True)]
-        return [r if every else r[-1] for r, (_, _, every) in zip(results, requests, strict=True)]
+        """Per request (session, ids, all_logits): the requests go through the stages in
+        `micro_batches` micro-batches (default: one per stage), every one submitted before
+        any is waited for, so stage k works on micro-batch m while stage k+1 works on m-1
+        (`pipeline.py`); each request's logits are its own bits (exact numerics)."""
+        return run_batch(self, requests, self.micro_batches)
 
     def stage_info(self) -> list[dict]:
         """Per stage: its layers, process id, host, RSS, resident archive bytes, sessions

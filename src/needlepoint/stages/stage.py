@@ -139,6 +139,38 @@ class Stage:
     def run(self, sid: str, start: int, x: np.ndarray, side: dict, want: str | None):
         """Blocks of this stage for one chunk at positions `start ..`; `want` (last stage):
         "all" / "last" rows for the head's read-out, or "none"."""
+        return self.run_many([(sid, start, side, want)], [x])[0]
+
+    def run_many(self, items: list, xs: list) -> list:
+        """A micro-batch: one chunk of each of several sessions, `items` = (sid, start,
+        side, want) and `xs` their inputs (the previous stage's `run_many` result, passed
+        whole so a Ray object reference resolves); one output each, as `run` gives."""
+        spec = self.spec
+        sessions, inputs, sides = [], [], []
+        for (sid, start, side, _), x in zip(items, xs, strict=True):
+            session, x, side = self._accept(sid, start, x, side)
+            sessions.append(session)
+            inputs.append(x)
+            sides.append(side)
+        starts = [start for _, start, _, _ in items]
+        states = [session.state for session in sessions]
+        try:
+            if len(items) == 1:
+                outs = [self.part.run_layers(spec.first, spec.end, inputs[0], states[0],
+                                             starts[0], sides[0])]
+            else:
+                outs = self.part.run_layers_batch(spec.first, spec.end, inputs, states,
+                                                  starts, sides)
+        except BaseException as error:
+            for session in sessions:
+                session.broken = f"{type(error).__name__} in {spec.name}"
+            if isinstance(error, NonFiniteActivationError) and not isinstance(error, StageError):
+                raise StageNonFiniteError(f"{spec.name}: {error}", spec.index) from None
+            raise
+        return [self._emit(session, out, start, want)
+                for session, out, (_, start, _, want) in zip(sessions, outs, items, strict=True)]
+
+    def _accept(self, sid: str, start: int, x: np.ndarray, side: dict | None):
         spec = self.spec
         session = self._session(sid)
         if start != session.position:
@@ -150,7 +182,6 @@ class Stage:
             session.broken = "non-finite input"
             raise StageNonFiniteError(f"{spec.name} received non-finite activations from "
                                       f"{source} (chunk at position {start})", spec.index)
-        x = own_buffer(x)
         inputs = {}
         for block, arrays in (side or {}).items():
             inputs[block] = tuple(own_buffer(a) for a in arrays)
@@ -159,17 +190,11 @@ class Stage:
                 raise StageNonFiniteError(
                     f"{spec.name} received non-finite side inputs (engram keys/values) for "
                     f"layer {block} from the head (chunk at position {start})", spec.index)
-        try:
-            out = self.part.run_layers(spec.first, spec.end, x, session.state, start, inputs)
-        except NonFiniteActivationError as error:
-            session.broken = f"{type(error).__name__} in {spec.name}"
-            if isinstance(error, StageError):
-                raise
-            raise StageNonFiniteError(f"{spec.name}: {error}", spec.index) from None
-        except BaseException as error:
-            session.broken = f"{type(error).__name__} in {spec.name}"
-            raise
-        session.position = start + x.shape[0]
+        return session, own_buffer(x), inputs
+
+    def _emit(self, session: _Session, out: np.ndarray, start: int, want: str | None):
+        spec = self.spec
+        session.position = start + out.shape[0]
         if not finite(out):
             session.broken = "non-finite output"
             target = "the head" if spec.last else f"stage {spec.index + 1}"

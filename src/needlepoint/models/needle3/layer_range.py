@@ -269,6 +269,45 @@ class V3Part:
             state.cells.append(cells)
         return lanes
 
+    def run_layers_batch(self, first: int, end: int, xs: Sequence[np.ndarray],
+                         states: Sequence[V3RangeState], starts: Sequence[int],
+                         sides: Sequence[Mapping[int, tuple[np.ndarray, ...]]]
+                         ) -> list[np.ndarray]:
+        """`run_layers` for chunks of several sequences at once: deploy numerics run one
+        stacked pass (each block's products read its weights once for every row; each
+        sequence attends its own cache), whose rows are the same bits as alone (batch
+        invariance, docs/numerics.md); float numerics run each chunk on its own."""
+        if not self.quantized or len(xs) == 1:
+            return [self.run_layers(first, end, x, state, start, side)
+                    for x, state, start, side in zip(xs, states, starts, sides, strict=True)]
+        rows, at = [], 0
+        for x in xs:
+            rows.append(slice(at, at + x.shape[0]))
+            at += x.shape[0]
+        lanes = np.concatenate(xs)
+        if first == 0:
+            lanes = np.repeat(lanes[:, None, :], self.config.mhc_lanes, axis=1)
+        frames = [ChunkFrame.build(self.step_plan, start, x.shape[0])
+                  for x, start in zip(xs, starts, strict=True)]
+        keep = [state.cells is not None for state in states]
+        cells = np.empty((at, end - first, lanes.shape[-1]), F32) if any(keep) else None
+        for index in range(first, end):
+            parts = [(r, state.caches[index], frame)
+                     for r, state, frame in zip(rows, states, frames, strict=True)]
+            kv = None
+            if index in sides[0]:
+                kv = tuple(np.concatenate([side[index][j] for side in sides]) for j in range(2))
+            try:
+                lanes = run_block(self, index, lanes, parts, kv)
+            except NonFiniteActivationError as error:
+                raise type(error)(f"layer {index}: {error}") from None
+            if cells is not None:
+                cell_row(lanes, True, out=cells[:, index - first])
+        for r, state, kept in zip(rows, states, keep, strict=True):
+            if kept:
+                state.cells.append(cells[r])
+        return [lanes[r] for r in rows]
+
     def final_rows(self, x: np.ndarray, want: str) -> np.ndarray:
         rows = x if want == "all" else x[-1:]
         return cell_row(rows, True) if self.quantized else rows.mean(axis=1)

@@ -126,6 +126,14 @@ class TransformerPart:
                    side: Mapping[int, Any] | None = None) -> np.ndarray:
         return self.model.run_layers(first, end, x, state, start)
 
+    def run_layers_batch(self, first: int, end: int, xs: Sequence[np.ndarray],
+                         states: Sequence[CachesState], starts: Sequence[int],
+                         sides: Sequence[Mapping[int, Any]]) -> list[np.ndarray]:
+        """`run_layers` for chunks of several sequences, one after the other (each row's
+        products are its own: the same bits as alone)."""
+        return [self.run_layers(first, end, x, state, start)
+                for x, state, start in zip(xs, states, starts, strict=True)]
+
     def final_rows(self, x: np.ndarray, want: str) -> np.ndarray:
         return x if want == "all" else x[-1:]
 

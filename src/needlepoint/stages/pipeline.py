@@ -1,0 +1,112 @@
+"""Pipelining across requests: `run_batch` of a staged model in micro-batches.
+
+The requests of one call (the scheduler's engine step: every live request's next token or
+prefill chunk) are split into K micro-batches for K stages (`micro_batches`, default K).
+Each micro-batch round is one `run_many` call per stage, and every call is submitted before
+the head waits for any, so stage k works on micro-batch m while stage k+1 works on m-1: the
+stages are busy at once instead of K-1 of them waiting. A stage runs its micro-batch as one
+stacked pass where the family can (Needle 3 deploy numerics: each block reads its weights
+once for all rows) and chunk by chunk otherwise; in exact numerics every request's logits
+are the same bits as alone (batch invariance, docs/numerics.md). Requests whose prompts span
+several chunks take one round per chunk, in order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..errors import NonFiniteActivationError, StageNonFiniteError
+from .stage import finite
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .model import StagedModel
+    from .session import StagedSession
+
+
+def groups(count: int, parts: int) -> list[range]:
+    """`count` items cut into at most `parts` contiguous groups of near-equal size."""
+    parts = max(1, min(parts, count))
+    size, extra = divmod(count, parts)
+    out, at = [], 0
+    for k in range(parts):
+        end = at + size + (1 if k < extra else 0)
+        out.append(range(at, end))
+        at = end
+    return out
+
+
+def _chunks(session: StagedSession, ids: Any, every: bool) -> tuple[np.ndarray, list]:
+    """The head's work for each chunk of one request: (start, Embedded, rows wanted)."""
+    part = session.model.part
+    tokens = part.check_ids(ids, session.position)
+    session._usable()
+    start, out = session.position, []
+    for first in range(0, len(tokens), session.chunk):
+        chunk = tokens[first : first + session.chunk]
+        last = first + session.chunk >= len(tokens)
+        rows = "all" if every else ("last" if last else "none")
+        try:
+            embedded = part.embed(session.head, chunk, start)
+        except NonFiniteActivationError as error:
+            raise StageNonFiniteError(f"the head (embedding / engram lookups, chunk at "
+                                      f"position {start}): {error}") from None
+        if not finite(embedded.x) or not all(
+                finite(a) for arrays in embedded.side.values() for a in arrays):
+            raise StageNonFiniteError(f"the head computed non-finite embeddings or engram "
+                                      f"values (chunk at position {start}); not sent to "
+                                      f"stage 0")
+        out.append((start, embedded, rows))
+        start += len(chunk)
+    return tokens, out
+
+
+def run_batch(model: StagedModel, requests: Sequence[tuple[StagedSession, Any, bool]],
+              micro_batches: int | None = None) -> list[np.ndarray]:
+    """Per request (session, ids, all_logits): its logits ([len(ids), vocab] if all_logits,
+    else the last row), the stages pipelined over `micro_batches` micro-batches."""
+    sessions = [session for session, _, _ in requests]
+    if len({id(s) for s in sessions}) != len(sessions):
+        raise ValueError("run_batch: each session may appear once per call")
+    transport, ranges = model.transport, model.plan.ranges
+    last = len(ranges) - 1
+    try:
+        work = [_chunks(session, ids, every) for session, ids, every in requests]
+        pending = []  # (micro-batch request indices, the last stage's future)
+        rounds = max(len(chunks) for _, chunks in work)
+        for r in range(rounds):
+            live = [i for i in range(len(requests)) if r < len(work[i][1])]
+            for group in groups(len(live), micro_batches or len(ranges)):
+                members = [live[g] for g in group]
+                chunks = [work[i][1][r] for i in members]
+                sent: Any = [embedded.x for _, embedded, _ in chunks]
+                for k, stage in enumerate(ranges):
+                    items = [(sessions[i].sid, start,
+                              {b: v for b, v in embedded.side.items()
+                               if stage.first <= b < stage.end},
+                              rows if k == last else None)
+                             for i, (start, embedded, rows) in zip(members, chunks, strict=True)]
+                    sent = transport.submit(k, "run_many", items, sent)
+                pending.append((members, sent))
+        outputs: list[list[np.ndarray]] = [[] for _ in requests]
+        for (members, _), results in zip(pending, transport.gather([f for _, f in pending]),
+                                         strict=True):
+            for i, rows in zip(members, results, strict=True):
+                if rows is None:
+                    continue
+                if not finite(rows):
+                    raise StageNonFiniteError(f"the head received non-finite activations "
+                                              f"from stage {last}")
+                outputs[i].append(model.part.readout(np.asarray(rows)))
+    except BaseException as error:
+        for session in sessions:
+            session._fail(error)
+        raise
+    results = []
+    for (session, _, every), (tokens, _), parts in zip(requests, work, outputs, strict=True):
+        session.tokens = np.concatenate([session.tokens, tokens])
+        logits = np.concatenate(parts) if len(parts) > 1 else parts[0]
+        results.append(logits if every else logits[-1])
+    return results
