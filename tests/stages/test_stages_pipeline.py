@@ -17,7 +17,7 @@ from v3_helpers import model
 
 import needlepoint
 from needlepoint.stages import load_staged
-from needlepoint.stages.pipeline import groups
+from needlepoint.stages.pipeline import default_micro_batches, groups
 
 
 def test_groups_cut_contiguously_and_evenly():
@@ -64,17 +64,22 @@ def test_eight_requests_pipelined_are_the_bits_alone(name):
 
 def test_micro_batches_are_all_in_flight_before_the_head_waits():
     """8 one-token steps on 3 stages: 3 micro-batches, each a chain of 3 `run_many` calls,
-    all 9 submitted before the single gather."""
+    all 9 submitted before the head waits for the first (then it reads each out in turn)."""
     prompts = [long_prompt("tiny", 20)[k:] for k in range(8)]
     with load_staged(fixture_path("tiny"), [0, 1, 3], cache=False) as staged:
         sessions = [staged.session() for _ in prompts]
         staged.run_batch([(s, p, False) for s, p in zip(sessions, prompts, strict=True)])
         staged.transport = recorder = _Recorder(staged.transport)
+        staged.micro_batches = 3
         staged.run_batch([(s, [5], False) for s in sessions])
         submits = [e for e in recorder.log if e[0] == "submit"]
         assert [e[2] for e in submits] == ["run_many"] * 9
         assert [e[1] for e in submits] == [0, 1, 2] * 3
-        assert recorder.log[9:] == [("gather", 3)]
+        assert recorder.log[9:] == [("gather", 1)] * 3
+        assert default_micro_batches(staged, 8) == 6  # stacking stages: 2 per stage
+        assert default_micro_batches(staged, 4) == 4
+    with load_staged(hf_fixture_dir("llama-tiny"), 2) as staged:
+        assert default_micro_batches(staged, 8) == 8  # chunk by chunk: one per request
 
 
 def test_scheduler_steps_on_a_staged_model_give_the_single_process_tokens():

@@ -45,7 +45,7 @@ class StagedModel:
         self.quantized = part.quantized
         self.plan = plan
         self.transport = transport
-        self.micro_batches: int | None = None  # run_batch: None = one per stage
+        self.micro_batches: int | None = None  # run_batch (None: pipeline.py's default)
 
     def check_ids(self, ids: Sequence[int] | np.ndarray, position: int = 0) -> np.ndarray:
         """Token ids as int64, or a ModelInputError naming what is wrong."""
@@ -94,7 +94,7 @@ class StagedModel:
 
     def run_batch(self, requests: Sequence[tuple[StagedSession, Any, bool]]) -> list[np.ndarray]:
         """Per request (session, ids, all_logits): the requests go through the stages in
-        `micro_batches` micro-batches (default: one per stage), every one submitted before
+        `micro_batches` micro-batches (`pipeline.default_micro_batches`), all submitted before
         any is waited for, so stage k works on micro-batch m while stage k+1 works on m-1
         (`pipeline.py`); each request's logits are its own bits (exact numerics)."""
         return run_batch(self, requests, self.micro_batches)

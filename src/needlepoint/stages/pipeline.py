@@ -1,7 +1,10 @@
 """Pipelining across requests: `run_batch` of a staged model in micro-batches.
 
 The requests of one call (the scheduler's engine step: every live request's next token or
-prefill chunk) are split into K micro-batches for K stages (`micro_batches`, default K).
+prefill chunk) are split into micro-batches (`micro_batches`; by default one per request
+where a stage runs its chunks one by one anyway, and 2K for K stages where a stage stacks a
+micro-batch into one pass: fewer, larger micro-batches share each weight read, more of them
+shorten the pipeline's fill and drain, which costs K-1 of M + K-1 slots per call).
 Each micro-batch round is one `run_many` call per stage, and every call is submitted before
 the head waits for any, so stage k works on micro-batch m while stage k+1 works on m-1: the
 stages are busy at once instead of K-1 of them waiting. A stage runs its micro-batch as one
@@ -63,10 +66,18 @@ def _chunks(session: StagedSession, ids: Any, every: bool) -> tuple[np.ndarray, 
     return tokens, out
 
 
+def default_micro_batches(model: StagedModel, requests: int) -> int:
+    """One per request, or 2 per stage where the stages stack a micro-batch in one pass."""
+    if getattr(model.part, "stacks", False):
+        return min(requests, 2 * len(model.plan))
+    return requests
+
+
 def run_batch(model: StagedModel, requests: Sequence[tuple[StagedSession, Any, bool]],
               micro_batches: int | None = None) -> list[np.ndarray]:
     """Per request (session, ids, all_logits): its logits ([len(ids), vocab] if all_logits,
-    else the last row), the stages pipelined over `micro_batches` micro-batches."""
+    else the last row), the stages pipelined over `micro_batches` micro-batches (None:
+    `default_micro_batches`)."""
     sessions = [session for session, _, _ in requests]
     if len({id(s) for s in sessions}) != len(sessions):
         raise ValueError("run_batch: each session may appear once per call")
@@ -78,7 +89,8 @@ def run_batch(model: StagedModel, requests: Sequence[tuple[StagedSession, Any, b
         rounds = max(len(chunks) for _, chunks in work)
         for r in range(rounds):
             live = [i for i in range(len(requests)) if r < len(work[i][1])]
-            for group in groups(len(live), micro_batches or len(ranges)):
+            parts = micro_batches or default_micro_batches(model, len(live))
+            for group in groups(len(live), parts):
                 members = [live[g] for g in group]
                 chunks = [work[i][1][r] for i in members]
                 sent: Any = [embedded.x for _, embedded, _ in chunks]
@@ -91,8 +103,8 @@ def run_batch(model: StagedModel, requests: Sequence[tuple[StagedSession, Any, b
                     sent = transport.submit(k, "run_many", items, sent)
                 pending.append((members, sent))
         outputs: list[list[np.ndarray]] = [[] for _ in requests]
-        for (members, _), results in zip(pending, transport.gather([f for _, f in pending]),
-                                         strict=True):
+        for members, future in pending:  # read out each micro-batch as it arrives, while
+            results = transport.gather([future])[0]  # the stages work on the later ones
             for i, rows in zip(members, results, strict=True):
                 if rows is None:
                     continue

@@ -116,6 +116,7 @@ class V3Part:
         self.layer_indices, self.numerics = kept, numerics
         self.quantized = numerics == "deploy"
         self.blocks, self.threads = blocks, threads
+        self.stacks = self.quantized  # run_layers_batch stacks a micro-batch in one pass
         if len(blocks):
             tables = rope_tables_pinned if self.quantized else rope_tables
             self.rope_cos, self.rope_sin = tables(np.arange(config.max_seq_len),

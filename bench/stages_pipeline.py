@@ -1,0 +1,115 @@
+"""The pipelining figures of `bench/stages.py` (run inside its loopback namespace).
+
+For a model (SmolLM2-135M int8 from its GGUF; the shipped Needle 3 geometry in deploy
+numerics), measured against one single-threaded process in the same run:
+
+* **hop cost**: decode tokens/s of one request on 2 Ray stages (one per node) vs one
+  process;
+* **pipelined aggregate**: 8 concurrent requests stepping together, each engine step one
+  `run_batch` of their 8 next tokens (what the server's scheduler does), on 2 pipelined Ray
+  stages (micro-batches of 4: one per stage), vs the same 8 requests on one process (its own
+  `run_batch` where it has one, Needle 3's stacked pass; else one request after the other).
+
+Each node has one logical CPU (`num_cpus=1`): one stage per node, one thread each. Every
+figure is the best of `repeats` interleaved rounds (other work on a shared machine only ever
+adds time); the load average is recorded before and after.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+
+REQUESTS = 8
+
+
+def _load() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def _prompts(vocab: int, count: int, length: int) -> list[np.ndarray]:
+    return [((np.arange(1, length + 1) * (7919 + 31 * k)) % (vocab - 7) + 5).astype(np.int64)
+            for k in range(count)]
+
+
+def _batch(model, requests):
+    run_batch = getattr(model, "run_batch", None)
+    if run_batch is not None:
+        return run_batch(requests)
+    return [session.prefill(ids) if not every else session.extend(ids)
+            for session, ids, every in requests]
+
+
+def decode_rate(model, count: int, prompt: int, steps: int) -> float:
+    """Aggregate decode tokens/s of `count` requests stepping together after a prefill."""
+    prompts = _prompts(model.config.vocab, count, prompt + steps)
+    sessions = [model.session() for _ in range(count)]
+    _batch(model, [(s, p[:prompt], False) for s, p in zip(sessions, prompts, strict=True)])
+    start = time.perf_counter()
+    for t in range(prompt, prompt + steps):
+        if count == 1:
+            sessions[0].step(int(prompts[0][t]))
+        else:
+            _batch(model, [(s, [int(p[t])], False) for s, p in zip(sessions, prompts,
+                                                                     strict=True)])
+    rate = count * steps / (time.perf_counter() - start)
+    for session in sessions:
+        close = getattr(session, "close", None)
+        if close:
+            close()
+    return rate
+
+
+def measure_model(label: str, path, numerics: str, args) -> dict:
+    import needlepoint
+    from needlepoint.stages import load_staged
+
+    one = needlepoint.load(path, numerics=numerics, threads=1, cache=False)
+    staged = load_staged(path, 2, transport="ray", placement=["node_a", "node_b"],
+                         numerics=numerics, threads=1, cache=False, stage_cpus=1)
+    best: dict = {}
+    load_before = _load()
+    try:
+        for round_index in range(args.repeats):
+            for name, model, count in (("one/1", one, 1), ("ray2/1", staged, 1),
+                                       ("one/8", one, REQUESTS), ("ray2/8", staged, REQUESTS)):
+                rate = decode_rate(model, count, args.pipeline_prompt, args.pipeline_steps)
+                print(f"{label} round {round_index} {name}: {rate:.1f} tok/s", flush=True)
+                best[name] = max(best.get(name, 0.0), rate)
+        info = staged.stage_info()
+    finally:
+        staged.close()
+    return {"model": label, "numerics": numerics, "tok_s": {k: round(v, 2) for k, v in
+                                                             best.items()},
+            "hop_ratio": round(best["ray2/1"] / best["one/1"], 3),
+            "pipelined_ratio": round(best["ray2/8"] / best["one/8"], 3),
+            "stages": [(i["first"], i["end"]) for i in info],
+            "load_before": load_before, "load_after": _load()}
+
+
+def pipelined(args, shipped) -> list[dict]:
+    """Both models' figures (the cluster is already up, nodes node_a and node_b)."""
+    from needlepoint.models.transformer.known import resolve_known
+
+    rows = [measure_model("SmolLM2-135M (Q4_1 GGUF)", resolve_known("smollm2"), "int8", args),
+            measure_model("Needle 3 shipped geometry", shipped, "deploy", args)]
+    return rows
+
+
+def render_pipeline(rows: list[dict], args_text: str) -> list[str]:
+    lines = ["## Pipelining across requests (2 Ray stages, one core each)", "",
+             args_text, "",
+             "| model | one process, 1 request | 2 stages, 1 request | hop cost | "
+             f"one process, {REQUESTS} requests | 2 stages, {REQUESTS} requests, pipelined | "
+             "pipelined vs one process | load avg before / after |",
+             "|---|---:|---:|---:|---:|---:|---:|---|"]
+    for row in rows:
+        t = row["tok_s"]
+        lines.append(
+            f"| {row['model']} | {t['one/1']:.1f} tok/s | {t['ray2/1']:.1f} tok/s | "
+            f"{row['hop_ratio']:.2f}x | {t['one/8']:.1f} tok/s | {t['ray2/8']:.1f} tok/s | "
+            f"**{row['pipelined_ratio']:.2f}x** | {row['load_before'][0]} / "
+            f"{row['load_after'][0]} |")
+    return lines + [""]
