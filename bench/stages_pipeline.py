@@ -7,8 +7,12 @@ numerics), measured against one single-threaded process in the same run:
   process;
 * **pipelined aggregate**: 8 concurrent requests stepping together, each engine step one
   `run_batch` of their 8 next tokens (what the server's scheduler does), on 2 pipelined Ray
-  stages (micro-batches of 4: one per stage), vs the same 8 requests on one process (its own
-  `run_batch` where it has one, Needle 3's stacked pass; else one request after the other).
+  stages (`pipeline.default_micro_batches`: 8 micro-batches of one request for SmolLM2, 4 of
+  two for Needle 3), vs the same 8 requests on one process (its own `run_batch` where it has
+  one, Needle 3's stacked pass; else one request after the other); and the same 8 requests
+  in 2 engine loops (threads, 4 requests each, each with its own `run_batch` calls), so one
+  loop's micro-batches enter the stages while the other's are in them: the pipeline does
+  not drain between steps.
 
 Each node has one logical CPU (`num_cpus=1`): one stage per node, one thread each. Every
 figure is the best of `repeats` interleaved rounds (other work on a shared machine only ever
@@ -42,18 +46,34 @@ def _batch(model, requests):
             for session, ids, every in requests]
 
 
-def decode_rate(model, count: int, prompt: int, steps: int) -> float:
-    """Aggregate decode tokens/s of `count` requests stepping together after a prefill."""
-    prompts = _prompts(model.config.vocab, count, prompt + steps)
-    sessions = [model.session() for _ in range(count)]
-    _batch(model, [(s, p[:prompt], False) for s, p in zip(sessions, prompts, strict=True)])
-    start = time.perf_counter()
-    for t in range(prompt, prompt + steps):
-        if count == 1:
+def _steps(model, sessions, prompts, first: int, last: int) -> None:
+    for t in range(first, last):
+        if len(sessions) == 1:
             sessions[0].step(int(prompts[0][t]))
         else:
             _batch(model, [(s, [int(p[t])], False) for s, p in zip(sessions, prompts,
                                                                      strict=True)])
+
+
+def decode_rate(model, count: int, prompt: int, steps: int, loops: int = 1) -> float:
+    """Aggregate decode tokens/s of `count` requests stepping together after a prefill;
+    `loops` engine loops (threads), each stepping its share of the requests with its own
+    `run_batch` calls, so each loop's micro-batches enter the stages while the others'
+    are in them (what a scheduler with one engine loop per stage would do)."""
+    import threading
+
+    prompts = _prompts(model.config.vocab, count, prompt + steps)
+    sessions = [model.session() for _ in range(count)]
+    _batch(model, [(s, p[:prompt], False) for s, p in zip(sessions, prompts, strict=True)])
+    shares = [range(k, count, loops) for k in range(loops)]
+    threads = [threading.Thread(target=_steps, args=(
+        model, [sessions[i] for i in share], [prompts[i] for i in share], prompt,
+        prompt + steps)) for share in shares]
+    start = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
     rate = count * steps / (time.perf_counter() - start)
     for session in sessions:
         close = getattr(session, "close", None)
@@ -73,9 +93,11 @@ def measure_model(label: str, path, numerics: str, args) -> dict:
     load_before = _load()
     try:
         for round_index in range(args.repeats):
-            for name, model, count in (("one/1", one, 1), ("ray2/1", staged, 1),
-                                       ("one/8", one, REQUESTS), ("ray2/8", staged, REQUESTS)):
-                rate = decode_rate(model, count, args.pipeline_prompt, args.pipeline_steps)
+            for name, model, count, loops in (
+                    ("one/1", one, 1, 1), ("ray2/1", staged, 1, 1), ("one/8", one, REQUESTS, 1),
+                    ("ray2/8", staged, REQUESTS, 1), ("ray2/8x2", staged, REQUESTS, 2)):
+                rate = decode_rate(model, count, args.pipeline_prompt, args.pipeline_steps,
+                                   loops)
                 print(f"{label} round {round_index} {name}: {rate:.1f} tok/s", flush=True)
                 best[name] = max(best.get(name, 0.0), rate)
         info = staged.stage_info()
@@ -85,6 +107,7 @@ def measure_model(label: str, path, numerics: str, args) -> dict:
                                                              best.items()},
             "hop_ratio": round(best["ray2/1"] / best["one/1"], 3),
             "pipelined_ratio": round(best["ray2/8"] / best["one/8"], 3),
+            "two_loops_ratio": round(best["ray2/8x2"] / best["one/8"], 3),
             "stages": [(i["first"], i["end"]) for i in info],
             "load_before": load_before, "load_after": _load()}
 
@@ -103,13 +126,15 @@ def render_pipeline(rows: list[dict], args_text: str) -> list[str]:
              args_text, "",
              "| model | one process, 1 request | 2 stages, 1 request | hop cost | "
              f"one process, {REQUESTS} requests | 2 stages, {REQUESTS} requests, pipelined | "
-             "pipelined vs one process | load avg before / after |",
-             "|---|---:|---:|---:|---:|---:|---:|---|"]
+             "pipelined vs one process | same, 2 engine loops | vs one process | "
+             "load avg before / after |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for row in rows:
         t = row["tok_s"]
         lines.append(
             f"| {row['model']} | {t['one/1']:.1f} tok/s | {t['ray2/1']:.1f} tok/s | "
             f"{row['hop_ratio']:.2f}x | {t['one/8']:.1f} tok/s | {t['ray2/8']:.1f} tok/s | "
-            f"**{row['pipelined_ratio']:.2f}x** | {row['load_before'][0]} / "
+            f"**{row['pipelined_ratio']:.2f}x** | {t['ray2/8x2']:.1f} tok/s | "
+            f"**{row['two_loops_ratio']:.2f}x** | {row['load_before'][0]} / "
             f"{row['load_after'][0]} |")
     return lines + [""]
