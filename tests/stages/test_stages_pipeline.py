@@ -118,3 +118,34 @@ def test_scheduler_steps_on_a_staged_model_give_the_single_process_tokens():
         assert [got.get(k) for k in range(len(queries))] == expected
         stats = scheduler.stats()
         assert stats["batched"] and stats["max_batch"] > 1  # several requests per step
+
+
+@pytest.mark.parametrize("name", ["needle3", "transformer"])
+def test_two_engine_loops_at_once_keep_the_bits(name):
+    """Two threads stepping disjoint halves of the requests with their own run_batch calls
+    (one loop's micro-batches in the stages while the other's are too): the bits alone."""
+    import threading
+
+    path, reference, prompts, options = _cases(name)
+    expected = [reference.forward(p) for p in prompts]
+    with load_staged(path, [0, 2], **options) as staged:
+        sessions = [staged.session(chunk=32) for _ in prompts]
+        failures: list = []
+
+        def loop(share: range) -> None:
+            try:
+                mine = [(sessions[i], prompts[i]) for i in share]
+                staged.run_batch([(s, p[:-5], False) for s, p in mine])
+                for step in range(5, 0, -1):
+                    rows = staged.run_batch([(s, [p[-step]], False) for s, p in mine])
+                    for i, row in zip(share, rows, strict=True):
+                        assert_bits(row, expected[i][-step], f"{name} loop step {i}")
+            except BaseException as error:  # noqa: BLE001 - reported below
+                failures.append(error)
+
+        threads = [threading.Thread(target=loop, args=(range(k, 8, 2),)) for k in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+        assert failures == []
