@@ -245,3 +245,18 @@ def test_prefill_chunks_are_all_in_flight_and_only_the_last_reaches_the_lm_head(
         last_stage = [want for _, stage, _, want in runs if stage == 2]
         assert last_stage == ["none"] * 6 + ["last"]
         assert {want for _, stage, _, want in runs if stage != 2} == {None}
+
+
+def test_stages_use_only_the_public_layer_range_interface_of_models():
+    """`stages/` reaches models only through public names: the layer-range Protocol, the
+    part loader, the thread setting and model lookup; never a family's internals."""
+    import ast
+
+    allowed = {"models.layer_range", "models.parts", "models.loader", "models.hub",
+               "models.transformer.known"}
+    for path in sorted((REPO_ROOT / "src" / "needlepoint" / "stages").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("models"):
+                assert node.level == 2 and node.module in allowed, (path.name, node.module)
+                private = [a.name for a in node.names if a.name.startswith("_")]
+                assert private == [], (path.name, private)

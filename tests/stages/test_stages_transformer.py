@@ -137,3 +137,20 @@ def _smollm2(path):
     if path not in _SMOLLM2:
         _SMOLLM2[path] = needlepoint.load(path, numerics="int8")
     return _SMOLLM2[path]
+
+
+def test_every_family_implements_the_layer_range_protocol():
+    from stages_helpers import fixture_path
+
+    from needlepoint.models.layer_range import LayerRange, SequenceState
+    from needlepoint.models.parts import load_part
+
+    for path in (fixture_path("tiny"), hf_fixture_dir("llama-tiny"), hf_fixture_dir("gpt2-tiny")):
+        head = load_part(path, head=True)
+        stage = load_part(path, blocks=(1, 3))
+        assert isinstance(head, LayerRange) and isinstance(stage, LayerRange)
+        assert len(head.blocks) == 0 and stage.blocks == range(1, 3)
+        assert isinstance(head.head_state(), SequenceState)
+        assert isinstance(stage.range_state(), SequenceState)
+    with pytest.raises(ValueError, match="either head=True or blocks"):
+        load_part(hf_fixture_dir("llama-tiny"))
