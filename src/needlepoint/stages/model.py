@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import StagePlanError
+from ..errors import ModelInputError, StagePlanError
 from ..models.layer_range import LayerRange
 from ..models.loader import resolve_threads
 from ..models.parts import load_part, part_numerics
@@ -69,6 +69,9 @@ class StagedModel:
         per chunk (default: the family's single-process prefill chunk)."""
         if trace is not None:
             raise StagePlanError("trace= is not supported on a model cut into stages")
+        if kv_window is not None and not hasattr(self.part, "window_cuts"):
+            raise ModelInputError("kv_window= bounds Needle 3 attention rings; this model's "
+                                  "caches keep every position")
         return StagedSession(self, kv_window=kv_window,
                              chunk=self.part.chunk if chunk is None else chunk)
 
