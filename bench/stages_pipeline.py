@@ -112,12 +112,50 @@ def measure_model(label: str, path, numerics: str, args) -> dict:
             "load_before": load_before, "load_after": _load()}
 
 
+def profile_parts(path, numerics: str, cut: int, steps: int = 40) -> dict:
+    """ms per decode token of each piece of a 2-stage split, run in this process one after
+    the other (the 20th percentile of `steps` steps after a 64-token prompt): the head's
+    embedding, stage 0's blocks, stage 1's blocks, the head's read-out."""
+    from needlepoint.models.parts import load_part
+
+    head = load_part(path, head=True, numerics=numerics, cache=False)
+    blocks = head.config.num_layers
+    stages = [load_part(path, blocks=b, numerics=numerics, cache=False)
+              for b in ((0, cut), (cut, blocks))]
+    state = head.head_state()
+    caches = [stage.range_state() for stage in stages]
+    prompt = _prompts(head.config.vocab, 1, 64 + steps)[0]
+    times: dict = {"embed": [], "stage 0": [], "stage 1": [], "read-out": []}
+    for t in range(0, 64 + steps):
+        tokens = prompt[:64] if t == 0 else prompt[t : t + 1]
+        if 0 < t < 64:
+            continue
+        start = 0 if t == 0 else t
+        marks = [time.perf_counter()]
+        embedded = head.embed(state, tokens, start)
+        marks.append(time.perf_counter())
+        x = embedded.x
+        for stage, cache in zip(stages, caches, strict=True):
+            x = stage.run_layers(stage.blocks.start, stage.blocks.stop, x, cache, start,
+                                 embedded.side)
+            marks.append(time.perf_counter())
+        head.readout(stages[-1].final_rows(x, "last"))
+        marks.append(time.perf_counter())
+        if t:
+            for name, a, b in zip(times, marks, marks[1:], strict=False):
+                times[name].append(b - a)
+    return {name: round(float(np.percentile(v, 20)) * 1e3, 2) for name, v in times.items()}
+
+
 def pipelined(args, shipped) -> list[dict]:
     """Both models' figures (the cluster is already up, nodes node_a and node_b)."""
     from needlepoint.models.transformer.known import resolve_known
 
-    rows = [measure_model("SmolLM2-135M (Q4_1 GGUF)", resolve_known("smollm2"), "int8", args),
+    smollm2 = resolve_known("smollm2")
+    rows = [measure_model("SmolLM2-135M (Q4_1 GGUF)", smollm2, "int8", args),
             measure_model("Needle 3 shipped geometry", shipped, "deploy", args)]
+    rows[0]["profile_ms"] = profile_parts(smollm2, "int8", 15)
+    rows[1]["profile_ms"] = profile_parts(shipped, "deploy", 10)
     return rows
 
 
@@ -137,4 +175,16 @@ def render_pipeline(rows: list[dict], args_text: str) -> list[str]:
             f"**{row['pipelined_ratio']:.2f}x** | {t['ray2/8x2']:.1f} tok/s | "
             f"**{row['two_loops_ratio']:.2f}x** | {row['load_before'][0]} / "
             f"{row['load_after'][0]} |")
+    lines += ["", "Profile of one decode token of the same 2-stage split, every piece run in one "
+              "process one after the other (ms, 20th percentile; `profile_parts`):", "",
+              "| model | head: embedding | stage 0 blocks | stage 1 blocks | head: read-out | "
+              "ceiling of 2 pipelined stages |", "|---|---:|---:|---:|---:|---:|"]
+    for row in rows:
+        p = row.get("profile_ms")
+        if not p:
+            continue
+        total = sum(p.values())
+        ceiling = total / max(p["stage 0"], p["stage 1"], p["embed"] + p["read-out"])
+        lines.append(f"| {row['model']} | {p['embed']:.2f} | {p['stage 0']:.2f} | "
+                     f"{p['stage 1']:.2f} | {p['read-out']:.2f} | {ceiling:.2f}x |")
     return lines + [""]
