@@ -84,8 +84,9 @@ def test_micro_batches_are_all_in_flight_before_the_head_waits():
 
 def test_scheduler_steps_on_a_staged_model_give_the_single_process_tokens():
     """Continuous batching over a staged model: 6 concurrent Needle requests through the
-    scheduler (its engine steps call the staged run_batch) return what each returns alone
-    on one process."""
+    scheduler (one engine loop per stage, each stepping its share of the requests with the
+    staged run_batch, so both stages work at once) return what each returns alone on one
+    process."""
     import json
     import threading
 
@@ -101,6 +102,7 @@ def test_scheduler_steps_on_a_staged_model_give_the_single_process_tokens():
     expected = [single.complete(q)["function_calls"] for q in queries]
     with load_staged(toy_model_path(), [0, 2], cache=False) as staged:
         scheduler = Scheduler(staged, max_sessions=8)
+        assert scheduler.loops == staged.pipeline_depth == 2  # one engine loop per stage
         scheduler.start()
         got: dict = {}
 
@@ -118,6 +120,7 @@ def test_scheduler_steps_on_a_staged_model_give_the_single_process_tokens():
         assert [got.get(k) for k in range(len(queries))] == expected
         stats = scheduler.stats()
         assert stats["batched"] and stats["max_batch"] > 1  # several requests per step
+        assert stats["max_batch"] <= 3  # each loop steps at most its half of the 6
 
 
 @pytest.mark.parametrize("name", ["needle3", "transformer"])

@@ -63,6 +63,12 @@ class StagedModel:
     def stages(self) -> int:
         return len(self.plan)
 
+    @property
+    def pipeline_depth(self) -> int:
+        """Steps the server's scheduler keeps in flight at once (one engine loop per stage:
+        api/scheduler.py), so the stages work on different requests' steps at once."""
+        return len(self.plan)
+
     def session(self, kv_window: int | None = None, *, trace: Any = None,
                 chunk: int | None = None) -> StagedSession:
         """A fresh, independent decode state (its caches on the stages); `chunk`: positions
