@@ -13,7 +13,8 @@ numerics), measured against one single-threaded process in the same run:
   in 2 engine loops (threads, 4 requests each, each with its own `run_batch` calls: what the
   server's scheduler does for a 2-stage model, one engine loop per stage), so one loop's
   micro-batches enter the stages while the other's are in them: the pipeline does not drain
-  between steps. This last figure is the issue's target (>= 1.6x).
+  between steps (each loop's call, made while the other's is in flight, is one micro-batch
+  of 4). This last figure is the issue's target (>= 1.6x).
 
 Each node has one logical CPU (`num_cpus=1`): one stage per node, one thread each. Every
 figure is the best of `repeats` interleaved rounds (other work on a shared machine only ever
@@ -179,7 +180,8 @@ def render_pipeline(rows: list[dict], args_text: str) -> list[str]:
     lines += ["", "Profile of one decode token of the same 2-stage split, every piece run in one "
               "process one after the other (ms, 20th percentile; `profile_parts`):", "",
               "| model | head: embedding | stage 0 blocks | stage 1 blocks | head: read-out | "
-              "ceiling of 2 pipelined stages |", "|---|---:|---:|---:|---:|---:|"]
+              "ceiling: a core each | ceiling on this machine's 2 cores |",
+              "|---|---:|---:|---:|---:|---:|---:|"]
     for row in rows:
         p = row.get("profile_ms")
         if not p:
@@ -187,5 +189,6 @@ def render_pipeline(rows: list[dict], args_text: str) -> list[str]:
         total = sum(p.values())
         ceiling = total / max(p["stage 0"], p["stage 1"], p["embed"] + p["read-out"])
         lines.append(f"| {row['model']} | {p['embed']:.2f} | {p['stage 0']:.2f} | "
-                     f"{p['stage 1']:.2f} | {p['read-out']:.2f} | {ceiling:.2f}x |")
+                     f"{p['stage 1']:.2f} | {p['read-out']:.2f} | {ceiling:.2f}x | "
+                     f"{min(ceiling, 2.0):.2f}x |")
     return lines + [""]

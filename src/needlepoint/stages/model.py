@@ -15,6 +15,7 @@ bit for bit, for every split.
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Sequence
 from functools import cached_property
 from typing import Any
@@ -46,6 +47,8 @@ class StagedModel:
         self.plan = plan
         self.transport = transport
         self.micro_batches: int | None = None  # run_batch (None: pipeline.py's default)
+        self._lock = threading.Lock()
+        self._calls = 0  # run_batch calls in flight
 
     def check_ids(self, ids: Sequence[int] | np.ndarray, position: int = 0) -> np.ndarray:
         """Token ids as int64, or a ModelInputError naming what is wrong."""
@@ -103,10 +106,20 @@ class StagedModel:
 
     def run_batch(self, requests: Sequence[tuple[StagedSession, Any, bool]]) -> list[np.ndarray]:
         """Per request (session, ids, all_logits): the requests go through the stages in
-        `micro_batches` micro-batches (`pipeline.default_micro_batches`), all submitted before
-        any is waited for, so stage k works on micro-batch m while stage k+1 works on m-1
-        (`pipeline.py`); each request's logits are its own bits (exact numerics)."""
-        return run_batch(self, requests, self.micro_batches)
+        micro-batches (`micro_batches`, else `pipeline.default_micro_batches`), all submitted
+        before any is waited for, so stage k works on micro-batch m while stage k+1 works on
+        m-1 (`pipeline.py`); each request's logits are its own bits (exact numerics). While
+        another call is in flight (the scheduler's other engine loops keep the stages busy)
+        a call is one micro-batch: fewer hops, and each stage stacks its rows."""
+        with self._lock:
+            self._calls += 1
+            alone = self._calls == 1
+        try:
+            micro = self.micro_batches or (None if alone else 1)
+            return run_batch(self, requests, micro)
+        finally:
+            with self._lock:
+                self._calls -= 1
 
     def stage_info(self) -> list[dict]:
         """Per stage: its layers, process id, host, RSS, resident archive bytes, sessions
