@@ -13,8 +13,8 @@ numerics), measured against one single-threaded process in the same run:
   in 2 engine loops (threads, 4 requests each, each with its own `run_batch` calls: what the
   server's scheduler does for a 2-stage model, one engine loop per stage), so one loop's
   micro-batches enter the stages while the other's are in them: the pipeline does not drain
-  between steps (each loop's call, made while the other's is in flight, is one micro-batch
-  of 4). This last figure is the issue's target (>= 1.6x).
+  between steps (Needle 3: each loop's call, made while the other's is in flight, is one
+  stacked micro-batch of 4). This last figure is the issue's target (>= 1.6x).
 
 Each node has one logical CPU (`num_cpus=1`): one stage per node, one thread each. Every
 figure is the best of `repeats` interleaved rounds (other work on a shared machine only ever

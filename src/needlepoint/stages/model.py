@@ -110,12 +110,14 @@ class StagedModel:
         before any is waited for, so stage k works on micro-batch m while stage k+1 works on
         m-1 (`pipeline.py`); each request's logits are its own bits (exact numerics). While
         another call is in flight (the scheduler's other engine loops keep the stages busy)
-        a call is one micro-batch: fewer hops, and each stage stacks its rows."""
+        a call to stages that stack rows (Needle 3 deploy) is one micro-batch: fewer hops,
+        and each stage reads its weights once for all the rows."""
         with self._lock:
             self._calls += 1
             alone = self._calls == 1
         try:
-            micro = self.micro_batches or (None if alone else 1)
+            stacks = getattr(self.part, "stacks", False)
+            micro = self.micro_batches or (1 if stacks and not alone else None)
             return run_batch(self, requests, micro)
         finally:
             with self._lock:
