@@ -87,3 +87,31 @@ def test_stage_cpus_needs_ray():
 
     with pytest.raises(StagePlanError, match="stage_cpus= need transport='ray'"):
         load_staged(fixture_path("tiny"), 2, stage_cpus=0.5)
+
+
+def test_too_many_stages_for_a_new_local_instance_fail_before_ray_starts(monkeypatch):
+    """The issue's case: `needlepoint.load(path, stages=4, transport="ray")` with no cluster
+    on a 2-CPU machine. The check runs against this machine's CPUs before a local Ray
+    instance is started (ray.init is never called here), within 5 s."""
+    import time
+
+    import ray
+    from stages_helpers import fixture_path
+
+    import needlepoint
+    from needlepoint.stages import placement, ray_transport
+
+    def no_init(*args, **kwargs):  # nothing may start Ray outside a loopback namespace
+        raise AssertionError("ray.init was called")
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(ray, "init", no_init)
+    monkeypatch.setattr(ray_transport, "local_node",
+                        lambda: placement.Node("this machine", {"CPU": 2.0}))
+    assert not ray.is_initialized()
+    started = time.monotonic()
+    with pytest.raises(StagePlacementError, match=r"4 stages reserve 4 CPUs .* this machine: "
+                       r"2 CPUs .*stage_cpus=0.5"):
+        needlepoint.load(fixture_path("tiny"), stages=4, transport="ray", cache=False)
+    assert time.monotonic() - started < 5
+    assert placement.local_node().cpus >= 1  # Ray's own count of this machine's CPUs

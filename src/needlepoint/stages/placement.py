@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -76,6 +77,19 @@ def nodes_of(ray_nodes: Sequence[Mapping[str, Any]]) -> list[Node]:
     return [Node(str(n.get("NodeManagerAddress") or n.get("NodeID", "?"))[:40],
                  dict(n.get("Resources") or {}), dict(n.get("Labels") or {}))
             for n in ray_nodes if n.get("Alive")]
+
+
+def local_node() -> Node:
+    """The node a new local Ray instance (`ray.init()` with no address) would be: this
+    machine's CPUs as Ray counts them (its cgroup / affinity limits), no custom resource."""
+    try:
+        from ray._private.utils import get_num_cpus  # Ray's own count for a new instance
+
+        cpus = float(get_num_cpus())
+    except Exception:  # noqa: BLE001 - another Ray version: the affinity mask
+        cpus = float(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                     else os.cpu_count() or 1)
+    return Node("this machine (a new local Ray instance)", {"CPU": cpus})
 
 
 def _matches(node: Node, demand: Demand, left: Mapping[str, float]) -> bool:

@@ -17,12 +17,13 @@ Failures become typed errors naming the stage: an exception in a stage is re-rai
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Sequence
 from typing import Any
 
 from ..errors import StageError, StageLostError, StagePlanError, StageStartError
-from .placement import check_fits, demand_of, nodes_of
+from .placement import check_fits, demand_of, local_node, nodes_of
 from .stage import Stage, StageSpec
 
 # Ray actor options a placement entry may give (everything else is refused by name)
@@ -95,15 +96,17 @@ class RayTransport:
         self.closed = False
         entries = list(placement) if placement is not None else [None] * len(self.specs)
         options = [actor_options(entry) for entry in entries]
-        if not ray.is_initialized():
-            ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
-        actor_class = ray.remote(StageActor)
         for spec, opts in zip(self.specs, options, strict=True):
             # a stage keeps its threads busy, unless told to share (stage_cpus=0.5)
             opts.setdefault("num_cpus", spec.threads if stage_cpus is None else stage_cpus)
-        check_fits([demand_of(spec.name, opts, spec.index)
-                    for spec, opts in zip(self.specs, options, strict=True)],
-                   nodes_of(ray.nodes()))
+        demands = [demand_of(spec.name, opts, spec.index)
+                   for spec, opts in zip(self.specs, options, strict=True)]
+        if not ray.is_initialized():
+            if address is None and not os.environ.get("RAY_ADDRESS"):
+                check_fits(demands, [local_node()])  # before starting a local instance
+            ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
+        actor_class = ray.remote(StageActor)
+        check_fits(demands, nodes_of(ray.nodes()))
         self.actors = [
             actor_class.options(max_restarts=-1, max_task_retries=0, **opts).remote(spec)
             for spec, opts in zip(self.specs, options, strict=True)
