@@ -152,3 +152,20 @@ def test_two_engine_loops_at_once_keep_the_bits(name):
         for thread in threads:
             thread.join(120)
         assert failures == []
+
+
+def test_bad_input_in_one_request_breaks_no_session():
+    from needlepoint.errors import ModelInputError
+
+    reference = model("tiny")
+    prompts = [long_prompt("tiny", 30)[k:] for k in range(3)]
+    with load_staged(fixture_path("tiny"), [0, 2], cache=False) as staged:
+        sessions = [staged.session() for _ in prompts]
+        bad = [(s, p, False) for s, p in zip(sessions, prompts, strict=True)]
+        bad[1] = (sessions[1], [staged.config.vocab], False)
+        with pytest.raises(ModelInputError):
+            staged.run_batch(bad)
+        assert staged.run_batch([]) == []
+        got = staged.run_batch([(s, p, False) for s, p in zip(sessions, prompts, strict=True)])
+        for row, p in zip(got, prompts, strict=True):
+            assert_bits(row, reference.forward(p)[-1])

@@ -41,11 +41,9 @@ def groups(count: int, parts: int) -> list[range]:
     return out
 
 
-def _chunks(session: StagedSession, ids: Any, every: bool) -> tuple[np.ndarray, list]:
+def _chunks(session: StagedSession, tokens: np.ndarray, every: bool) -> tuple[np.ndarray, list]:
     """The head's work for each chunk of one request: (start, Embedded, rows wanted)."""
     part = session.model.part
-    tokens = part.check_ids(ids, session.position)
-    session._usable()
     start, out = session.position, []
     for first in range(0, len(tokens), session.chunk):
         chunk = tokens[first : first + session.chunk]
@@ -81,10 +79,20 @@ def run_batch(model: StagedModel, requests: Sequence[tuple[StagedSession, Any, b
     sessions = [session for session, _, _ in requests]
     if len({id(s) for s in sessions}) != len(sessions):
         raise ValueError("run_batch: each session may appear once per call")
+    if not requests:
+        return []
+    # every request's ids are checked before any head state moves: bad input breaks nothing
+    tokens = [session.model.part.check_ids(ids, session.position)
+              for session, ids, _ in requests]
+    for session in sessions:
+        if session.model is not model:
+            raise ValueError("run_batch: every session must belong to this model")
+        session._usable()
     transport, ranges = model.transport, model.plan.ranges
     last = len(ranges) - 1
     try:
-        work = [_chunks(session, ids, every) for session, ids, every in requests]
+        work = [_chunks(session, ids, every)
+                for (session, _, every), ids in zip(requests, tokens, strict=True)]
         pending = []  # (micro-batch request indices, the last stage's future)
         rounds = max(len(chunks) for _, chunks in work)
         for r in range(rounds):
