@@ -27,6 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.stages_pipeline import render_pipeline
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 MODEL = REPO_ROOT.parent / "shared" / "fixtures" / "needle3" / "shipped.cact"
 RESULTS = REPO_ROOT / "bench" / "results" / "stages.json"
@@ -111,9 +113,31 @@ def hop_latency(ray, repeats: int = 40) -> dict:
     return out
 
 
+def inside_pipeline(args) -> dict:
+    """Only the pipelining figures (`stages_pipeline.py`), on two one-CPU nodes."""
+    os.environ.setdefault("NEEDLEPOINT_CACHE", "0")
+    import ray
+    from ray.cluster_utils import Cluster
+
+    from bench.stages_pipeline import pipelined
+
+    node = dict(num_cpus=1, object_store_memory=128 * MB, node_ip_address="127.0.0.1")
+    cluster = Cluster(initialize_head=True, head_node_args=dict(
+        node, resources={"node_a": 1}, include_dashboard=False))
+    try:
+        cluster.add_node(**node, resources={"node_b": 1})
+        ray.init(address=cluster.address, log_to_driver=False)
+        return {"pipeline": pipelined(args, MODEL)}
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
 def inside(args) -> dict:
     """The measurements (run inside the namespace)."""
     os.environ.setdefault("NEEDLEPOINT_CACHE", "0")
+    if args.only_pipeline:
+        return inside_pipeline(args)
     import ray
     from ray.cluster_utils import Cluster
 
@@ -152,6 +176,11 @@ def inside(args) -> dict:
                  "record_bytes": share.weight_bytes}
                 for info, share in zip(staged.stage_info(), staged.plan.ranges, strict=True)
             ]
+        for name in [n for n in models if n.startswith("ray/")]:  # free the CPUs
+            models.pop(name).close()
+        from bench.stages_pipeline import pipelined
+
+        results["pipeline"] = pipelined(args, MODEL)
     finally:
         for name, staged in models.items():
             if name != "one":
@@ -229,6 +258,13 @@ def render(results: dict) -> str:
         "per token, plus the network's own latency per hop on a real LAN (typically 0.05-0.5 "
         "ms each). Prefill pipelines: with chunks in flight on every stage, its throughput "
         "is set by the slowest stage, not by the sum of the hops.")
+    if results.get("pipeline"):
+        lines += [""] + render_pipeline(results["pipeline"], " ".join(textwrap.wrap(
+            f"Decode of {results.get('pipeline_steps', 24)} tokens after a "
+            f"{results.get('pipeline_prompt', 64)}-token prompt; best of "
+            f"{results.get('pipeline_repeats', results['repeats'])} interleaved rounds. "
+            "`stages_pipeline.py` documents the method.", 10_000)))
+        lines += _para(results.get("pipeline_note", ""))
     return "\n".join(lines)
 
 
@@ -247,6 +283,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prefill", type=int, default=512)
     parser.add_argument("--decode", type=int, default=48)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--only-pipeline", action="store_true",
+                        help="measure only the pipelining figures (other sections are kept "
+                        "from bench/results/stages.json)")
+    parser.add_argument("--pipeline-prompt", type=int, default=64)
+    parser.add_argument("--pipeline-steps", type=int, default=24)
     parser.add_argument("--inside", metavar="JSON", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.inside:
@@ -257,15 +298,24 @@ def main(argv: list[str] | None = None) -> int:
                "-c", INSIDE,
                "inside", sys.executable, "-m", "bench.stages", "--inside", str(out),
                "--prefill", str(args.prefill), "--decode", str(args.decode),
-               "--repeats", str(args.repeats)]
+               "--repeats", str(args.repeats), "--pipeline-prompt", str(args.pipeline_prompt),
+               "--pipeline-steps", str(args.pipeline_steps)]
+    if args.only_pipeline:
+        command.append("--only-pipeline")
     env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", OMP_NUM_THREADS="1",
                OPENBLAS_NUM_THREADS="1")
     subprocess.run(command, cwd=REPO_ROOT, env=env, check=True)
     results = json.loads(out.read_text())
     out.unlink()
-    results.update(prefill=args.prefill, decode=args.decode, repeats=args.repeats,
-                   machine=f"{_cpu()}, {os.cpu_count()} cores, Python "
-                           f"{platform.python_version()}, numpy {np.__version__}")
+    measured = dict(pipeline_prompt=args.pipeline_prompt, pipeline_steps=args.pipeline_steps,
+                    pipeline_repeats=args.repeats)
+    if args.only_pipeline:
+        results = {**json.loads(RESULTS.read_text()), **results, **measured}
+    else:
+        results.update(prefill=args.prefill, decode=args.decode, repeats=args.repeats,
+                       machine=f"{_cpu()}, {os.cpu_count()} cores, Python "
+                               f"{platform.python_version()}, numpy {np.__version__}",
+                       **measured)
     RESULTS.write_text(json.dumps(results, indent=1) + "\n")
     REPORT.write_text(render(results))
     print(f"wrote {REPORT.relative_to(REPO_ROOT)} and {RESULTS.relative_to(REPO_ROOT)}")

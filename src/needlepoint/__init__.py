@@ -33,6 +33,7 @@ def load(
     stages: int | Sequence[int] | None = None,
     transport: str = "local",
     ray_address: str | None = None,
+    stage_cpus: float | None = None,
 ) -> Any:
     """Load a model: a Needle `.cact` archive (Needle 3 or 2, from its tag), a Hugging Face
     model directory, a `.gguf` file or a known name (`models.loader.load` documents
@@ -41,12 +42,15 @@ def load(
     `stages=N` (balanced by weight bytes) or `stages=[0, 7, 14]` (each stage's first layer)
     cuts a Needle 3 model at block boundaries into stages (docs/distributed.md): in this
     process (`transport="local"`) or on Ray actors (`transport="ray"`, the `ray` extra; the
-    cluster at `ray_address`). It has a model's interface and, in deploy numerics, the same
+    cluster at `ray_address`; each stage reserves `stage_cpus` CPUs, default its threads).
+    It has a model's interface and, in deploy numerics, the same
     logits bit for bit; `needlepoint.stages.load_staged` has the placement options."""
-    if stages is not None or transport != "local" or ray_address is not None:
+    if stages is not None or transport != "local" or ray_address is not None or \
+            stage_cpus is not None:
         from .stages import load_staged
 
         return load_staged(path, stages, transport=transport, ray_address=ray_address,
+                           stage_cpus=stage_cpus,
                            layers=layers, numerics=numerics, cache=cache, threads=threads)
     return load_model_file(path, layers=layers, numerics=numerics, cache=cache, threads=threads)
 

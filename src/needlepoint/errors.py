@@ -101,6 +101,12 @@ class StageStartError(StageError):
     load the archive, or it did not answer in time)."""
 
 
+class StagePlacementError(StageStartError):
+    """The stages' reservations cannot fit the Ray cluster (more CPUs than its nodes offer, or
+    a resource / label no node has): raised before any actor starts, naming the numbers and
+    the fix (`stage_cpus=`, fewer stages, more nodes)."""
+
+
 class StagePlanError(StageError, ValueError):
     """Bad stage options: the cut points, stage count, transport or placement are invalid,
     or the model cannot be cut (Needle 2, Hugging Face / GGUF models)."""

@@ -26,6 +26,7 @@ import needlepoint
 from needlepoint.errors import (
     StageLostError,
     StageNonFiniteError,
+    StagePlacementError,
     StageSessionLostError,
     StageStartError,
 )
@@ -253,11 +254,11 @@ def test_server_stays_healthy_when_a_stage_dies(cluster):
 
 def test_stage_that_never_starts_is_an_error_at_load(cluster):
     started = time.monotonic()
-    with pytest.raises(StageStartError, match=r"stage 1 \(layers 2-3\) did not start within "
-                       r"3 s .*no node in the Ray cluster offers resource nowhere") as caught:
-        _ray(fixture_path("tiny"), 2, ["node_a", "nowhere"], start_timeout_s=3)
+    with pytest.raises(StagePlacementError, match=r"stage 1 \(layers 2-3\): no node of the "
+                       r"Ray cluster offers resource nowhere") as caught:
+        _ray(fixture_path("tiny"), 2, ["node_a", "nowhere"], start_timeout_s=60)
     assert caught.value.stage == 1
-    assert time.monotonic() - started < 30
+    assert time.monotonic() - started < 5
     # a stage whose process cannot open the archive (as on a node without the file)
     from needlepoint.stages.ray_transport import RayTransport
     from needlepoint.stages.stage import StageSpec
@@ -287,3 +288,69 @@ def test_stalled_stage_times_out_naming_it(cluster):
         finally:
             os.kill(pid, signal.SIGCONT)
         assert_bits(staged.session().prefill(ids), model("tiny").forward(ids)[-1])
+
+
+def test_placement_that_cannot_fit_fails_fast_and_stage_cpus_shares(cluster):
+    """Each node has 2 CPUs: 4 one-CPU stages pinned to node_a cannot fit (a typed error
+    within 5 s, naming the CPUs and the fix, no actor left behind); with stage_cpus=0.5 they
+    share node_a's 2 CPUs on purpose and give the single-process logits; 3 two-CPU stages
+    exceed the cluster's 4 CPUs."""
+    import ray
+
+    ids = long_prompt("tiny", 40)
+    total = ray.cluster_resources()["CPU"]
+    deadline = time.monotonic() + 60  # actors of earlier cases give their CPUs back lazily
+    while ray.available_resources().get("CPU") != total and time.monotonic() < deadline:
+        time.sleep(0.5)
+    for placement, options, numbers in (
+            (["node_a"] * 4, {}, r"4 stages reserve 4 CPUs .* offer 127.0.0.1: 2 CPUs"),
+            (None, {"stage_cpus": 2}, r"3 stages reserve 6 CPUs")):
+        started = time.monotonic()
+        with pytest.raises(StagePlacementError, match=numbers) as caught:
+            _ray(fixture_path("tiny"), [0, 1, 2, 3][: 4 if placement else 3], placement,
+                 **options)
+        assert time.monotonic() - started < 5
+        assert "--stage-cpus 0.5" in str(caught.value)
+        assert ray.available_resources().get("CPU") == total  # no actor reserved any
+    with _ray(fixture_path("tiny"), 4, ["node_a"] * 4, stage_cpus=0.5) as staged:
+        assert {i["host"] for i in staged.stage_info()} == {socket.gethostname()}
+        assert_bits(staged.forward(ids), model("tiny").forward(ids), "stage_cpus=0.5")
+
+
+def test_transformers_across_two_nodes(cluster):
+    """tiny Llama and tiny GPT-2 (int8) at every split, alternating nodes, and SmolLM2 in 2
+    stages: forward and steps bit-identical to one process; a rewind reaches every node."""
+    from hf_helpers import SmolLM2Reference, hf_fixture_dir
+    from stages_helpers import all_cut_sets
+
+    for name in ("llama-tiny", "gpt2-tiny"):
+        path = hf_fixture_dir(name)
+        reference = needlepoint.load(path, numerics="int8")
+        ids = np.random.default_rng(1).integers(3, reference.config.vocab, 50)
+        expected = reference.forward(ids)
+        for cuts in all_cut_sets(4):
+            with _ray(path, cuts, _alternate(len(cuts)), numerics="int8") as staged:
+                assert_bits(staged.forward(ids), expected, f"{name} {cuts}")
+    path = SmolLM2Reference().path
+    reference = needlepoint.load(path, numerics="int8")
+    ids = np.random.default_rng(2).integers(3, reference.config.vocab, 40)
+    expected = reference.forward(ids)
+    with _ray(path, 2, ["node_a", "node_b"], numerics="int8") as staged:
+        assert {i["host"] for i in staged.stage_info()} == {socket.gethostname()}
+        session = staged.session(chunk=16)
+        assert_bits(session.prefill(ids[:36]), expected[35], "smollm2 prefill")
+        session.extend(np.full(5, 77))
+        session.rewind(5)
+        assert_bits(np.stack([session.step(int(t)) for t in ids[36:]]), expected[36:])
+
+
+def test_rewind_across_nodes(cluster):
+    reference = model("tiny")
+    ids = long_prompt("tiny", 120)
+    expected = reference.forward(ids)
+    with _ray(fixture_path("tiny"), [0, 2], ["node_a", "node_b"]) as staged:
+        session = staged.session(chunk=32)
+        session.prefill(ids[:100])
+        session.extend(np.full(30, 40))
+        session.rewind(30)
+        assert_bits(session.extend(ids[100:]), expected[100:], "after a rewind")

@@ -22,8 +22,9 @@ from needlepoint.errors import (
     StagePlanError,
     StageSessionLostError,
 )
+from needlepoint.models.needle3.parts import layer_bytes
 from needlepoint.stages import StagedModel, load_staged, plan_stages
-from needlepoint.stages.plan import balanced_cuts, layer_bytes
+from needlepoint.stages.plan import balanced_cuts
 
 TOOLS = REPO_ROOT / "examples" / "tools.json"
 
@@ -51,11 +52,11 @@ def test_plan_by_weight_bytes_of_the_shipped_geometry():
     kept = tuple(range(archive.config.num_layers))
     sizes = layer_bytes(archive, kept)
     assert all(s > 0 for s in sizes)
-    plan = plan_stages(archive, kept, 4)
+    plan = plan_stages(sizes, 4)
     assert [r.first for r in plan.ranges] == balanced_cuts(sizes, 4)
     assert sum(r.weight_bytes for r in plan.ranges) == sum(sizes)
     assert plan.ranges[-1].end == 20 and plan.ranges[1].describe().startswith("stage 1 (layers")
-    explicit = plan_stages(archive, kept, [0, 7, 14])
+    explicit = plan_stages(sizes, [0, 7, 14])
     assert [(r.first, r.end) for r in explicit.ranges] == [(0, 7), (7, 14), (14, 20)]
 
 
@@ -79,9 +80,6 @@ def test_bad_transport_and_models_that_cannot_be_cut():
         load_staged(tiny, 2, ray_address="127.0.0.1:1")
     with pytest.raises(StagePlanError, match="Needle 2"):
         needlepoint.load(get_fixture("needle2", "small").cact, stages=2)
-    hf = get_fixture("needle3", "tiny").folder.parent / "hf" / "llama-tiny"
-    with pytest.raises(StagePlanError, match="Hugging Face"):
-        needlepoint.load(hf, stages=2)
     assert issubclass(StagePlanError, ValueError)  # bad options, as ValueError elsewhere
 
 
@@ -176,7 +174,7 @@ def test_cli_run_with_stages(capsys):
     for key in ("type", "function_calls", "text", "reasoning", "seed"):
         assert got[key] == want[key], key
     assert main(args + ["--ray", "127.0.0.1:1"]) == 2
-    assert "--ray and --placement need --stages" in capsys.readouterr().err
+    assert "--ray, --placement and --stage-cpus need --stages" in capsys.readouterr().err
     assert main(args + ["--stages", "5"]) == 2
     assert "1 to 4 stages" in capsys.readouterr().err
 
@@ -247,3 +245,18 @@ def test_prefill_chunks_are_all_in_flight_and_only_the_last_reaches_the_lm_head(
         last_stage = [want for _, stage, _, want in runs if stage == 2]
         assert last_stage == ["none"] * 6 + ["last"]
         assert {want for _, stage, _, want in runs if stage != 2} == {None}
+
+
+def test_stages_use_only_the_public_layer_range_interface_of_models():
+    """`stages/` reaches models only through public names: the layer-range Protocol, the
+    part loader, the thread setting and model lookup; never a family's internals."""
+    import ast
+
+    allowed = {"models.layer_range", "models.parts", "models.loader", "models.hub",
+               "models.transformer.known"}
+    for path in sorted((REPO_ROOT / "src" / "needlepoint" / "stages").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("models"):
+                assert node.level == 2 and node.module in allowed, (path.name, node.module)
+                private = [a.name for a in node.names if a.name.startswith("_")]
+                assert private == [], (path.name, private)

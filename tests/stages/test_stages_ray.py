@@ -36,6 +36,9 @@ CASES = [
     "test_server_stays_healthy_when_a_stage_dies",
     "test_stage_that_never_starts_is_an_error_at_load",
     "test_stalled_stage_times_out_naming_it",
+    "test_placement_that_cannot_fit_fails_fast_and_stage_cpus_shares",
+    "test_transformers_across_two_nodes",
+    "test_rewind_across_nodes",
 ]
 TIMEOUT_S = 900
 INSIDE = """set -e

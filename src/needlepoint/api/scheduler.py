@@ -22,6 +22,11 @@ Each request runs its turn on its own thread, on `BatchedSession` proxies (`batc
 4. makes one `model.run_batch` call for all of it (or, for a model without one, runs the
    items one after the other: `batched.run_batch`), and hands out the logits.
 
+A model cut into stages (`pipeline_depth` K > 1) gets K engine loops: each takes at most its
+share of the live requests' work (work another loop runs is left alone), so while one loop's
+step is in the later stages the next loop's step enters the first: K micro-batches stay in
+flight and the pipeline does not drain between steps (docs/distributed.md).
+
 Requests join (a new lease's prefill) and leave (a finished turn, a closed lease) between
 steps. Before a step the engine waits, briefly, for the requests it has just answered to
 submit their next token (each one samples on its own thread), so a step carries all of them
@@ -153,6 +158,9 @@ class Scheduler:
         self._last_arrival = 0.0
         self._kv_reserved = 0
         self._thread: threading.Thread | None = None
+        self.loops = max(1, int(getattr(model, "pipeline_depth", 1))) if self.batched else 1
+        self._threads: list[threading.Thread] = []
+        self._in_flight: set[int] = set()  # id() of work a loop is running
         self._stats = {"steps": 0, "rows": 0, "sessions_stepped": 0, "max_batch": 0, "calls": 0,
                        "leases": 0, "peak_leases": 0, "cancelled": 0, "refused": 0}
 
@@ -232,19 +240,23 @@ class Scheduler:
             self._start_locked()
 
     def _start_locked(self) -> None:
-        if self._thread is None and not self.stopped:
-            self._thread = threading.Thread(target=self._loop, name="needlepoint-scheduler",
-                                            daemon=True)
-            self._thread.start()
+        if not self._threads and not self.stopped:
+            self._threads = [threading.Thread(target=self._loop, daemon=True,
+                                              name=f"needlepoint-scheduler{k or ''}")
+                             for k in range(self.loops)]
+            self._thread = self._threads[0]
+            for thread in self._threads:
+                thread.start()
 
     def close(self) -> None:
         """Stop the engine thread; work still waiting fails with SchedulerClosed."""
         with self._cond:
             self.stopped = True
             self._cond.notify_all()
-            thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout=30)
+            threads = list(self._threads)
+        for thread in threads:
+            if thread is not threading.current_thread():
+                thread.join(timeout=30)
         self._fail_all(SchedulerClosed("the scheduler was shut down"))
 
     def _fail_all(self, error: BaseException) -> None:
@@ -275,14 +287,18 @@ class Scheduler:
                 if self.stopped:
                     return None
                 self._drop_cancelled()
-                if self._queue:
+                if any(id(w) not in self._in_flight for w in self._queue):
                     break
                 self._cond.wait()
             self._gather()
             self._drop_cancelled()
-            calls = [w for w in self._queue if w.call is not None]
-            pending = [w for w in self._queue if w.call is None]
+            free = [w for w in self._queue if id(w) not in self._in_flight]
+            calls = [w for w in free if w.call is not None]
+            pending = [w for w in free if w.call is None]
+            if self.loops > 1:  # this loop's share: the others keep the pipeline full
+                pending = pending[: max(1, -(-len(self._leases) // self.loops))]
             plan = plan_step(pending, self.step_tokens, self.new_first and not self._new_only)
+            self._in_flight.update(id(w) for w in calls + [w for w, _ in plan])
             # a step of new prompts only is followed by one that decodes (no starvation)
             self._new_only = bool(plan) and len(plan) < len(pending) and \
                 all(w.fed == 0 and w.remaining > 1 for w, _ in plan)
@@ -303,7 +319,7 @@ class Scheduler:
         keep = []
         for work in self._queue:
             lease = work.proxy._lease
-            if lease.cancelled or self.stopped:
+            if (lease.cancelled or self.stopped) and id(work) not in self._in_flight:
                 work.proxy._session = None  # the KV cache goes with the last reference
                 work.finish(error=RequestCancelled("the request was cancelled"))
             else:
@@ -311,6 +327,7 @@ class Scheduler:
         self._queue = keep
 
     def _run(self, calls: list[Work], plan: list[tuple[Work, int]]) -> None:
+        taken = [id(w) for w in calls] + [id(w) for w, _ in plan]  # in flight until the end
         done: list[tuple[Work, Any, BaseException | None]] = []  # handed out under the lock
         for work in calls + [w for w, _ in plan]:
             if work.rewind:  # a rewind the request made since its last work
@@ -352,6 +369,8 @@ class Scheduler:
                                   if w.proxy._lease in self._leases)
             finished = {id(w) for w, _, _ in done}
             self._queue = [w for w in self._queue if id(w) not in finished]
+            self._in_flight.difference_update(taken)
+            self._cond.notify_all()  # work this step held may be free for another loop
             self._last_arrival = time.monotonic()
             self._record(plan, calls)
             for work, result, failure in done:

@@ -1,29 +1,33 @@
-"""A Needle 3 model cut at block boundaries into stages: `load_staged` and `StagedModel`.
+"""A model cut at block boundaries into stages: `load_staged` and `StagedModel`.
 
-The head (this object) holds the tokenizer, the embedding, the engram sites, the final norm,
-the LM head and the confidence head; each stage (`stage.Stage`, on the chosen transport)
-holds its contiguous range of blocks. The public interface is the single-process model's
-(`V3Model`): `forward`, `session`, `confidence_logit`, `check_ids`, `run_batch`, `tokenizer`,
-`config`, `has_confidence_head`, so `Needle`, the CLI and the server take it unchanged. In
-deploy numerics its logits are the single-process logits bit for bit, for every split.
+Any family with the layer-range interface (`models.layer_range.LayerRange`): Needle 3
+archives, Llama-family and GPT-2 models from Hugging Face directories or GGUF files. The head
+(this object) holds the tokenizer and the head's part (`models.parts.load_part(head=True)`:
+Needle 3's embedding, engram sites, final norm, LM head and confidence head; a transformer's
+embedding, final norm and LM head); each stage (`stage.Stage`, on the chosen transport) holds
+its contiguous range of blocks. The public interface is the single-process model's
+(`forward`, `session`, `confidence_logit`, `check_ids`, `run_batch`, `tokenizer`, `config`,
+`has_confidence_head`), so `Needle`, the CLI and the server take it unchanged. In exact
+numerics (Needle 3 "deploy", transformer "int8") its logits are the single-process logits
+bit for bit, for every split.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Sequence
 from functools import cached_property
 from typing import Any
 
 import numpy as np
 
-from ..errors import StagePlanError
-from ..formats.cact import open_archive
-from ..formats.checkpoints import is_checkpoint
+from ..errors import ModelInputError, StagePlanError
+from ..models.layer_range import LayerRange
 from ..models.loader import resolve_threads
-from ..models.needle3.model import NUMERICS, V3Model
-from ..models.needle3.session import CHUNK
-from .parts import head_weights, rung
+from ..models.parts import load_part, part_numerics
+from .pipeline import run_batch
+from .placement import check_stage_cpus
 from .plan import StagePlan, plan_stages
 from .session import StagedSession
 from .stage import StageSpec
@@ -32,48 +36,56 @@ TRANSPORTS = ("local", "ray")
 
 
 class StagedModel:
-    """A Needle 3 model whose blocks run on stages. Use `needlepoint.load(path, stages=...)`."""
+    """A model whose blocks run on stages. Use `needlepoint.load(path, stages=...)`."""
 
-    def __init__(self, archive, config, weights, layer_indices, numerics: str,
-                 plan: StagePlan, transport) -> None:
-        self.archive = archive
-        self.path = archive.path
-        self.config = config
-        self.weights = weights
-        self.layer_indices = layer_indices
-        self.numerics = numerics
-        self.quantized = numerics == "deploy"
+    def __init__(self, path: str, part: LayerRange, plan: StagePlan, transport) -> None:
+        self.path = path
+        self.part = part
+        self.config = part.config
+        self.numerics = part.numerics
+        self.quantized = part.quantized
         self.plan = plan
         self.transport = transport
-        # engram sites (indices into weights.engram) whose block each stage holds
-        sites = {}
-        for i, block in enumerate(config.engram_sites):
-            sites[block] = i
-        self.sites_of = [tuple(sites[b] for b in r.layers if b in sites) for r in plan.ranges]
+        self.micro_batches: int | None = None  # run_batch (None: pipeline.py's default)
+        self._lock = threading.Lock()
+        self._calls = 0  # run_batch calls in flight
 
-    check_ids = V3Model.check_ids  # the same validation (it reads only `config`)
+    def check_ids(self, ids: Sequence[int] | np.ndarray, position: int = 0) -> np.ndarray:
+        """Token ids as int64, or a ModelInputError naming what is wrong."""
+        return self.part.check_ids(ids, position)
 
     @cached_property
     def tokenizer(self) -> Any:
-        return self.archive.tokenizer
+        return self.part.tokenizer
 
     @property
     def has_confidence_head(self) -> bool:
-        return self.weights.confidence is not None
+        return self.part.has_confidence_head
 
     @property
     def stages(self) -> int:
         return len(self.plan)
 
+    @property
+    def pipeline_depth(self) -> int:
+        """Steps the server's scheduler keeps in flight at once (one engine loop per stage:
+        api/scheduler.py), so the stages work on different requests' steps at once."""
+        return len(self.plan)
+
     def session(self, kv_window: int | None = None, *, trace: Any = None,
-                chunk: int = CHUNK) -> StagedSession:
-        """A fresh, independent decode state (its caches on the stages)."""
+                chunk: int | None = None) -> StagedSession:
+        """A fresh, independent decode state (its caches on the stages); `chunk`: positions
+        per chunk (default: the family's single-process prefill chunk)."""
         if trace is not None:
             raise StagePlanError("trace= is not supported on a model cut into stages")
-        return StagedSession(self, kv_window=kv_window, chunk=chunk)
+        if kv_window is not None and not hasattr(self.part, "window_cuts"):
+            raise ModelInputError("kv_window= bounds Needle 3 attention rings; this model's "
+                                  "caches keep every position")
+        return StagedSession(self, kv_window=kv_window,
+                             chunk=self.part.chunk if chunk is None else chunk)
 
     def forward(self, ids: Sequence[int] | np.ndarray, *, trace: Any = None) -> np.ndarray:
-        """Logits [len(ids), vocab_out] at every position (full causal attention)."""
+        """Logits [len(ids), vocab] at every position (full causal attention)."""
         session = self.session(trace=trace)
         try:
             return session.extend(ids)
@@ -81,7 +93,7 @@ class StagedModel:
             session.close()
 
     def confidence_logit(self, ids: Sequence[int] | np.ndarray) -> float | None:
-        """Confidence-head logit over the whole sequence; None if the archive has no head."""
+        """Confidence-head logit over the whole sequence; None if the model has no head."""
         if not self.has_confidence_head:
             self.check_ids(ids)
             return None
@@ -93,13 +105,23 @@ class StagedModel:
             session.close()
 
     def run_batch(self, requests: Sequence[tuple[StagedSession, Any, bool]]) -> list[np.ndarray]:
-        """Per request (session, ids, all_logits): every request is submitted before any is
-        waited for, so the stages pipeline across requests too."""
-        if len({id(s) for s, _, _ in requests}) != len(requests):
-            raise ValueError("run_batch: each session may appear once per call")
-        launched = [s.launch(ids, "all" if every else "last") for s, ids, every in requests]
-        results = [s.finish(item) for (s, _, _), item in zip(requests, launched, strict=True)]
-        return [r if every else r[-1] for r, (_, _, every) in zip(results, requests, strict=True)]
+        """Per request (session, ids, all_logits): the requests go through the stages in
+        micro-batches (`micro_batches`, else `pipeline.default_micro_batches`), all submitted
+        before any is waited for, so stage k works on micro-batch m while stage k+1 works on
+        m-1 (`pipeline.py`); each request's logits are its own bits (exact numerics). While
+        another call is in flight (the scheduler's other engine loops keep the stages busy)
+        a call to stages that stack rows (Needle 3 deploy) is one micro-batch: fewer hops,
+        and each stage reads its weights once for all the rows."""
+        with self._lock:
+            self._calls += 1
+            alone = self._calls == 1
+        try:
+            stacks = getattr(self.part, "stacks", False)
+            micro = self.micro_batches or (1 if stacks and not alone else None)
+            return run_batch(self, requests, micro)
+        finally:
+            with self._lock:
+                self._calls -= 1
 
     def stage_info(self) -> list[dict]:
         """Per stage: its layers, process id, host, RSS, resident archive bytes, sessions
@@ -117,10 +139,19 @@ class StagedModel:
         self.close()
 
     def __repr__(self) -> str:
-        cfg = self.config
-        return (f"StagedModel({self.path.name}, layers={cfg.num_layers}, "
-                f"stages={list(self.plan.cuts)}, transport={self.transport.kind!r}, "
-                f"numerics={self.numerics!r})")
+        return (f"StagedModel({os.path.basename(self.path)}, "
+                f"layers={self.config.num_layers}, stages={list(self.plan.cuts)}, "
+                f"transport={self.transport.kind!r}, numerics={self.numerics!r})")
+
+
+def _model_file(path: str | os.PathLike[str]) -> str:
+    """A known name ("smollm2") resolved to its file; the path every node opens (absolute,
+    no symlinks resolved: a link may point elsewhere on another machine)."""
+    from ..models.transformer.known import is_known_name, resolve_known
+
+    if is_known_name(path):
+        path = resolve_known(str(path))
+    return os.path.abspath(os.fspath(path))
 
 
 def load_staged(
@@ -136,43 +167,42 @@ def load_staged(
     threads: int | None = None,
     start_timeout_s: float = 120.0,
     call_timeout_s: float = 300.0,
+    stage_cpus: float | None = None,
 ) -> StagedModel:
-    """Load a Needle 3 `.cact` archive cut into `stages` (a count, balanced by weight bytes,
-    or the first layer of each stage, e.g. `[0, 7, 14]`).
+    """Load a model cut into `stages` (a count, balanced by weight bytes, or the first layer
+    of each stage, e.g. `[0, 7, 14]`): a Needle 3 `.cact` archive, a Hugging Face model
+    directory or a GGUF file (Llama family, GPT-2; `numerics` "deploy" = "int8", or "float").
 
     `transport="local"`: every stage in this process, one worker thread each. `"ray"`: one
     Ray actor per stage (the `ray` extra), on the cluster at `ray_address` (None: Ray's own
     default, `$RAY_ADDRESS` or a new local instance); `placement` puts stage k where its
     entry says (`ray_transport.actor_options`: a custom resource name, `{"label": value}`
     node labels as `label_selector`, or a dict of Ray actor options); without it the stages
-    are spread over the nodes. Every node must see the archive at `path`. A stage that does
-    not start within `start_timeout_s` is a `StageStartError`; a call with no answer within
-    `call_timeout_s` a `StageLostError`.
+    are spread over the nodes. Each stage reserves `stage_cpus` CPUs on its node (default:
+    `threads`; a fraction such as 0.5 lets stages share a CPU on purpose); stages that cannot
+    all fit the cluster's nodes are a `StagePlacementError` before any actor starts. Every
+    node must see the model at `path`. A stage that does not start within `start_timeout_s`
+    is a `StageStartError`; a call with no answer within `call_timeout_s` a `StageLostError`.
     """
     if stages is None:
         raise StagePlanError("stages= is needed (a count, or each stage's first layer): "
                              "transport= and ray_address= apply to a model cut into stages")
     if transport not in TRANSPORTS:
         raise StagePlanError(f"transport must be one of {TRANSPORTS}, got {transport!r}")
-    if numerics not in NUMERICS:
-        raise ValueError(f"numerics must be one of {NUMERICS}, got {numerics!r}")
-    if transport != "ray" and (ray_address is not None or placement is not None):
-        raise StagePlanError("ray_address= and placement= need transport='ray'")
+    if transport != "ray" and (ray_address is not None or placement is not None
+                               or stage_cpus is not None):
+        raise StagePlanError("ray_address=, placement= and stage_cpus= need transport='ray'")
+    stage_cpus = check_stage_cpus(stage_cpus)
     threads = resolve_threads(threads)
-    if is_checkpoint(path):
-        raise StagePlanError(f"{path}: Hugging Face / GGUF models are not supported with "
-                             "stages (Needle 3 .cact archives only)")
-    archive = open_archive(path)
-    if archive.generation != 3:
-        raise StagePlanError(f"{path}: Needle {archive.generation} archives are not supported "
-                             "with stages (Needle 3 only)")
-    kept, cfg = rung(archive, layers)
-    plan = plan_stages(archive, kept, stages)
-    source = os.path.abspath(os.fspath(path))  # every node opens this path (no symlinks
-    # resolved: a link may point elsewhere on another machine)
+    source = _model_file(path)
+    allowed = part_numerics(source)
+    if numerics not in allowed:
+        raise ValueError(f"numerics must be one of {allowed}, got {numerics!r}")
+    part = load_part(source, head=True, layers=layers, numerics=numerics, threads=threads,
+                     cache=cache)
+    plan = plan_stages(part.block_bytes(), stages)
     specs = [StageSpec(source, r.index, len(plan), r.first, r.end, layers, numerics, threads,
                        cache) for r in plan.ranges]
-    weights = head_weights(archive, cfg, kept, numerics, threads, cache)
     if transport == "ray":
         from .ray_transport import RayTransport
 
@@ -180,9 +210,9 @@ def load_staged(
             raise StagePlanError(f"placement has {len(placement)} entries for {len(plan)} "
                                  "stages")
         carrier: Any = RayTransport(specs, ray_address, placement, start_timeout_s,
-                                    call_timeout_s)
+                                    call_timeout_s, stage_cpus)
     else:
         from .local import LocalTransport
 
         carrier = LocalTransport(specs)
-    return StagedModel(archive, cfg, weights, kept, numerics, plan, carrier)
+    return StagedModel(source, part, plan, carrier)

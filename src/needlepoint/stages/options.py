@@ -1,5 +1,6 @@
 """The command-line form of the stage options, shared by `run`/`chat` (cli/common.py) and
-`serve` (server/cli.py): `--stages N|A,B,C`, `--ray ADDRESS`, `--placement P0,P1,...`."""
+`serve` (server/cli.py): `--stages N|A,B,C`, `--ray ADDRESS`, `--placement P0,P1,...`,
+`--stage-cpus CPUS`."""
 
 from __future__ import annotations
 
@@ -30,7 +31,8 @@ def parse_placement(text: str) -> list[str]:
 def add_stage_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stages", type=parse_stages, default=None, metavar="N|A,B,...",
                         help="cut the model into N stages (balanced by weight bytes), or at "
-                        "these first layers (0,7,14); Needle 3 only (docs/distributed.md)")
+                        "these first layers (0,7,14); Needle 3, Hugging Face and GGUF models "
+                        "(docs/distributed.md)")
     parser.add_argument("--ray", metavar="ADDRESS", default=None,
                         help="run the stages as Ray actors on the cluster at ADDRESS "
                         "(host:port of `ray start --head`; needs the 'ray' extra)")
@@ -38,6 +40,9 @@ def add_stage_arguments(parser: argparse.ArgumentParser) -> None:
                         metavar="P0,P1,...", help="with --ray: where each stage runs, a "
                         "custom resource name (ray start --resources) or label=value "
                         "(ray start --labels); default: spread over the nodes")
+    parser.add_argument("--stage-cpus", type=float, default=None, metavar="CPUS",
+                        help="with --ray: CPUs each stage reserves on its node (default: "
+                        "--threads; 0.5 lets two stages share a CPU)")
 
 
 def staged_from_args(model: str | os.PathLike[str] | None, args: argparse.Namespace) -> Any:
@@ -45,16 +50,19 @@ def staged_from_args(model: str | os.PathLike[str] | None, args: argparse.Namesp
     $NEEDLEPOINT_MODEL / the bundled model), or None when they ask for none."""
     stages, address = getattr(args, "stages", None), getattr(args, "ray", None)
     placement = getattr(args, "placement", None)
-    if stages is None and address is None and placement is None:
+    stage_cpus = getattr(args, "stage_cpus", None)
+    if stages is None and address is None and placement is None and stage_cpus is None:
         return None
     if stages is None:
-        raise StagePlanError("--ray and --placement need --stages (a count, or each stage's "
-                             "first layer)")
-    if placement is not None and address is None:
-        raise StagePlanError("--placement needs --ray ADDRESS")
+        raise StagePlanError("--ray, --placement and --stage-cpus need --stages (a count, or "
+                             "each stage's first layer)")
+    if (placement is not None or stage_cpus is not None) and address is None:
+        raise StagePlanError("--placement and --stage-cpus need --ray ADDRESS")
     from ..models.hub import resolve_model_path
     from .model import load_staged
 
-    return load_staged(resolve_model_path(model), stages, transport="ray" if address else "local",
-                       ray_address=address, placement=placement,
+    # a Hugging Face directory or a known name ("smollm2") is resolved by load_staged
+    return load_staged(resolve_model_path(None) if model is None else model, stages,
+                       transport="ray" if address else "local", ray_address=address,
+                       placement=placement, stage_cpus=stage_cpus,
                        threads=getattr(args, "threads", None))

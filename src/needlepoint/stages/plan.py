@@ -1,10 +1,11 @@
 """Where a model is cut: contiguous ranges of blocks, one per stage.
 
-`plan_stages(archive, kept, stages)` takes `stages` as a count N (balanced by the weight bytes
-each block reads from the archive: its own records plus its rows of the shared mHC records)
-or as the first block of every stage (`[0, 7, 14]`: stage 0 holds blocks 0-6, stage 1 blocks
-7-13, stage 2 the rest). Block indices are those of the loaded model (a ladder rung's blocks
-are numbered 0..k-1, as `needlepoint.load(path, layers=k)` numbers them).
+`plan_stages(sizes, stages)` takes `stages` as a count N (balanced by `sizes`, the weight
+bytes each block reads: `part.block_bytes()`; for Needle 3 its own records plus its rows of
+the shared mHC records, for a transformer equal shares) or as the first block of every
+stage (`[0, 7, 14]`: stage 0 holds blocks 0-6, stage 1 blocks 7-13, stage 2 the rest).
+Block indices are those of the loaded model (a ladder rung's blocks are numbered 0..k-1, as
+`needlepoint.load(path, layers=k)` numbers them).
 """
 
 from __future__ import annotations
@@ -14,11 +15,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..errors import StagePlanError
-from ..formats.cact import CactArchive
-
-# archive records shared by all blocks, one row range per block (README "The `.cact` archive")
-SHARED_PER_LAYER = ("mhc_phi_pre", "mhc_phi_post", "mhc_phi_res", "mhc_a_pre", "mhc_a_post",
-                    "mhc_a_res", "mhc_b_pre", "mhc_b_post", "mhc_b_res")
 
 
 @dataclass(frozen=True)
@@ -28,7 +24,7 @@ class StageRange:
     index: int
     first: int
     end: int
-    weight_bytes: int  # archive bytes its blocks read
+    weight_bytes: int  # bytes its blocks read (`sizes`)
 
     @property
     def layers(self) -> range:
@@ -51,19 +47,6 @@ class StagePlan:
 
     def __len__(self) -> int:
         return len(self.ranges)
-
-
-def layer_bytes(archive: CactArchive, kept: Sequence[int]) -> list[int]:
-    """Archive bytes each kept block reads: its `layerNN.*` records and its share of the
-    per-block rows of the shared mHC records."""
-    full = archive.config.num_layers
-    shared = sum(archive.record(name).nbytes for name in SHARED_PER_LAYER if archive.has(name))
-    totals = []
-    for old in kept:
-        prefix = f"layer{old:02d}."
-        own = sum(r.nbytes for r in archive.records if r.name.startswith(prefix))
-        totals.append(own + shared // full)
-    return totals
 
 
 def balanced_cuts(weights: Sequence[int], count: int) -> list[int]:
@@ -92,13 +75,11 @@ def balanced_cuts(weights: Sequence[int], count: int) -> list[int]:
     return starts[::-1]
 
 
-def plan_stages(
-    archive: CactArchive, kept: Sequence[int], stages: int | Sequence[int]
-) -> StagePlan:
-    """The stage ranges for `stages` (a count, or each stage's first block); StagePlanError
-    for a count outside 1..layers or cut points that are not 0, increasing, in range."""
-    layers = len(kept)
-    sizes = layer_bytes(archive, kept)
+def plan_stages(sizes: Sequence[int], stages: int | Sequence[int]) -> StagePlan:
+    """The stage ranges for `stages` (a count, or each stage's first block) of blocks whose
+    weights take `sizes` bytes; StagePlanError for a count outside 1..layers or cut points
+    that are not 0, increasing, in range."""
+    layers = len(sizes)
     if isinstance(stages, bool):
         raise StagePlanError(f"stages must be a count or a list of cut points, got {stages!r}")
     if isinstance(stages, numbers.Integral):

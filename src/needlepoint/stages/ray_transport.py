@@ -10,17 +10,20 @@ Failures become typed errors naming the stage: an exception in a stage is re-rai
 (stages raise `StageError`s), a dead actor is a `StageLostError` (Ray restarts the actor:
 `max_restarts=-1`, and never retries a call: `max_task_retries=0`), no answer within
 `call_timeout_s` a `StageLostError`, a stage that does not come up at load a
-`StageStartError`.
+`StageStartError`, stages whose reservations cannot fit the cluster's nodes a
+`StagePlacementError` before any actor starts (`placement.py`).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Sequence
 from typing import Any
 
 from ..errors import StageError, StageLostError, StagePlanError, StageStartError
+from .placement import check_fits, demand_of, local_node, nodes_of
 from .stage import Stage, StageSpec
 
 # Ray actor options a placement entry may give (everything else is refused by name)
@@ -86,18 +89,24 @@ class RayTransport:
 
     def __init__(self, specs: Sequence[StageSpec], address: str | None,
                  placement: Sequence[Any] | None, start_timeout_s: float = 120.0,
-                 call_timeout_s: float = 300.0) -> None:
+                 call_timeout_s: float = 300.0, stage_cpus: float | None = None) -> None:
         ray = self.ray = _import_ray()
         self.specs = list(specs)
         self.call_timeout_s = call_timeout_s
         self.closed = False
         entries = list(placement) if placement is not None else [None] * len(self.specs)
         options = [actor_options(entry) for entry in entries]
+        for spec, opts in zip(self.specs, options, strict=True):
+            # a stage keeps its threads busy, unless told to share (stage_cpus=0.5)
+            opts.setdefault("num_cpus", spec.threads if stage_cpus is None else stage_cpus)
+        demands = [demand_of(spec.name, opts, spec.index)
+                   for spec, opts in zip(self.specs, options, strict=True)]
         if not ray.is_initialized():
+            if address is None and not os.environ.get("RAY_ADDRESS"):
+                check_fits(demands, [local_node()])  # before starting a local instance
             ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
         actor_class = ray.remote(StageActor)
-        for spec, opts in zip(self.specs, options, strict=True):
-            opts.setdefault("num_cpus", spec.threads)  # a stage keeps its threads busy
+        check_fits(demands, nodes_of(ray.nodes()))
         self.actors = [
             actor_class.options(max_restarts=-1, max_task_retries=0, **opts).remote(spec)
             for spec, opts in zip(self.specs, options, strict=True)
@@ -136,8 +145,9 @@ class RayTransport:
         if missing:
             return (f": no node in the Ray cluster offers resource {', '.join(missing)} "
                     f"(offered: {', '.join(sorted(offered))})")
-        return (": no node that matches has its CPUs free (a stage reserves num_cpus = threads "
-            "on its node), or its node is not up")
+        return (": no node that matches has its CPUs free (a stage reserves num_cpus = "
+                "stage_cpus, default its threads, on its node; other work may hold them), or "
+                "its node is not up")
 
     # -- calls -------------------------------------------------------------------------------
     def submit(self, stage: int, method: str, *args: Any) -> _Pending:

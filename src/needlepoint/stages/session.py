@@ -1,11 +1,15 @@
 """A decode state of a staged model: the head's part here, each stage's caches on its stage.
 
-The head keeps the tokens, the engram tail and confidence row 0; each stage keeps its blocks'
-caches and confidence rows under the session's id. A call to `prefill` / `step` / `extend`
-is cut into chunks; every chunk's calls (stage 0 -> 1 -> ... -> K-1) are submitted without
-waiting, so the stages work on consecutive chunks at once, and only the chunks whose logits
-are asked for reach the LM head. Any failure leaves the session unusable (its stages may have
-advanced unevenly): it raises, and a new session is needed.
+The head keeps the part of the state that depends on the tokens alone (`part.head_state()`:
+the tokens' positions, and for Needle 3 the engram history and confidence row 0); each stage
+keeps its blocks' caches (and confidence rows) under the session's id. A call to `prefill` /
+`step` / `extend` is cut into chunks; every chunk's calls (stage 0 -> 1 -> ... -> K-1) are
+submitted without waiting, so the stages work on consecutive chunks at once, and only the
+chunks whose logits are asked for reach the LM head. `rewind(n)` undoes positions on the head
+and every stage exactly (exact numerics; float numerics re-run the kept tokens, as a
+single-process session does), so speculative decoding runs on staged models. Any failure
+leaves the session unusable (its stages may have advanced unevenly): it raises, and a new
+session is needed.
 """
 
 from __future__ import annotations
@@ -25,29 +29,27 @@ from ..errors import (
     StageNonFiniteError,
     StageSessionLostError,
 )
-from ..models.needle3.engram import EngramTail, new_tail
-from ..models.needle3.heads import ConfidencePool
-from ..models.needle3.session import CHUNK, bounded_window
-from .head import embed, read_out
 from .stage import check_kv_window, finite
 
 if TYPE_CHECKING:  # pragma: no cover
     from .model import StagedModel
 
+CHUNK = 128  # positions per chunk when none is given (exact numerics: any gives the same bits)
+
 
 @dataclass
 class Launched:
-    """A call whose chunks are submitted: the futures of the wanted rows, the state after."""
+    """A call whose chunks are submitted: the futures of the wanted rows, the tokens."""
 
     session: StagedSession
     tokens: np.ndarray
     outputs: list  # last stage's future per chunk (None-valued where no rows are wanted)
-    tail: EngramTail
     want: str
 
 
 class StagedSession:
-    """Incremental decoding state of one sequence across the stages (V3Session's interface)."""
+    """Incremental decoding state of one sequence across the stages (a session's interface:
+    prefill, step, extend, fork, rewind, position, consumed, confidence_logit)."""
 
     def __init__(self, model: StagedModel, kv_window: int | None = None, chunk: int = CHUNK):
         check_kv_window(kv_window)
@@ -57,9 +59,7 @@ class StagedSession:
         self.sid = uuid.uuid4().hex
         self.broken: str | None = None
         self.tokens = np.zeros(0, np.int64)
-        head = model.weights.confidence
-        self.pool = ConfidencePool.empty(head) if head is not None else None
-        self.engram_tail = new_tail(model.config, len(model.weights.engram))
+        self.head = model.part.head_state()
         self._register()
         self.incarnations = model.transport.call_all("open", self.sid, kv_window)
 
@@ -76,6 +76,11 @@ class StagedSession:
         """Tokens consumed so far (the position the next token takes)."""
         return len(self.tokens)
 
+    @property
+    def exact_extend(self) -> bool:
+        """`extend` is bit-identical to stepping and `rewind` exact (exact numerics)."""
+        return self.model.part.quantized
+
     def consumed(self) -> np.ndarray:
         """Every token consumed so far (int64)."""
         return self.tokens
@@ -88,8 +93,7 @@ class StagedSession:
         other.sid = uuid.uuid4().hex
         other.broken = None
         other.tokens = self.tokens.copy()
-        other.pool = self.pool.copy() if self.pool is not None else None
-        other.engram_tail = self.engram_tail.copy()
+        other.head = self.head.copy()
         other._register()
         other.incarnations = self.model.transport.call_all("fork", self.sid, other.sid)
         return other
@@ -103,46 +107,67 @@ class StagedSession:
     # -- public steps ------------------------------------------------------------------------
     def prefill(self, ids: Sequence[int] | np.ndarray, *, logits: bool = True,
                 trace: Any = None) -> np.ndarray | None:
-        """Consume `ids`; the logits [vocab_out] at the last of them (None with logits=False)."""
+        """Consume `ids`; the logits [vocab] at the last of them (None with logits=False)."""
         out = self._run(ids, "last" if logits else "none", trace)
         return None if out is None else out[-1]
 
     def step(self, token_id: int, *, trace: Any = None) -> np.ndarray:
-        """Consume one token; returns the logits [vocab_out] for the next position."""
+        """Consume one token; returns the logits [vocab] for the next position."""
         return self._run([token_id], "last", trace)[-1]
 
     def extend(self, ids: Sequence[int] | np.ndarray) -> np.ndarray:
-        """Consume `ids`; the logits [len(ids), vocab_out] after each of them."""
+        """Consume `ids`; the logits [len(ids), vocab] after each of them."""
         return self._run(ids, "all", None)
+
+    def rewind(self, n: int) -> None:
+        """Undo the last `n` positions on the head and every stage, as if never consumed.
+        Exact numerics undo them in place (Needle 3: up to 64 positions, as one process);
+        float numerics re-run the kept tokens through the stages."""
+        if isinstance(n, bool) or not isinstance(n, int | np.integer) or n < 0:
+            raise ModelInputError(f"rewind needs a count >= 0, got {n!r}")
+        n = int(n)
+        if n > self.position:
+            raise ModelInputError(f"cannot rewind {n} positions: only {self.position} consumed")
+        if n == 0:
+            return
+        self._usable()
+        part, kept = self.model.part, self.tokens[: self.position - n].copy()
+        if not part.quantized:  # start over on every stage, then re-run the kept tokens
+            self.incarnations = self.model.transport.call_all("open", self.sid,
+                                                              self.kv_window)
+            self.head, self.tokens = part.head_state(), np.zeros(0, np.int64)
+            if len(kept):
+                self.prefill(kept, logits=False)
+            return
+        if part.max_rewind is not None and n > part.max_rewind:
+            raise ModelInputError(f"cannot rewind {n} positions: at most {part.max_rewind} "
+                                  "are kept")
+        try:
+            self.head.rewind_to(len(kept))
+            self.model.transport.call_all("rewind", self.sid, len(kept))
+        except BaseException as error:
+            self._fail(error)
+            raise
+        self.tokens = kept
 
     def confidence_logit(self) -> float | None:
         """Confidence-head logit over every token consumed so far (None without the head):
         row 0 pooled here, each block's row on its stage (recomputed full-causal when a
-        kv_window has cut a layer's attention, as V3Session does)."""
-        if self.pool is None:
+        kv_window has cut a layer's attention, as one process does)."""
+        part = self.model.part
+        if not part.has_confidence_head:
             return None
         if not self.position:
             raise ModelInputError("confidence_logit: the session has consumed no tokens")
         self._usable()
-        if self._bounded_differs():
+        if part.window_cuts(self.kv_window, self.position):
             return self.model.confidence_logit(self.tokens)
-        pool = self.pool.copy()
         transport = self.model.transport
         rows = transport.gather([transport.submit(k, "pool_rows", self.sid)
                                  for k in range(len(self.model.plan))])
-        for stage, (peak, total, pooled) in zip(self.model.plan.ranges, rows, strict=True):
-            cells = slice(stage.first + 1, stage.end + 1)
-            pool.peak[cells], pool.total[cells], pool.pooled[cells] = peak, total, pooled
-        return pool.logit(self.model.weights.confidence)
-
-    def _bounded_differs(self) -> bool:
-        cfg = self.model.config
-        for layer in range(cfg.num_layers):
-            window = cfg.layer_window(layer)
-            bounded = bounded_window(window, self.kv_window)
-            if bounded != window and self.position > bounded:
-                return True
-        return False
+        return part.confidence_logit(
+            self.head, [(r.first, pool) for r, pool in zip(self.model.plan.ranges, rows,
+                                                             strict=True)])
 
     # -- the pipeline ------------------------------------------------------------------------
     def _usable(self) -> None:
@@ -158,13 +183,11 @@ class StagedSession:
     def launch(self, ids, want: str) -> Launched:
         """Submit every chunk of `ids` through the stages without waiting for any."""
         model = self.model
-        tokens = model.check_ids(ids, self.position)
+        part = model.part
+        tokens = part.check_ids(ids, self.position)
         self._usable()
-        cfg, weights, quantized = model.config, model.weights, model.quantized
-        transport, plan = model.transport, model.plan
-        stages = len(plan)
-        start, tail, outputs = self.position, self.engram_tail, []
-        head = weights.confidence
+        transport, ranges = model.transport, model.plan.ranges
+        start, outputs = self.position, []
         try:
             for first in range(0, len(tokens), self.chunk):
                 chunk = tokens[first : first + self.chunk]
@@ -172,29 +195,26 @@ class StagedSession:
                 rows = "all" if want == "all" else ("last" if want == "last" and last_chunk
                                                      else "none")
                 try:
-                    part = embed(cfg, weights, quantized, chunk, start, tail)
+                    embedded = part.embed(self.head, chunk, start)
                 except NonFiniteActivationError as error:
                     raise StageNonFiniteError(f"the head (embedding / engram lookups, chunk "
                                               f"at position {start}): {error}") from None
-                tail = part.tail
-                if not finite(part.x0) or not all(
-                        finite(k) and finite(v) for k, v in part.site_kv.values()):
+                if not finite(embedded.x) or not all(
+                        finite(a) for arrays in embedded.side.values() for a in arrays):
                     raise StageNonFiniteError(f"the head computed non-finite embeddings or "
                                               f"engram values (chunk at position {start}); "
                                               f"not sent to stage 0")
-                if self.pool is not None:
-                    self.pool.update(head, part.x0[:, None, :], 0)
-                sent: Any = part.x0
-                for k in range(stages):
-                    kv = {s: part.site_kv[s] for s in model.sites_of[k]}
-                    sent = transport.submit(k, "run", self.sid, start, sent, kv,
-                                            rows if k == stages - 1 else None)
+                sent: Any = embedded.x
+                for k, stage in enumerate(ranges):
+                    side = {b: v for b, v in embedded.side.items() if stage.first <= b < stage.end}
+                    sent = transport.submit(k, "run", self.sid, start, sent, side,
+                                            rows if k == len(ranges) - 1 else None)
                 outputs.append(sent)
                 start += len(chunk)
         except BaseException as error:
             self._fail(error)
             raise
-        return Launched(self, tokens, outputs, tail, want)
+        return Launched(self, tokens, outputs, want)
 
     def finish(self, launched: Launched) -> np.ndarray | None:
         """Wait for a launched call; its logits (None when none were asked for)."""
@@ -202,18 +222,17 @@ class StagedSession:
         try:
             results = model.transport.gather(launched.outputs)
             parts = []
-            for means in results:
-                if means is None:
+            for rows in results:
+                if rows is None:
                     continue
-                if not finite(means):
+                if not finite(rows):
                     raise StageNonFiniteError(f"the head received non-finite activations "
                                               f"from stage {len(model.plan) - 1}")
-                parts.append(read_out(model.weights, np.asarray(means), model.quantized))
+                parts.append(model.part.readout(np.asarray(rows)))
         except BaseException as error:
             self._fail(error)
             raise
         self.tokens = np.concatenate([self.tokens, launched.tokens])
-        self.engram_tail = launched.tail
         if not parts:
             return None
         return np.concatenate(parts) if len(parts) > 1 else parts[0]

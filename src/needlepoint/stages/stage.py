@@ -1,13 +1,14 @@
 """One stage: a contiguous range of blocks and, per session, their caches.
 
 A `Stage` runs wherever its transport puts it (a thread of this process, a Ray actor on
-another machine). It opens the archive itself and prepares only its blocks (`StageModel`).
-`run` takes one chunk of one session: the lanes from the previous stage (stage 0: the scaled
-embeddings x0, from which it builds the lanes as the single-process pass does), and the key and
-tapped value of each engram site among its blocks (computed by the head); it runs
-`block.run_block` for each of its blocks, folds the lane means into the session's confidence
-pool rows, and returns the lanes (the last stage: the lane means of the rows the head reads
-out). Activations are refused at both ends of the hop if any value is not finite.
+another machine). It opens the model file itself and prepares only its blocks
+(`models.parts.load_part`: a `LayerRange` of any family). `run` takes one chunk of one
+session: the previous stage's output (stage 0: the head's embedding rows) and the side inputs
+of its blocks (Needle 3: the engram sites' keys and tapped values, computed by the head); it
+runs `part.run_layers` over its blocks with the session's caches and returns the output
+(the last stage: the rows the head reads out, `part.final_rows`). Activations are refused at
+both ends of the hop if any value is not finite. `rewind` undoes positions exactly (exact
+numerics), so speculative decoding runs across stages.
 """
 
 from __future__ import annotations
@@ -26,19 +27,11 @@ from ..errors import (
     NonFiniteActivationError,
     StageError,
     StageNonFiniteError,
-    StagePlanError,
     StageSessionLostError,
 )
-from ..formats.cact import open_archive
 from ..models.loader import resolve_threads
-from ..models.needle3.attention import ChunkFrame
-from ..models.needle3.block import cell_row, run_block
-from ..models.needle3.cache import LayerCache
-from ..models.needle3.exact_attention import Int8LayerCache
-from ..models.needle3.heads import ConfidencePool
-from ..models.needle3.session import bounded_window
+from ..models.parts import load_part
 from .memory import archive_resident_bytes, rss_bytes
-from .parts import StageModel
 
 F32 = np.float32
 
@@ -47,12 +40,12 @@ F32 = np.float32
 class StageSpec:
     """Everything a stage needs to come up on its own (picklable: sent to Ray actors)."""
 
-    path: str
+    path: str  # a Needle 3 archive, a Hugging Face model directory or a GGUF file
     index: int
     count: int  # stages in the plan
     first: int
     end: int
-    layers: int | None = None  # ladder rung depth (None: every block)
+    layers: int | None = None  # ladder rung depth / first blocks (None: every block)
     numerics: str = "deploy"
     threads: int = 1
     cache: bool | None = None
@@ -81,9 +74,8 @@ def own_buffer(x: np.ndarray) -> np.ndarray:
 
 
 class _Session:
-    def __init__(self, caches: dict, pool: ConfidencePool | None) -> None:
-        self.caches = caches  # block index -> its cache
-        self.pool = pool
+    def __init__(self, state) -> None:
+        self.state = state  # the part's range state: its blocks' caches (and pool rows)
         self.position = 0
         self.broken: str | None = None
 
@@ -96,54 +88,39 @@ class Stage:
         self.started = time.time()
         self.incarnation = uuid.uuid4().hex
         resolve_threads(spec.threads)
-        archive = open_archive(spec.path)
-        if archive.generation != 3:
-            raise StagePlanError(f"{spec.path}: a Needle {archive.generation} archive; only "
-                                 "Needle 3 models can be cut into stages")
-        self.model = StageModel.load(archive, layers=spec.layers, first=spec.first,
-                                     end=spec.end, numerics=spec.numerics,
-                                     threads=spec.threads, cache=spec.cache)
+        self.part = load_part(spec.path, blocks=(spec.first, spec.end), layers=spec.layers,
+                              numerics=spec.numerics, threads=spec.threads, cache=spec.cache)
         self.sessions: dict[str, _Session] = {}
 
     # -- sessions ---------------------------------------------------------------------------
     def open(self, sid: str, kv_window: int | None) -> str:
-        model = self.model
-        cfg = model.config
-        conv_rows = max(0, cfg.qkv_conv_taps - 1)
-        conv_width = (cfg.num_heads + cfg.num_kv_heads) * cfg.qk_head_dim
-        conv_width += cfg.num_kv_heads * cfg.v_head_dim
-        cache_type = Int8LayerCache if model.quantized else LayerCache
-        caches = {
-            index: cache_type(
-                bounded_window(model.weights.layers[index].window, kv_window),
-                cfg.num_kv_heads, cfg.qk_head_dim, cfg.v_head_dim, conv_rows, conv_width,
-                cfg.max_seq_len,
-            )
-            for index in range(self.spec.first, self.spec.end)
-        }
-        head = model.weights.confidence
-        pool = ConfidencePool.empty(head) if head is not None else None
-        self.sessions[sid] = _Session(caches, pool)
+        self.sessions[sid] = _Session(self.part.range_state(kv_window))
         return self.incarnation
 
     def fork(self, sid: str, new_sid: str) -> str:
         source = self._session(sid)
-        other = _Session({i: c.copy() for i, c in source.caches.items()},
-                         source.pool.copy() if source.pool is not None else None)
+        other = _Session(source.state.copy())
         other.position = source.position
         self.sessions[new_sid] = other
         return self.incarnation
+
+    def rewind(self, sid: str, position: int) -> None:
+        """Undo positions >= `position` of a session (exact numerics)."""
+        session = self._session(sid)
+        if not 0 <= position <= session.position:
+            raise StageError(f"{self.spec.name}: session {sid[:8]} is at position "
+                             f"{session.position}, cannot rewind to {position}",
+                             self.spec.index)
+        session.state.rewind_to(position)
+        session.position = position
 
     def close(self, sid: str) -> None:
         self.sessions.pop(sid, None)
 
     def pool_rows(self, sid: str):
-        """(peak, total, pooled) of this stage's confidence rows (cells first+1 .. end)."""
-        pool = self._session(sid).pool
-        if pool is None:
-            return None
-        rows = slice(self.spec.first + 1, self.spec.end + 1)
-        return pool.peak[rows].copy(), pool.total[rows].copy(), pool.pooled[rows].copy()
+        """(peak, total, pooled) of this stage's confidence rows (None without the head)."""
+        rows = getattr(self.part, "confidence_rows", None)
+        return None if rows is None else rows(self._session(sid).state)
 
     def _session(self, sid: str) -> _Session:
         session = self.sessions.get(sid)
@@ -159,9 +136,41 @@ class Stage:
         return session
 
     # -- one chunk --------------------------------------------------------------------------
-    def run(self, sid: str, start: int, x: np.ndarray, site_kv: dict, want: str | None):
+    def run(self, sid: str, start: int, x: np.ndarray, side: dict, want: str | None):
         """Blocks of this stage for one chunk at positions `start ..`; `want` (last stage):
-        "all" / "last" rows of lane means for the head's read-out, or "none"."""
+        "all" / "last" rows for the head's read-out, or "none"."""
+        return self.run_many([(sid, start, side, want)], [x])[0]
+
+    def run_many(self, items: list, xs: list) -> list:
+        """A micro-batch: one chunk of each of several sessions, `items` = (sid, start,
+        side, want) and `xs` their inputs (the previous stage's `run_many` result, passed
+        whole so a Ray object reference resolves); one output each, as `run` gives."""
+        spec = self.spec
+        sessions, inputs, sides = [], [], []
+        for (sid, start, side, _), x in zip(items, xs, strict=True):
+            session, x, side = self._accept(sid, start, x, side)
+            sessions.append(session)
+            inputs.append(x)
+            sides.append(side)
+        starts = [start for _, start, _, _ in items]
+        states = [session.state for session in sessions]
+        try:
+            if len(items) == 1:
+                outs = [self.part.run_layers(spec.first, spec.end, inputs[0], states[0],
+                                             starts[0], sides[0])]
+            else:
+                outs = self.part.run_layers_batch(spec.first, spec.end, inputs, states,
+                                                  starts, sides)
+        except BaseException as error:
+            for session in sessions:
+                session.broken = f"{type(error).__name__} in {spec.name}"
+            if isinstance(error, NonFiniteActivationError) and not isinstance(error, StageError):
+                raise StageNonFiniteError(f"{spec.name}: {error}", spec.index) from None
+            raise
+        return [self._emit(session, out, start, want)
+                for session, out, (_, start, _, want) in zip(sessions, outs, items, strict=True)]
+
+    def _accept(self, sid: str, start: int, x: np.ndarray, side: dict | None):
         spec = self.spec
         session = self._session(sid)
         if start != session.position:
@@ -173,51 +182,29 @@ class Stage:
             session.broken = "non-finite input"
             raise StageNonFiniteError(f"{spec.name} received non-finite activations from "
                                       f"{source} (chunk at position {start})", spec.index)
-        x = own_buffer(x)
-        model = self.model
-        quantized = model.quantized
-        count = x.shape[0]
-        lanes = np.repeat(x[:, None, :], model.config.mhc_lanes, axis=1) if spec.index == 0 \
-            else x
-        frame = ChunkFrame.build(model.step_plan, start, count)
-        head = model.weights.confidence
-        try:
-            for index in range(spec.first, spec.end):
-                layer = model.weights.layers[index]
-                kv = None
-                if layer.engram_site is not None:
-                    pair = site_kv[layer.engram_site]
-                    kv = (own_buffer(pair[0]), own_buffer(pair[1]))
-                    if not (finite(kv[0]) and finite(kv[1])):
-                        raise StageNonFiniteError(
-                            f"{spec.name} received non-finite engram keys/values for layer "
-                            f"{index} from the head (chunk at position {start})", spec.index)
-                parts = [(slice(None), session.caches[index], frame)]
-                try:
-                    lanes = run_block(model, index, lanes, parts, kv)
-                except NonFiniteActivationError as error:
-                    if isinstance(error, StageError):
-                        raise
-                    raise StageNonFiniteError(f"{spec.name}: layer {index}: {error}",
-                                              spec.index) from None
-                if session.pool is not None:
-                    session.pool.update(head, cell_row(lanes, quantized)[:, None, :],
-                                        index + 1)
-        except BaseException as error:
-            session.broken = f"{type(error).__name__} in {spec.name}"
-            raise
-        session.position = start + count
-        if not finite(lanes):
+        inputs = {}
+        for block, arrays in (side or {}).items():
+            inputs[block] = tuple(own_buffer(a) for a in arrays)
+            if not all(finite(a) for a in inputs[block]):
+                session.broken = "non-finite input"
+                raise StageNonFiniteError(
+                    f"{spec.name} received non-finite side inputs (engram keys/values) for "
+                    f"layer {block} from the head (chunk at position {start})", spec.index)
+        return session, own_buffer(x), inputs
+
+    def _emit(self, session: _Session, out: np.ndarray, start: int, want: str | None):
+        spec = self.spec
+        session.position = start + out.shape[0]
+        if not finite(out):
             session.broken = "non-finite output"
             target = "the head" if spec.last else f"stage {spec.index + 1}"
             raise StageNonFiniteError(f"{spec.name} computed non-finite activations (chunk "
                                       f"at position {start}); not sent to {target}", spec.index)
         if not spec.last:
-            return lanes
+            return out
         if want == "none" or want is None:
             return None
-        rows = lanes if want == "all" else lanes[-1:]
-        return cell_row(rows, True) if quantized else rows.mean(axis=1)
+        return self.part.final_rows(out, want)
 
     # -- reports ----------------------------------------------------------------------------
     def info(self) -> dict:
@@ -227,7 +214,7 @@ class Stage:
             "pid": os.getpid(), "host": socket.gethostname(), "incarnation": self.incarnation,
             "started": self.started, "sessions": len(self.sessions),
             "rss_bytes": rss_bytes(), "archive_resident_bytes": archive_resident_bytes(spec.path),
-            "weight_bytes": self.model.weight_bytes,
+            "weight_bytes": self.part.weight_bytes,
         }
 
     def ping(self) -> str:

@@ -22,17 +22,23 @@ FOLD = 64
 
 
 class CellHistory:
-    def __init__(self, head: ConfidenceWeights, max_rewind: int) -> None:
+    """The cells of rows `first .. first+rows-1` (all rows by default; a model cut into
+    stages keeps each block range's rows where its blocks run)."""
+
+    def __init__(self, head: ConfidenceWeights, max_rewind: int, first: int = 0,
+                 rows: int | None = None) -> None:
         self.head = head
         self.max_rewind = max_rewind
         self.base = ConfidencePool.empty(head)
         cells, _, width = head.probes.shape
-        self.buffer = np.empty((FOLD + max_rewind + 1, cells, width), F32)
+        self.first = first
+        self.buffer = np.empty((FOLD + max_rewind + 1, cells if rows is None else rows, width),
+                               F32)
         self.count = 0  # unfolded rows at the front of `buffer`
 
     def copy(self) -> CellHistory:
         other = CellHistory.__new__(CellHistory)
-        other.head, other.max_rewind = self.head, self.max_rewind
+        other.head, other.max_rewind, other.first = self.head, self.max_rewind, self.first
         other.base = self.base.copy()
         other.buffer = self.buffer.copy()
         other.count = self.count
@@ -48,7 +54,7 @@ class CellHistory:
             self.count += take
             done += take
             while self.count >= FOLD + self.max_rewind:
-                self.base.update(self.head, self.buffer[:FOLD])
+                self.base.update(self.head, self.buffer[:FOLD], self.first)
                 self.buffer[: self.count - FOLD] = self.buffer[FOLD : self.count]
                 self.count -= FOLD
 
@@ -57,8 +63,12 @@ class CellHistory:
             raise ValueError(f"cannot rewind {n} positions, {self.count} kept")
         self.count -= n
 
-    def logit(self) -> float:
+    def folded(self) -> ConfidencePool:
+        """A copy of the pool with the unfolded rest folded in."""
         pool = self.base.copy()
         if self.count:
-            pool.update(self.head, self.buffer[: self.count])
-        return pool.logit(self.head)
+            pool.update(self.head, self.buffer[: self.count], self.first)
+        return pool
+
+    def logit(self) -> float:
+        return self.folded().logit(self.head)

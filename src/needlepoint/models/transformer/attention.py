@@ -50,6 +50,10 @@ class KVCache:
         keys, values = self.append(k, v)
         return causal_attention(q, keys, values, start, scale)
 
+    def rewind_to(self, position: int) -> None:
+        """Forget positions >= `position` (exact: they are overwritten before being read)."""
+        self.length = min(self.length, position)
+
     def copy(self) -> KVCache:
         other = KVCache.__new__(KVCache)
         other.keys = self.keys[:, : self.length].copy()

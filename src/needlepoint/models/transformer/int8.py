@@ -144,6 +144,10 @@ class Int8KVCache:
         return i8_rows.attend_causal(qcode, qscale, start, heads, self.kcode, self.kscale,
                                      self.vcode, self.vscale)
 
+    def rewind_to(self, position: int) -> None:
+        """Forget positions >= `position` (exact: they are overwritten before being read)."""
+        self.length = min(self.length, position)
+
     def copy(self) -> Int8KVCache:
         other = Int8KVCache.__new__(Int8KVCache)
         for name in ("kcode", "vcode", "kscale", "vscale"):

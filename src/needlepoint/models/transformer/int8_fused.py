@@ -98,10 +98,13 @@ def fusable(spec: BlockSpec, layer: LayerWeights) -> bool:
             and isinstance(layer.norm1, PinnedNorm) and isinstance(layer.norm2, PinnedNorm))
 
 
-def fused_blocks(spec: BlockSpec, weights: TransformerWeights) -> list[FusedBlock] | None:
-    """One FusedBlock per block, or None (float weights, or no native library)."""
+def fused_blocks(spec: BlockSpec, weights: TransformerWeights) -> list[FusedBlock | None] | None:
+    """One FusedBlock per block held (None for blocks another part holds), or None (float
+    weights, or no native library)."""
     if i8_native.LIBRARY is None or weights.numerics != "int8":
         return None
-    if not all(fusable(spec, layer) for layer in weights.layers):
+    held = [layer for layer in weights.layers if layer is not None]
+    if not all(fusable(spec, layer) for layer in held):
         return None
-    return [FusedBlock(spec, layer, i) for i, layer in enumerate(weights.layers)]
+    return [None if layer is None else FusedBlock(spec, layer, i)
+            for i, layer in enumerate(weights.layers)]

@@ -22,6 +22,7 @@ import numpy as np
 from ...formats.checkpoints import open_checkpoint
 from ...kernels import i8_native
 from ..token_ids import check_token_ids
+from .block import block_forward
 from .int8 import RopeTable
 from .int8_fused import FusedBlock, fused_blocks
 from .layers import rope_angles
@@ -45,11 +46,11 @@ class TransformerModel:
         self.fused = True  # int8: run each block in one native call when it is built
 
     @cached_property
-    def fused_blocks(self) -> list[FusedBlock] | None:
+    def fused_blocks(self) -> list[FusedBlock | None] | None:
         """The int8 blocks as single native calls (None: float, or no native library)."""
         return fused_blocks(self.config, self.weights)
 
-    def native_blocks(self) -> list[FusedBlock] | None:
+    def native_blocks(self) -> list[FusedBlock | None] | None:
         """The fused blocks a chunk runs now: None when `fused` is off or the native int8
         library is not (or no longer) loaded, and every block runs `block_forward`."""
         if not self.fused or i8_native.LIBRARY is None:
@@ -99,6 +100,25 @@ class TransformerModel:
         h = np.array(self.weights.embed[tokens], np.float32)
         if self.weights.positions is not None:
             h += self.weights.positions[start : start + len(tokens)]
+        return h
+
+    def run_layers(self, first: int, end: int, h: np.ndarray, state: Any, start: int,
+                   side: Any = None, states: list | None = None) -> np.ndarray:
+        """The residual rows h [T, d] (positions start..) after blocks first..end-1; `state`
+        holds their caches (`state.caches[i]`, advanced in place); `states`, if given,
+        receives each block's output. The one forward loop of the family: a session runs
+        it over every block, a stage (`layer_range.py`) over its range."""
+        spec, layers = self.config, self.weights.layers
+        rope = self.rope(start, len(h)) if spec.rope else None
+        fused = self.native_blocks()
+        for index in range(first, end):
+            cache = state.caches[index]
+            if fused is not None:
+                h = fused[index](h, cache, start, rope)
+            else:
+                h = block_forward(spec, layers[index], index, h, cache, start, rope)
+            if states is not None:
+                states.append(h)
         return h
 
     def session(self, chunk: int = CHUNK) -> TransformerSession:

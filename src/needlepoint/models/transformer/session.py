@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .attention import KVCache
-from .block import block_forward
 from .int8 import Int8KVCache
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -95,18 +94,10 @@ class TransformerSession:
     def _chunk(self, tokens: np.ndarray, rows: str, hidden: list | None) -> np.ndarray | None:
         model = self.model
         spec, weights = model.config, model.weights
-        start, count = self.position, len(tokens)
+        start = self.position
         h = model.embed(tokens, start)
         states = [h.copy()] if hidden is not None else None
-        rope = model.rope(start, count) if spec.rope else None
-        fused = model.native_blocks()
-        for index, (layer, cache) in enumerate(zip(weights.layers, self.caches, strict=True)):
-            if fused is not None:
-                h = fused[index](h, cache, start, rope)
-            else:
-                h = block_forward(spec, layer, index, h, cache, start, rope)
-            if states is not None:
-                states.append(h)
+        h = model.run_layers(0, spec.num_layers, h, self, start, states=states)
         self.tokens.extend(int(t) for t in tokens)
         if states is not None:
             states[-1] = weights.final_norm(h)

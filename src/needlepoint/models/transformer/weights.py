@@ -50,17 +50,18 @@ class LayerWeights:
 
 @dataclass
 class TransformerWeights:
-    embed: np.ndarray | QuantEmbedding  # [vocab, d]
+    embed: np.ndarray | QuantEmbedding | None  # [vocab, d] (None: a part without the head)
     positions: np.ndarray | None  # [max_seq_len, d] learned positions
-    layers: list[LayerWeights]
-    final_norm: Norm | PinnedNorm
-    lm_head: Linear | Int8Linear  # d -> vocab (the embedding's transpose when tied)
+    layers: list[LayerWeights | None]  # None: a block another part holds (layer_range.py)
+    final_norm: Norm | PinnedNorm | None
+    lm_head: Linear | Int8Linear | None  # d -> vocab (the embedding's transpose when tied)
     numerics: str = "float"
 
     @property
     def nbytes(self) -> int:
         """Bytes of int8 weights held (0 for float weights)."""
         linears = [self.lm_head] + [getattr(layer, name) for layer in self.layers
+                                    if layer is not None
                                     for name in ("qkv", "q", "k", "v", "o", "gate", "up",
                                                  "down", "gate_up")]
         return sum(lin.nbytes for lin in linears if isinstance(lin, Int8Linear))
@@ -187,24 +188,31 @@ def _embedding_and_head(fetch: _Fetcher, spec: BlockSpec) -> tuple[Any, Any]:
 
 
 def load_weights(checkpoint: Any, spec: BlockSpec, numerics: str = "float",
-                 threads: int = 1) -> TransformerWeights:
+                 threads: int = 1, blocks: range | None = None,
+                 head: bool = True) -> TransformerWeights:
     """Every tensor `spec` needs, shape-checked, as the block's objects (`numerics` "float"
-    or "int8"; `threads` for the int8 kernels)."""
+    or "int8"; `threads` for the int8 kernels). A part of the model (`layer_range.py`):
+    `blocks` only those blocks (the others None), `head=False` no embedding, positions,
+    final norm or LM head."""
     names = NAMES[spec.architecture]
     fetch = _Fetcher(checkpoint, names, numerics, threads)
     d = spec.d_model
-    positions = fetch.get(names.positions, (spec.max_seq_len, d)) if spec.learned_positions \
-        else None
+    blocks = range(spec.num_layers) if blocks is None else blocks
+    positions = fetch.get(names.positions, (spec.max_seq_len, d)) \
+        if spec.learned_positions and head else None
     release = getattr(checkpoint, "release_pages", None) if fetch.int8 else None
-    layers = []
+    layers: list[LayerWeights | None] = []
     for i in range(spec.num_layers):
-        layers.append(_layer(fetch, spec, i))
+        layers.append(_layer(fetch, spec, i) if i in blocks else None)
         if release is not None:  # the layer's int8 weights are copies: drop the file's pages
             release()
-    embed, lm_head = _embedding_and_head(fetch, spec)
+    embed = lm_head = final_norm = None
+    if head:
+        embed, lm_head = _embedding_and_head(fetch, spec)
+        final_norm = fetch.norm(names.final_norm, spec)
     if release is not None:
         release()
     return TransformerWeights(
         embed=embed, positions=positions, layers=layers,
-        final_norm=fetch.norm(names.final_norm, spec), lm_head=lm_head, numerics=numerics,
+        final_norm=final_norm, lm_head=lm_head, numerics=numerics,
     )

@@ -1,31 +1,27 @@
-"""The parts of a Needle 3 model a stage or the head holds, prepared from the archive as
-`models.needle3.weights.load_weights` prepares the whole model, but only for those parts.
+"""The parts of a Needle 3 model a stage or the head holds (`layer_range.V3Part`), prepared
+from the archive as `weights.load_weights` prepares the whole model, but only for those parts.
 
-* A stage's `StageModel` is a `V3Model` whose `weights.layers` hold its own blocks (None for
-  the others) and whose step plan has their entries only: `block.run_block(model, index, ...)`
-  runs on it unchanged, with the same weights, RoPE tables and plan entries as on the whole
-  model. Its products are built only from its own records: in deploy numerics they are views
-  of the mapped archive, so only its records' pages become resident in its process.
+* A block range's weights (`stage_weights`): `weights.layers` hold its own blocks (None for
+  the others). Its products are built only from its own records: in deploy numerics they are
+  views of the mapped archive, so only its records' pages become resident in its process.
 * The head's weights (`head_weights`) are the embedding, the engram sites, the final norm, the
   LM head and the confidence head: no block.
+* `layer_bytes`: the archive bytes each block reads (what a plan balances).
 """
 
 from __future__ import annotations
 
-import dataclasses
-from functools import cached_property
-from types import SimpleNamespace
+from collections.abc import Sequence
 
 import numpy as np
 
-from ..formats.cact import CactArchive
-from ..formats.needle3_geometry import V3Config
-from ..models import weight_cache
-from ..models.needle3.exact_weights import exact_slots
-from ..models.needle3.ladder import ladder_config, ladder_layer_indices
-from ..models.needle3.model import NUMERICS, V3Model
-from ..models.needle3.step import StepPlan, build_plan
-from ..models.needle3.weights import (
+from ...formats.cact import CactArchive
+from ...formats.needle3_geometry import V3Config
+from .. import weight_cache
+from .exact_weights import exact_slots
+from .ladder import ladder_config, ladder_layer_indices
+from .model import NUMERICS
+from .weights import (
     EngramSite,
     Filler,
     Slot,
@@ -116,52 +112,22 @@ def head_weights(
     )
 
 
-class StageModel(V3Model):
-    """A `V3Model` holding only blocks `first .. end-1`: what `run_block` reads (config,
-    weights.layers[index], step_plan.layers[index], hada permutations, numerics). Only a
-    stage uses it; it has no embedding, LM head or engram tables (no forward of its own)."""
-
-    def __init__(self, archive: CactArchive, config: V3Config, weights: V3Weights,
-                 kept: tuple[int, ...], numerics: str, first: int, end: int) -> None:
-        super().__init__(archive, config, weights, kept, numerics)
-        self.first, self.end = first, end
-
-    @classmethod
-    def load(cls, archive: CactArchive, *, layers: int | None, first: int, end: int,
-             numerics: str = "deploy", threads: int = 1,
-             cache: bool | None = None) -> StageModel:
-        kept, cfg = rung(archive, layers)
-        weights = stage_weights(archive, cfg, kept, first, end, numerics, threads, cache)
-        model = cls(archive, cfg, weights, kept, numerics, first, end)
-        model.threads = threads
-        return model
-
-    @cached_property
-    def step_plan(self) -> StepPlan:
-        """`build_plan` of the whole model, restricted to this stage's blocks (its entries are
-        built by the same code from the same weights; the others are None)."""
-        own = self.weights.layers[self.first : self.end]
-        shim = SimpleNamespace(config=self.config, weights=SimpleNamespace(layers=own),
-                               rope_cos=self.rope_cos, rope_sin=self.rope_sin)
-        dense = build_plan(shim)
-        total = len(self.weights.layers)
-        padded = (None,) * self.first + dense.layers + (None,) * (total - self.end)
-        return dataclasses.replace(dense, layers=padded)
-
-    def session(self, *args, **kwargs):  # pragma: no cover - guard
-        raise TypeError("a StageModel holds part of a model; use the StagedModel")
-
-    forward = confidence_logit = run_batch = session
-
-    @property
-    def weight_bytes(self) -> int:
-        """Bytes of the products this stage reads (packed CQ rows or float matrices)."""
-        total = 0
-        for layer in self.weights.layers[self.first : self.end]:
-            for matrix in (layer.qkvg, layer.out_proj, layer.mhc.phi):
-                parts = matrix if isinstance(matrix, list) else [matrix]
-                total += sum(int(getattr(p, "nbytes", 0)) for p in parts)
-        return total
+# archive records shared by all blocks, one row range per block (README "The `.cact` archive")
+SHARED_PER_LAYER = ("mhc_phi_pre", "mhc_phi_post", "mhc_phi_res", "mhc_a_pre", "mhc_a_post",
+                    "mhc_a_res", "mhc_b_pre", "mhc_b_post", "mhc_b_res")
 
 
-__all__ = ["StageModel", "head_weights", "rung", "stage_weights"]
+def layer_bytes(archive: CactArchive, kept: Sequence[int]) -> list[int]:
+    """Archive bytes each kept block reads: its `layerNN.*` records and its share of the
+    per-block rows of the shared mHC records."""
+    full = archive.config.num_layers
+    shared = sum(archive.record(name).nbytes for name in SHARED_PER_LAYER if archive.has(name))
+    totals = []
+    for old in kept:
+        prefix = f"layer{old:02d}."
+        own = sum(r.nbytes for r in archive.records if r.name.startswith(prefix))
+        totals.append(own + shared // full)
+    return totals
+
+
+__all__ = ["head_weights", "layer_bytes", "rung", "stage_weights"]

@@ -1,0 +1,53 @@
+"""The part of a model a head or a stage holds, for every family that can be cut into
+stages (`layer_range.LayerRange`): Needle 3 `.cact` archives, Hugging Face model
+directories and GGUF files (Llama family, GPT-2). `load_part` opens the file itself and
+prepares only that part's weights.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from ..errors import StagePlanError
+from ..formats.cact import open_archive
+from ..formats.checkpoints import is_checkpoint
+from .layer_range import LayerRange
+
+
+def family_of(path: str | os.PathLike[str]) -> str:
+    """"needle3" or "transformer"; StagePlanError for a model no stage can hold."""
+    if is_checkpoint(path):
+        return "transformer"
+    archive = open_archive(path)
+    if archive.generation != 3:
+        raise StagePlanError(f"{path}: Needle {archive.generation} archives are not supported "
+                             "with stages (Needle 3, Hugging Face and GGUF models are)")
+    return "needle3"
+
+
+def load_part(path: str | os.PathLike[str], *, blocks: tuple[int, int] | None = None,
+              head: bool = False, layers: int | None = None, numerics: str = "deploy",
+              threads: int = 1, cache: bool | None = None) -> LayerRange:
+    """The head's part (`head=True`: embedding, final norm, LM head, ...) or blocks
+    `first .. end-1` (`blocks=(first, end)`) of the model at `path` (`layers`: a Needle 3
+    ladder rung / a transformer's first `layers` blocks)."""
+    if head == (blocks is not None):
+        raise ValueError("load_part: give either head=True or blocks=(first, end)")
+    if family_of(path) == "transformer":
+        from .transformer.layer_range import TransformerPart
+
+        return TransformerPart.load(path, blocks=blocks, head=head, layers=layers,
+                                    numerics=numerics, threads=threads, cache=cache)
+    from .needle3.layer_range import V3Part
+
+    return V3Part.load(path, blocks=blocks, head=head, layers=layers, numerics=numerics,
+                       threads=threads, cache=cache)
+
+
+def part_numerics(path: str | os.PathLike[str]) -> tuple[str, ...]:
+    """The numerics a model's parts accept."""
+    return ("deploy", "float", "int8") if is_checkpoint(path) else ("deploy", "float")
+
+
+__all__: list[Any] = ["family_of", "load_part", "part_numerics"]
