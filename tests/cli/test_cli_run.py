@@ -63,10 +63,10 @@ def test_chat_reads_piped_stdin(monkeypatch, capsys):
     stdin = io.StringIO("start a 10 minute timer\n\n/reset\nwake me up at 06:45\n/exit\nignored\n")
     monkeypatch.setattr(sys, "stdin", stdin)
     assert main(["chat", "--tools", str(TOOLS), "--json", "--max-new-tokens", "60"]) == 0
-    out = capsys.readouterr().out.splitlines()
-    envelopes = [json.loads(line) for line in out if line.startswith("{")]
+    captured = capsys.readouterr()
+    envelopes = [json.loads(line) for line in captured.out.splitlines()]
     assert len(envelopes) == 2
-    assert "(conversation reset)" in out
+    assert "(conversation reset)" in captured.err.splitlines()
     assert envelopes[1]["function_calls"] == [{"name": "set_alarm",
                                                "arguments": {"time": "06:45"}}]
 

@@ -12,7 +12,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from ..errors import NeedlepointError
+from ..errors import InvalidOptionError, NeedlepointError
 from .settings import (
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_KV_BYTES,
@@ -20,6 +20,7 @@ from .settings import (
     DEFAULT_SESSIONS,
 )
 
+MAX_PORT = 65535
 HELP = "serve a model over an OpenAI-compatible HTTP API (needs the 'server' extra)"
 class MissingExtraError(NeedlepointError, ImportError):
     """The server's dependencies (the `server` extra) are not installed."""
@@ -42,6 +43,8 @@ def serve(
 ) -> None:
     """Load `model` once (a path; None: `$NEEDLEPOINT_MODEL`, else the bundled demo model)
     and serve it until interrupted (blocking). `threads`: `needlepoint.load(threads=...)`."""
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= MAX_PORT:
+        raise InvalidOptionError(f"port must be 0-{MAX_PORT}, got {port!r}")
     try:
         import uvicorn
 
