@@ -14,6 +14,7 @@ from typing import Any
 
 from ..errors import InvalidOptionError, NeedlepointError
 from .settings import (
+    DEFAULT_BODY_TIMEOUT_S,
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_KV_BYTES,
     DEFAULT_MAX_QUEUE,
@@ -40,6 +41,7 @@ def serve(
     step_tokens: int | None = None,
     threads: int | None = None,
     speculate: bool = True,
+    body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
 ) -> None:
     """Load `model` once (a path; None: `$NEEDLEPOINT_MODEL`, else the bundled demo model)
     and serve it until interrupted (blocking). `threads`: `needlepoint.load(threads=...)`."""
@@ -64,7 +66,7 @@ def serve(
             model = load_model(model, threads=threads)
     app = create_app(model, workers=workers, max_queue=max_queue, max_body_bytes=max_body_bytes,
                      batching=batching, max_kv_bytes=max_kv_bytes, step_tokens=step_tokens,
-                     speculate=speculate)
+                     speculate=speculate, body_timeout_s=body_timeout_s)
     # One process: parallelism comes from the app's worker threads, which share the weights;
     # uvicorn's own `workers` would fork N processes holding N copies of the model.
     uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False)
@@ -114,6 +116,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"largest accepted request body, else 413 (default {DEFAULT_MAX_BODY_BYTES})",
     )
     parser.add_argument(
+        "--body-timeout", type=_positive_seconds, default=DEFAULT_BODY_TIMEOUT_S,
+        metavar="SECONDS",
+        help=f"a request body not received this long after the headers gets 408 "
+        f"(default {DEFAULT_BODY_TIMEOUT_S:g})",
+    )
+    parser.add_argument(
         "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"]
     )
     parser.add_argument("--threads", type=_at_least(1), default=None,
@@ -142,6 +150,7 @@ def run(args: argparse.Namespace) -> int:
         step_tokens=args.step_tokens,
         threads=args.threads,
         speculate=getattr(args, "speculate", True),
+        body_timeout_s=getattr(args, "body_timeout", DEFAULT_BODY_TIMEOUT_S),
     )
     return 0
 
@@ -155,6 +164,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run(args)
     except NeedlepointError as error:
         parser.exit(2, f"needlepoint serve: error: {error}\n")
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be > 0 seconds, got {text}")
+    return value
 
 
 def _at_least(low: int) -> Any:
