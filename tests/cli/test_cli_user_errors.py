@@ -98,3 +98,21 @@ def test_an_invalid_regex_in_a_tool_says_what_is_wrong(tmp_path, capsys):
     assert main(["run", "hi", "--tools", str(tools)]) == 2
     line = one_error_line(capsys.readouterr().err)
     assert "#/properties/a/pattern" in line and "look-around" in line
+
+
+def test_stream_prints_whole_characters_of_byte_fallback_tokens(tmp_path, capsys):
+    """Characters the tokenizer spells as byte pieces (`<0xE2><0x98><0x95>` for ☕) are held
+    until complete: every streamed piece is whole text, none a U+FFFD."""
+    value = "日本☕ café"
+    tools = tmp_path / "tools.json"
+    tools.write_text(json.dumps([{"name": "f", "description": "d", "parameters": {
+        "type": "object", "properties": {"a": {"type": "string", "enum": [value]}},
+        "required": ["a"]}}], ensure_ascii=False), encoding="utf-8")
+    assert main(["run", "say it", "--tools", str(tools), "--stream", "--json",
+                 "--reasoning-budget", "0"]) == 0
+    records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    pieces = [r["text"] for r in records[:-1]]
+    assert not any("\ufffd" in piece for piece in pieces)
+    assert any(piece in ("日", "本", "☕") for piece in pieces)  # one character, held whole
+    assert json.loads("".join(pieces)) == [{"name": "f", "arguments": {"a": value}}]
+    assert records[-1]["envelope"]["function_calls"] == [{"name": "f", "arguments": {"a": value}}]

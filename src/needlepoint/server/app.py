@@ -101,7 +101,7 @@ def create_app(
     )
     app.state.engine = engine
     app.state.pool = pool
-    install_openapi(app)  # /openapi.json as the server behaves (openapi.py)
+    install_openapi(app, served=engine.name)  # /openapi.json as the server behaves
     _install_error_handlers(app)
     app.add_middleware(CatchAllMiddleware)
     app.add_middleware(BodyLimitMiddleware, limit=max_body_bytes, timeout=body_timeout_s)

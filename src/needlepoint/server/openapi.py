@@ -21,6 +21,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
+from .fields import REFUSED
 from .schemas import ChatCompletion, ChatCompletionChunk, ErrorResponse, ModelCard, ModelList
 
 REF = "#/components/schemas/{model}"
@@ -70,10 +71,20 @@ HEALTH: dict[str, Any] = {
     "additionalProperties": True,
 }
 
+# One server-sent event (`schema` of an event-stream media type describes each event, as
+# OpenAPI before 3.2 reads it): `data` is a ChatCompletionChunk as JSON (or, after an error
+# once the stream has started, an ErrorResponse), and the last event is `[DONE]`.
 SSE: dict[str, Any] = {
-    "schema": {"type": "string", "description": "Server-sent events: `data: {chunk}` lines, "
-               "each a ChatCompletionChunk (or, after an error, an ErrorResponse), ending "
-               "with `data: [DONE]`."},
+    "schema": {
+        "type": "object", "required": ["data"],
+        "properties": {"data": {"anyOf": [
+            {"const": "[DONE]"},
+            {"type": "string", "contentMediaType": "application/json", "contentSchema": {
+                "anyOf": [{"$ref": "#/components/schemas/ChatCompletionChunk"},
+                          {"$ref": "#/components/schemas/ErrorResponse"}]}}]}},
+        "description": "Server-sent events: `data: {ChatCompletionChunk}` per decoded piece, "
+                       "then `data: [DONE]`.",
+    },
 }
 
 
@@ -98,8 +109,63 @@ def _errors(*statuses: str) -> dict[str, Any]:
             for s in statuses}
 
 
-def describe(schema: dict[str, Any], *, api_keys: bool = False) -> dict[str, Any]:
-    """Patch FastAPI's document `schema` in place (and return it) to match the server."""
+def _served_only(schema: dict[str, Any], served: str) -> None:
+    """`model` (request bodies, the path parameter) can only be the served model's name:
+    any other is a 404, so the document says so (a generated request then reaches the model
+    rather than stopping at the name)."""
+    components = schema["components"]["schemas"]
+    name = {"type": "string", "enum": [served]}
+    for request, required in (("ChatCompletionRequest", True), ("NativeCompleteRequest", False)):
+        properties = components.get(request, {}).get("properties", {})
+        if "model" in properties:
+            properties["model"] = name if required else {"anyOf": [name, {"type": "null"}]}
+    for parameter in schema["paths"].get(MODEL, {}).get("get", {}).get("parameters", []):
+        if parameter.get("name") == "model_id":
+            parameter["schema"] = dict(name)
+
+
+ALARM_TOOL = {"type": "function", "function": {
+    "name": "set_alarm", "description": "Set an alarm at a time of day.",
+    "parameters": {"type": "object", "properties": {"time": {"type": "string"}},
+                   "required": ["time"]}}}
+
+
+def _examples(schema: dict[str, Any], served: str) -> None:
+    """Request examples for both chat endpoints (a tool call, streamed and not; a JSON
+    answer): clients see a working body, and schemathesis sends them first."""
+    query = [{"role": "user", "content": "wake me up at 06:45"}]
+    chat = {
+        "call": {"model": served, "messages": query, "tools": [ALARM_TOOL]},
+        "stream": {"model": served, "messages": query, "tools": [ALARM_TOOL], "stream": True,
+                   "stream_options": {"include_usage": True}},
+        "json": {"model": served, "messages": query, "max_tokens": 40, "response_format": {
+            "type": "json_schema", "json_schema": {"name": "alarm", "schema": {
+                "type": "object", "properties": {"time": {"type": "string"}}}}}},
+    }
+    native = {"call": {"text": "wake me up at 06:45", "tools": [ALARM_TOOL["function"]]}}
+    for path, examples in ((CHAT, chat), (NATIVE, native)):
+        body = schema["paths"].get(path, {}).get("post", {}).get("requestBody", {})
+        content = body.get("content", {}).get("application/json")
+        if content is not None:
+            content["examples"] = {name: {"value": value} for name, value in examples.items()}
+
+
+def _refused_as_null(components: dict[str, Any]) -> None:
+    """Fields the server refuses whenever they are set (`fields.REFUSED`, and a message's
+    `function_call`/`refusal`/`audio`) are documented as null only, with the reason."""
+    fields = [("ChatCompletionRequest", key, why) for key, why in REFUSED.items()]
+    fields += [("ChatMessage", key, f"a message's {key!r} is not supported")
+               for key in ("function_call", "refusal", "audio")]
+    for model, key, why in fields:
+        properties = components.get(model, {}).get("properties", {})
+        if key in properties:
+            properties[key] = {"type": "null", "description": f"Refused unless null: {why}."}
+
+
+def describe(schema: dict[str, Any], *, api_keys: bool = False,
+             served: str | None = None) -> dict[str, Any]:
+    """Patch FastAPI's document `schema` in place (and return it) to match the server;
+    `served`: the one model name the server answers to."""
     components = schema.setdefault("components", {}).setdefault("schemas", {})
     for name in ("HTTPValidationError", "ValidationError"):
         components.pop(name, None)
@@ -130,18 +196,23 @@ def describe(schema: dict[str, Any], *, api_keys: bool = False) -> dict[str, Any
             elif path == "/health":
                 responses["200"] = {"description": "The server is up.",
                                     "content": _json(_ref("Health"))}
+    _refused_as_null(components)
+    if served is not None:
+        _served_only(schema, served)
+        _examples(schema, served)
     return schema
 
 
-def install_openapi(app: FastAPI, *, api_keys: bool = False) -> None:
+def install_openapi(app: FastAPI, *, served: str | None = None, api_keys: bool = False
+                    ) -> None:
     """Serve `describe`'s document at `/openapi.json` (built once, on the first request).
-    `api_keys`: the `/v1/*` routes require a key, so they document 401 too."""
+    `served`: the model name; `api_keys`: the `/v1/*` routes require a key (401 too)."""
 
     def build() -> dict[str, Any]:
         if app.openapi_schema is None:
             document = get_openapi(title=app.title, version=app.version, routes=app.routes,
                                    description=app.description)
-            app.openapi_schema = describe(document, api_keys=api_keys)
+            app.openapi_schema = describe(document, api_keys=api_keys, served=served)
         return app.openapi_schema
 
     app.openapi = build  # type: ignore[method-assign]
