@@ -105,8 +105,16 @@ def test_ref_loops_are_refused_before_the_first_token(client, params, path, stre
     assert "<state>" not in body["message"] and len(body["message"]) < 400
 
 
-def test_a_ref_loop_in_response_format_is_refused(client):
-    schema = {"type": "object", "properties": {"a": {"$ref": "#/$defs/a"}}, **LOOP}
+@pytest.mark.parametrize(("schema", "words"), [
+    ({"type": "object", "properties": {"a": {"$ref": "#/$defs/a"}}, **LOOP},
+     ["#/$defs/a", "$ref loop"]),
+    ({"type": "object", "properties": {"a": {"type": "string", "maxLength": 2**64}}},
+     ["#/properties/a/maxLength", "64-bit"]),
+    ({"type": "object", "x": nested_list(491)}, ["nested deeper than"]),
+    ({"type": "object", "properties": {"a": {"type": "string", "pattern": "[z-a]"}}},
+     ["#/properties/a/pattern", "invalid regex"]),
+])
+def test_bad_response_format_schemas_are_refused(client, schema, words):
     for stream in (False, True):
         with pytest.raises(openai.BadRequestError) as err:
             client.chat.completions.create(
@@ -114,7 +122,7 @@ def test_a_ref_loop_in_response_format_is_refused(client):
                 response_format={"type": "json_schema",
                                  "json_schema": {"name": "x", "schema": schema}})
         check_error(err.value, 400, "response_format", "invalid_response_format")
-        assert "#/$defs/a" in err.value.body["message"]
+        assert all(word in err.value.body["message"] for word in words)
 
 
 def test_recursion_through_the_data_is_still_accepted(client):
