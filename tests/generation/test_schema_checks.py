@@ -97,3 +97,27 @@ def test_a_cut_structured_answer_is_not_returned_as_valid(toy):
                             max_new_tokens=200)
     assert whole["stop_reason"] != "length" and "error" not in whole
     assert set(json.loads(whole["text"])) == {"name", "age"}
+
+
+def test_an_engine_error_mid_call_is_one_line(toy, monkeypatch):
+    """Were a schema the checks miss to fail inside the engine while the model writes it,
+    the error is the engine's first line, not its whole internal state (~1 KB)."""
+    import needlepoint.generation.tool_schema as tool_schema
+    from needlepoint.generation.grammar import GrammarError, TokenVocab, ToolCallGrammar
+
+    monkeypatch.setattr(tool_schema, "check_schema", lambda *args, **kwargs: None)
+    loop = {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}},
+            "type": "object", "properties": {"x": {"$ref": "#/$defs/a"}}}
+    tokenizer = toy.tokenizer
+    grammar = ToolCallGrammar(TokenVocab.from_tokenizer(tokenizer),
+                              [{"name": "f", "description": "d", "parameters": loop}])
+    matcher = grammar.start()
+    ids = tokenizer.encode('[{"name":"f","arguments":{"x":')
+    with pytest.raises(GrammarError) as error:
+        for token in ids[1:]:  # without the dummy-prefix space
+            matcher.allowed_mask()
+            matcher.advance(token)
+        matcher.allowed_mask()
+    message = str(error.value)
+    assert message.startswith("grammar engine error: ") and "\n" not in message
+    assert len(message) < 200 and "<state>" not in message
