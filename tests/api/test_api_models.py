@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 
+import jsonschema
 import numpy as np
 import pytest
 from conftest import get_fixture, toy_model_path
@@ -92,9 +93,14 @@ def test_needle2_model_through_the_same_api():
     for seed in range(3):
         needle = Needle(tools=[door], model=model, temperature=1.0, seed=seed,
                         reasoning_budget=0, max_new_tokens=60)
-        envelope = needle.complete("lock the front door")
-        assert envelope["type"] in ("call", "refuse") and envelope["stop_reason"] == "end"
-        for call in envelope["function_calls"]:
-            assert call["name"] == "lock_door"
-            assert call["arguments"].get("door", "front") in ("front", "back")
-        assert envelope["confidence"] is not None  # the Needle 2 fixture has a head
+        free = needle.complete("lock the front door")  # a call or a refusal, never text
+        assert free["type"] in ("call", "refuse") and free["stop_reason"] == "end"
+        forced = needle.complete("lock the front door", require_call=True)
+        assert forced["type"] == "call" and forced["stop_reason"] == "end"
+        for envelope in (free, forced):
+            assert len(envelope["function_calls"]) == int(envelope["type"] == "call")
+            for call in envelope["function_calls"]:  # one tool: at most one call
+                assert call["name"] == "lock_door"
+                jsonschema.validate(call["arguments"],
+                                    {**door["parameters"], "additionalProperties": False})
+            assert 0.0 <= envelope["confidence"] <= 1.0  # the Needle 2 fixture has a head

@@ -36,14 +36,23 @@ def test_complete_on_bundled_toy_model(monkeypatch):
         assert timings[key] > 0
 
 
+# Upstream's held-out score of the toy model (shared/models/README.md, "Held-out accuracy":
+# upstream's JAX forward in deploy numerics, greedy): exact answers per expected call count.
+UPSTREAM_EXACT = {0: (4, 41), 1: (43, 236), 2: (0, 23)}
+
+
 def test_eval_examples_the_model_gets_right(toy):
-    """The README's reference answers (upstream numerics): exact on these examples."""
-    lines = [json.loads(line) for line in EVAL.read_text().splitlines()[:6]]
-    right = 0
-    for example in lines:
-        envelope = Needle(tools=example["tools"], model=toy).complete(example["query"])
-        right += envelope["function_calls"] == example["answers"]
-    assert right >= 2
+    """Greedy `Needle.complete` on every held-out example gets exactly as many right, per
+    expected call count, as upstream's reference decode did (47 of 300)."""
+    tally = {n: [0, 0] for n in UPSTREAM_EXACT}
+    for line in EVAL.read_text().splitlines():
+        example = json.loads(line)
+        envelope = Needle(tools=example["tools"], model=toy, reasoning_budget=None,
+                          max_new_tokens=80).complete(example["query"])
+        counts = tally[len(example["answers"])]
+        counts[0] += envelope["function_calls"] == example["answers"]
+        counts[1] += 1
+    assert {n: tuple(c) for n, c in tally.items()} == UPSTREAM_EXACT
 
 
 def test_stream_yields_deltas_then_done(toy):
@@ -128,25 +137,27 @@ def test_extract_dict_and_pydantic(toy):
     schema = {"type": "object", "properties": {"time": {"type": "string"}},
               "required": ["time"]}
     needle = Needle(model=toy, max_new_tokens=40)
-    out = needle.extract("wake me up at 06:45", schema)
-    assert isinstance(out, dict) and isinstance(out["time"], str)
+    # The time is in the text: extraction copies it (a dict checked by the grammar, or a
+    # validated pydantic instance), and the chat conversation is left alone.
+    assert needle.extract("wake me up at 06:45", schema) == {"time": "06:45"}
+    assert needle.extract("set an alarm for 07:30", schema) == {"time": "07:30"}
 
     class Alarm(pydantic.BaseModel):
         time: str
 
-    assert isinstance(needle.extract("wake me up at 06:45", Alarm), Alarm)
+    alarm = needle.extract("wake me up at 06:45", Alarm)
+    assert type(alarm) is Alarm and alarm == Alarm(time="06:45")
+    assert needle._conversation is None
 
 
 def test_extract_raises_when_declined():
-    class Declining:
-        """A model stand-in whose every logit prefers `[]`: the grammar allows a refusal."""
-
+    """A model stand-in whose logits prefer `[]` (the grammar allows a refusal)."""
     from fake_model import ScriptedModel
 
     tokenizer = needlepoint.open_archive(toy_model_path()).tokenizer
     script = tokenizer.encode("<tool_call>[]</tool_call><|im_end|>")
     needle = Needle(model=ScriptedModel(tokenizer, script, strength=40))
-    with pytest.raises(ExtractionError):
+    with pytest.raises(ExtractionError, match="answer type refuse"):
         needle.extract("nothing", {"type": "object", "properties": {"a": {"type": "string"}}})
 
 

@@ -8,6 +8,7 @@ grammar holds on both generations).
 
 from __future__ import annotations
 
+import copy
 import json
 
 import jsonschema
@@ -24,50 +25,78 @@ TOOLS = json.loads((REPO_ROOT / "examples" / "tools.json").read_text())
 TOOLS_FILE = REPO_ROOT / "examples" / "tools.json"
 
 
-def check_calls(calls: list[dict]) -> None:
-    schemas = {tool["name"]: tool["parameters"] for tool in TOOLS}
+def bounded(tools: list[dict]) -> list[dict]:
+    """The example tools with short strings and small integers: random weights would
+    otherwise fill a string until max_tokens, and a cut call is no call."""
+    out = copy.deepcopy(tools)
+    for tool in out:
+        for prop in tool["parameters"]["properties"].values():
+            if prop.get("type") == "string" and "enum" not in prop:
+                prop["maxLength"] = 4
+            if prop.get("type") == "integer":
+                prop.update(minimum=0, maximum=99)
+    return out
+
+
+def check_calls(calls: list[dict], tools: list[dict]) -> None:
+    schemas = {tool["name"]: tool["parameters"] for tool in tools}
     names = [call["name"] for call in calls]
     assert len(names) == len(set(names))
     for call in calls:
         jsonschema.validate(call["arguments"], schemas[call["name"]])
 
 
-def test_cli_run_on_needle2(capsys):
+def test_cli_run_on_needle2(capsys, tmp_path):
+    """`needlepoint run` on a Needle 2 archive answers exactly what the library answers for
+    the same request; forced to call at once (`--reasoning-budget 0`), the answer is a
+    grammar-valid call list."""
     archive = get_fixture("needle2", "small").cact
-    code = main(["run", "wake me up at 06:45", "--tools", str(TOOLS_FILE), "--model",
-                 str(archive), "--json", "--max-new-tokens", "48"])
-    assert code == 0
-    envelope = json.loads(capsys.readouterr().out)
-    assert envelope["type"] in ("call", "refuse", "respond")
-    assert envelope["timings"]["prefill_tokens"] > 0
-    assert isinstance(envelope["confidence"], float)  # Needle 2 archives carry the head
-    check_calls(envelope["function_calls"])
+    model = needlepoint.load(archive)
+    for query in ("wake me up at 06:45", "start a 10 minute timer"):
+        for budget, tools in ((256, TOOLS), (0, bounded(TOOLS))):
+            tools_file = tmp_path / "tools.json"
+            tools_file.write_text(json.dumps(tools))
+            code = main(["run", query, "--tools", str(tools_file), "--model", str(archive),
+                         "--json", "--max-new-tokens", "48", "--reasoning-budget", str(budget)])
+            assert code == 0
+            envelope = json.loads(capsys.readouterr().out)
+            alone = needlepoint.Needle(tools=tools, model=model, reasoning_budget=budget
+                                       ).complete(query, max_new_tokens=48)
+            for key in ("type", "function_calls", "text", "reasoning", "stop_reason"):
+                assert envelope[key] == alone[key], key
+            assert envelope["timings"]["prefill_tokens"] > 0
+            assert isinstance(envelope["confidence"], float)  # Needle 2 archives have the head
+            assert 0.0 <= envelope["confidence"] <= 1.0
+            if budget == 0:
+                assert envelope["type"] in ("call", "refuse") and envelope["stop_reason"] == "end"
+                check_calls(envelope["function_calls"], tools)
 
 
 def test_server_on_needle2():
+    """The server on a Needle 2 archive: a forced call (`tool_choice: required`, no free
+    tokens: `reasoning_effort: none`) is one grammar-valid call, the same as the library's."""
     archive = get_fixture("needle2", "small").cact
     model = needlepoint.load(archive)
+    tools = bounded(TOOLS)
     app = create_app(model, workers=1, max_queue=4, max_body_bytes=256 * 1024)
     with ServerThread(app) as server:
         client = server.client()
         listed = [m.id for m in client.models.list().data]
         assert listed == ["small"]
-        tools = [{"type": "function", "function": tool} for tool in TOOLS]
         reply = client.chat.completions.create(
             model="small", messages=[{"role": "user", "content": "start a 10 minute timer"}],
-            tools=tools, tool_choice="required", max_tokens=48, temperature=0)
+            tools=[{"type": "function", "function": tool} for tool in tools],
+            tool_choice="required", reasoning_effort="none", max_tokens=200, temperature=0)
         choice = reply.choices[0]
+        assert choice.finish_reason == "tool_calls"
         calls = [{"name": c.function.name, "arguments": json.loads(c.function.arguments)}
-                 for c in choice.message.tool_calls or []]
-        assert choice.finish_reason in ("tool_calls", "length", "stop")
-        if choice.finish_reason == "tool_calls":
-            assert calls
-        check_calls(calls)
+                 for c in choice.message.tool_calls]
+        assert calls
+        check_calls(calls, tools)
         # and the library gives the same answer for the same greedy request
-        alone = needlepoint.Needle(tools=TOOLS, model=model).complete(
-            "start a 10 minute timer", require_call=True, max_new_tokens=48)
-        if choice.finish_reason == "tool_calls":
-            assert calls == alone["function_calls"]
+        alone = needlepoint.Needle(tools=tools, model=model, reasoning_budget=0).complete(
+            "start a 10 minute timer", require_call=True, max_new_tokens=200)
+        assert calls == alone["function_calls"]
         with pytest.raises(openai.NotFoundError):
             client.chat.completions.create(
                 model="nope", messages=[{"role": "user", "content": "hi"}])

@@ -11,6 +11,8 @@ import time
 
 from conftest import REPO_ROOT, toy_model_path
 
+import needlepoint
+from needlepoint.api.needle import Needle
 from needlepoint.cli.main import main
 
 TOOLS = REPO_ROOT / "examples" / "tools.json"
@@ -63,10 +65,10 @@ def test_chat_reads_piped_stdin(monkeypatch, capsys):
     stdin = io.StringIO("start a 10 minute timer\n\n/reset\nwake me up at 06:45\n/exit\nignored\n")
     monkeypatch.setattr(sys, "stdin", stdin)
     assert main(["chat", "--tools", str(TOOLS), "--json", "--max-new-tokens", "60"]) == 0
-    out = capsys.readouterr().out.splitlines()
-    envelopes = [json.loads(line) for line in out if line.startswith("{")]
+    captured = capsys.readouterr()
+    envelopes = [json.loads(line) for line in captured.out.splitlines()]
     assert len(envelopes) == 2
-    assert "(conversation reset)" in out
+    assert "(conversation reset)" in captured.err.splitlines()
     assert envelopes[1]["function_calls"] == [{"name": "set_alarm",
                                                "arguments": {"time": "06:45"}}]
 
@@ -85,12 +87,36 @@ def test_chat_multi_turn_in_a_subprocess():
 
 
 def test_eval_json(capsys):
+    """The scores count what they say: each mode's `correct` is the number of the 12 examples
+    whose calls, decoded by the library on its own (`Needle.complete`, greedy, grammar on or
+    off), equal the expected answers; the grammar never lets a call be malformed."""
     assert main(["eval", str(toy_model_path()), str(EVAL), "--limit", "12", "--json"]) == 0
     scores = json.loads(capsys.readouterr().out)
     assert set(scores) == {"grammar", "free"}
-    for score in scores.values():
-        assert score["total"] == 12 and 0 <= score["correct"] <= 12
-    assert scores["grammar"]["malformed"] <= scores["free"]["malformed"]
+    examples = [json.loads(line) for line in EVAL.read_text().splitlines()[:12]]
+    model = needlepoint.load(toy_model_path())
+    for mode, score in scores.items():
+        right = malformed = 0
+        by_calls: dict[str, list[int]] = {}
+        for example in examples:
+            envelope = Needle(tools=example["tools"], model=model, grammar=mode == "grammar",
+                              reasoning_budget=None, max_new_tokens=80
+                              ).complete(example["query"])
+            # Without the grammar the library also checks calls against the schemas
+            # ("invalid"); eval counts only unparsable call text as malformed.
+            unparsed = "error" in envelope and envelope["type"] != "invalid"
+            ok = not unparsed and envelope["function_calls"] == example["answers"]
+            right += ok
+            malformed += unparsed
+            tally = by_calls.setdefault(str(len(example["answers"])), [0, 0])
+            tally[0] += ok
+            tally[1] += 1
+        assert score["total"] == 12
+        assert score["correct"] == right, mode
+        assert score["malformed"] == malformed, mode
+        assert {n: [v["correct"], v["total"]] for n, v in score["by_expected_calls"].items()} \
+            == by_calls
+    assert scores["grammar"]["malformed"] == 0
 
 
 def test_eval_table(capsys):
@@ -116,20 +142,28 @@ def test_download_fails_fast_and_cleanly_offline(tmp_path):
         assert time.monotonic() - start < 60
 
 
-def test_eval_no_speculate_gives_the_same_scores(capsys):
-    """`eval --no-speculate` decodes one pass per token; the scores are the same."""
-    import json as _json
+def test_eval_no_speculate_gives_the_same_scores(capsys, monkeypatch):
+    """`eval --no-speculate` decodes one pass per token: every example's tokens, in both
+    modes, are the same as with speculation, so the scores are too."""
+    import needlepoint.api.evaluate as evaluate
 
-    from conftest import shared_dir
+    tokens: list[list[int]] = []
+    real_envelope = evaluate.turn_envelope
 
-    from needlepoint.cli import main as cli_main
+    def recording(result, **kwargs):
+        tokens.append(list(result.tokens))
+        return real_envelope(result, **kwargs)
 
-    eval_set = shared_dir() / "models" / "needle3-toy.eval.jsonl"
-    args = ["eval", str(toy_model_path()), str(eval_set), "--limit", "6", "--json",
-            "--grammar", "on", "--no-progress"]
-    assert cli_main(args) == 0
-    with_speculation = _json.loads(capsys.readouterr().out)
-    assert cli_main([*args, "--no-speculate"]) == 0
-    without = _json.loads(capsys.readouterr().out)
-    assert with_speculation["grammar"]["correct"] == without["grammar"]["correct"]
-    assert with_speculation["grammar"]["total"] == without["grammar"]["total"] == 6
+    monkeypatch.setattr(evaluate, "turn_envelope", recording)
+    args = ["eval", str(toy_model_path()), str(EVAL), "--limit", "6", "--json",
+            "--no-progress"]
+    assert main(args) == 0
+    with_speculation, with_tokens = json.loads(capsys.readouterr().out), list(tokens)
+    tokens.clear()
+    assert main([*args, "--no-speculate"]) == 0
+    without = json.loads(capsys.readouterr().out)
+    assert len(with_tokens) == 12 and all(with_tokens)  # 6 examples x (grammar, free)
+    assert tokens == with_tokens
+    for mode in ("grammar", "free"):
+        for key in ("correct", "total", "malformed", "by_expected_calls", "decode_tokens"):
+            assert with_speculation[mode][key] == without[mode][key], (mode, key)

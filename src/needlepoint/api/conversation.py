@@ -16,6 +16,10 @@ from ..generation.events import DeltaEvent, Done, TurnComplete
 from ..generation.prompt import continuation_ids, render_user_turn
 from ..generation.turn import Constraint, GenerationConfig, TurnResult, TurnVocab, generate_turn
 from .envelope import combine_confidence, turn_envelope
+from .history import check_fits
+
+CUT_ANSWER = ("the answer was cut at max_new_tokens before its JSON was complete (stop_reason "
+              "'length'): the text is not valid JSON; allow more tokens")
 
 
 class Conversation:
@@ -68,6 +72,8 @@ class Conversation:
         """Feed `new_ids`, decode one assistant turn; stream deltas, then `Done(envelope)`.
         `content` constrains the answer text (response_format); `check_tools` validates the
         calls of a turn decoded without a grammar (see `turn_envelope`)."""
+        check_fits(len(self.ids) - len(self.pending) + len(new_ids), self.context_limit,
+                   self.turns == 0)
         # new_ids starts with the pending stop token (see `user_turn_ids`): count it once.
         del self.ids[len(self.ids) - len(self.pending) :]
         self.pending = []
@@ -89,6 +95,9 @@ class Conversation:
         envelope = turn_envelope(result, confidence=confidence, confidence_s=confidence_s,
                                  check_tools=check_tools, require_call=config.require_call,
                                  parallel_calls=parallel_calls)
+        if content is not None and result.stop_reason == "length" and \
+                envelope["type"] == "respond":
+            envelope["error"] = CUT_ANSWER  # the text is a prefix of the JSON, not the JSON
         envelope["seed"] = result.seed
         # forward passes after the prefill and the drafts per source (generation/speculate.py)
         envelope["timings"].update(result.speculation)

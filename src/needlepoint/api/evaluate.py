@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..errors import NeedlepointError
 from ..generation.grammar import TokenVocab, ToolCallGrammar
 from ..generation.prompt import prompt_ids, render_prompt
 from ..generation.turn import GenerationConfig, TurnVocab, run_turn
@@ -54,20 +55,37 @@ class ModeScore:
                 "decode_tokens": self.decode_tokens, "seconds": self.seconds}
 
 
+class EvalDataError(NeedlepointError, ValueError):
+    """An eval file that is not JSONL of `{query, tools, answers}` objects (names the line)."""
+
+
 def load_examples(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """The examples of a JSONL file (blank lines skipped); ValueError names a bad line."""
+    """The examples of a JSONL file (blank lines skipped); EvalDataError names a bad line."""
     examples = []
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, 1):
+    with open(path, "rb") as handle:
+        for number, raw in enumerate(handle, 1):
+            where = f"{os.fspath(path)}:{number}"
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                raise EvalDataError(f"{where}: not UTF-8 text") from None
             if not line.strip():
                 continue
             try:
                 example = json.loads(line)
             except json.JSONDecodeError as error:
-                raise ValueError(f"{path}:{number}: not JSON ({error})") from None
+                raise EvalDataError(f"{where}: not JSON ({error.msg}); an eval file is JSONL, "
+                                    "one {query, tools, answers} object a line") from None
+            if not isinstance(example, dict):
+                raise EvalDataError(f"{where}: expected a {{query, tools, answers}} object, "
+                                    f"got {type(example).__name__}")
             missing = {"query", "tools", "answers"} - set(example)
             if missing:
-                raise ValueError(f"{path}:{number}: missing {sorted(missing)}")
+                raise EvalDataError(f"{where}: missing {sorted(missing)}; each line needs "
+                                    "query, tools and answers")
+            if not isinstance(example["query"], str) or not isinstance(example["tools"], list) \
+                    or not isinstance(example["answers"], list):
+                raise EvalDataError(f"{where}: query must be a string, tools and answers lists")
             examples.append(example)
     return examples
 

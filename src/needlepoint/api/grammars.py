@@ -17,8 +17,10 @@ from collections.abc import Callable, Hashable, Mapping
 from typing import Any
 
 from ..errors import InvalidOptionError
-from ..generation.content import JSON_OBJECT, ContentGrammar
+from ..generation.content import JSON_OBJECT, ContentGrammar, ContentSchemaError
 from ..generation.grammar import TokenVocab, ToolCallGrammar
+from ..generation.schema_checks import check_schema
+from ..generation.tool_schema import bounded_schema
 
 # Compiled grammars kept per key: a few ms each to build, but a chat app asks the same kinds
 # of question again, so recent ones are worth keeping (bounded).
@@ -115,7 +117,10 @@ class GrammarCache:
 
     def content(self, schema: dict[str, Any], *, allow_call: bool) -> ContentGrammar:
         """The (cached) content grammar for a response schema; `allow_call`: a tool call may
-        come instead of the JSON."""
+        come instead of the JSON. The schema is checked first (`check_schema`) and its
+        unbounded numbers bounded to int64 (`bounded_schema`)."""
+        check_schema(schema, "response_format schema", ContentSchemaError)
+        schema = bounded_schema(schema)
         markers = self.tokenizer.marker_id
         key = (json.dumps(schema, sort_keys=True, default=str), bool(allow_call))
         return self._content.get(key, lambda: ContentGrammar(

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from ..errors import ModelInputError
 from ..generation.prompt import continuation_ids, render_user_turn
 
 MIN_ANSWER_ROOM = 32  # context kept free for the answer: min(max_new_tokens, this or 1/8)
@@ -29,6 +30,17 @@ class Turn:
 def answer_room(context: int, max_new_tokens: int) -> int:
     """Tokens a new turn needs free after its prompt before it counts as fitting."""
     return min(max_new_tokens, max(MIN_ANSWER_ROOM, context // 8))
+
+
+def check_fits(tokens: int, limit: int | None, first_turn: bool) -> None:
+    """ModelInputError saying what to do when a turn's input (`tokens` in the conversation
+    once it is fed) cannot fit the model's context of `limit` tokens."""
+    if limit is None or tokens <= limit:
+        return
+    fix = ("shorten the query or the tool schemas (descriptions count), or offer fewer tools"
+           if first_turn else "shorten the message, or start a new conversation (reset)")
+    raise ModelInputError(f"the prompt is {tokens} tokens but this model reads at most "
+                          f"{limit} in all (max_seq_len), the answer included: {fix}")
 
 
 def replay_ids(first_prompt: Callable[[str], list[int]], tokenizer, im_end: int, eos: int,

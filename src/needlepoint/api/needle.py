@@ -2,7 +2,7 @@
 
     needle = needlepoint.Needle(tools=[set_alarm, get_weather])
     needle.complete("wake me at 6:45")   # -> {"type": "call", "function_calls": [...], ...}
-    needle.run("wake me at 6:45")        # also executes the functions, feeds results back
+    needle.run("wake me at 6:45")        # also executes the calls (one round), feeds results back
     for event in needle.stream("..."):   # ReasoningDelta / TextDelta / ToolCallDelta / Done
         ...
 
@@ -60,7 +60,7 @@ from .conversation import Conversation
 from .grammars import GRAMMAR_VOCABS, GrammarCache, content_schema
 from .history import Turn, answer_room, fitting_replay
 from .many import complete_many
-from .results import annotated, call_key, final, jsonable, summary
+from .results import annotated, call_key, check_rounds, final, jsonable, summary
 from .tools import ToolSpec, from_dict, from_pydantic, tool, tool_specs
 
 __all__ = ["ExtractionError", "GRAMMAR_VOCABS", "Needle", "RetrievalUnavailableError",
@@ -119,7 +119,7 @@ class Needle:
         reasoning_budget: int | None = 256,
         auto_date: bool = False,
         grammar: bool = True,
-        max_rounds: int = 3,
+        max_rounds: int = 1,
         kv_window: int | None = None,
         cache: ModelCache | None = MODEL_CACHE,
         retrieve_k: int | None = DEFAULT_RETRIEVE_K,
@@ -132,7 +132,7 @@ class Needle:
         self.tools: list[ToolSpec] = tool_specs(tools)
         self.system = system
         self.auto_date = auto_date
-        self.max_rounds = max_rounds
+        self.max_rounds = check_rounds(max_rounds)
         self.kv_window = kv_window
         self.defaults = {"temperature": temperature, "top_k": top_k, "top_p": top_p,
                          "seed": seed, "max_new_tokens": max_new_tokens,
@@ -348,16 +348,22 @@ class Needle:
             entry["error"] = f"{type(error).__name__}: {error}"
         return entry
 
-    def run(self, query: str, **options: Any) -> dict[str, Any]:
-        """Answer `query`, executing requested calls and feeding results back, for at most
-        `max_rounds` rounds (a round whose calls were all executed already ends the loop).
+    def run(self, query: str, *, max_rounds: int | None = None, **options: Any
+            ) -> dict[str, Any]:
+        """Answer `query`, executing the calls the model asks for (the agent loop).
+
+        A round executes the latest answer's new calls (each distinct call once per `run`)
+        and sends their results back as a user turn; the reply's new calls start another
+        round, up to `max_rounds` (default: the constructor's, 1). Calls asked for after the
+        last round are never executed (they stay in `turns[-1]["function_calls"]`).
 
         Returns the last turn's envelope with `function_calls`/`results` listing every call
         executed (in order), `type` "call" if any ran, `turns` holding each turn's envelope,
         `confidence` the lowest over the turns, and timings summed."""
+        rounds = self.max_rounds if max_rounds is None else check_rounds(max_rounds)
         envelope = self.complete(query, **options)
         turns, results, done = [envelope], [], set()
-        for _ in range(self.max_rounds):
+        for _ in range(rounds):
             calls = [c for c in envelope["function_calls"] if call_key(c) not in done]
             if envelope["type"] != "call" or not calls:
                 break

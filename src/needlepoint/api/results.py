@@ -9,6 +9,7 @@ import json
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from ..errors import InvalidOptionError
 from ..generation.events import DeltaEvent, Done
 
 
@@ -40,6 +41,13 @@ def annotated(events: Iterator[DeltaEvent | Done], fields: Mapping[str, Any]
         if isinstance(event, Done) and fields:
             event.envelope.update(fields)
         yield event
+
+
+def check_rounds(rounds: Any) -> int:
+    """`max_rounds` of `Needle.run`: an int >= 1, else InvalidOptionError."""
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+        raise InvalidOptionError(f"max_rounds must be an int >= 1, got {rounds!r}")
+    return rounds
 
 
 def call_key(call: Mapping[str, Any]) -> str:

@@ -32,6 +32,7 @@ from typing import Any
 import pydantic
 
 from ..errors import ToolSchemaError
+from ..generation.schema_checks import check_schema
 
 SCALARS: dict[type, str] = {str: "string", bool: "boolean", int: "integer", float: "number"}
 NAME_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]*$")
@@ -277,6 +278,7 @@ def from_dict(schema: Mapping[str, Any]) -> ToolSpec:
         raise ToolSchemaError(f"tool {name!r}: parameters must be a JSON schema of type object")
     if not isinstance(parameters.get("properties", {}), Mapping):
         raise ToolSchemaError(f"tool {name!r}: parameters.properties must be an object")
+    check_schema(parameters, f"tool {name!r}: parameters")  # before copying: depth, ints
     spec = ToolSpec(name, description, copy.deepcopy(dict(parameters)))
     _check_json(spec.schema(), f"tool {name!r}")
     return spec

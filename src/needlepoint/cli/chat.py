@@ -1,11 +1,12 @@
 """`needlepoint chat`: an interactive multi-turn conversation, one user turn per line.
 
 The first line is shown with the tools; later lines continue the same session (its cache is
-reused). `/reset` starts over, `/exit` (or end of input) quits. At a terminal, lines are read
-with the stdlib `readline` (arrow keys, history, Ctrl-A/E) and a hint names the commands. A
-line that is not UTF-8 is skipped with a message, not the end of the session; when the
-conversation outgrows the context the oldest turns are dropped (and the chat says so); an
-error in one turn is reported and the chat goes on.
+reused). `/reset` starts over, `/exit` (or end of input) quits. Stdout carries only answers
+(with `--json`, one JSON object a line); notes such as "(conversation reset)" go to stderr.
+At a terminal, lines are read with the stdlib `readline` (arrow keys, history, Ctrl-A/E) and
+a hint names the commands. A line that is not UTF-8 is skipped with a message, not the end
+of the session; when the conversation outgrows the context the oldest turns are dropped (and
+the chat says so); an error in one turn is reported and the chat goes on.
 """
 
 from __future__ import annotations
@@ -75,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
             break
         if text == "/reset":
             needle.reset()
-            print("(conversation reset)", flush=True)
+            print("(conversation reset)", file=sys.stderr, flush=True)
             continue
         if text.startswith("/") and " " not in text:
             print(f"(unknown command {text}; {HINT})", file=sys.stderr, flush=True)
@@ -85,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
         except NeedlepointError as error:
             print(f"needlepoint: error: {' '.join(str(error).split())}", file=sys.stderr)
             needle.reset()
-            print("(conversation reset)", flush=True)
+            print("(conversation reset)", file=sys.stderr, flush=True)
             continue
         dropped = envelope.get("dropped_turns")
         if dropped:

@@ -261,7 +261,7 @@ class ToolCallMatcher:
     def _fill(self) -> None:
         self._m.unsafe_compute_mask_ptr(self._ptr, self._bits.nbytes)
         if self._m.is_error():
-            raise GrammarError(f"grammar engine error: {self._m.get_error()}")
+            raise GrammarError(f"grammar engine error: {_engine_message(self._m.get_error())}")
 
     def allowed_mask(self) -> np.ndarray:
         """bool[vocab_size]: the tokens to sample from next (a fresh array, ~15 us at vocab

@@ -3,6 +3,14 @@
 `closed_schema` makes every object that declares properties reject undeclared keys and drops
 `format` unless formats are strict; `tool_parts` checks one tool dict and returns its name and
 closed parameters schema with llguidance's JSON options attached.
+
+`check_schema` refuses, before any grammar is compiled or token decoded, what the grammar
+engine would only trip over later or crash on: nesting deeper than `MAX_DEPTH`, integers
+outside 64 bits (llguidance cannot even serialise them), an invalid `pattern` regex (with
+the engine's detail), and a `$ref`/`allOf`/`anyOf` loop that never reaches a value (llguidance
+accepts it and fails when the model starts writing that value). Each error names the path.
+`bounded_schema` gives integers and numbers without a bound the int64 range (`INT_BOUND`),
+so a model cannot write digits until `max_tokens` (a tool schema, or `response_format`).
 """
 
 from __future__ import annotations
@@ -12,16 +20,20 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..errors import ToolSchemaError
+from .schema_checks import SCHEMA_LISTS as _SCHEMA_LISTS
+from .schema_checks import SCHEMA_MAPS as _SCHEMA_MAPS
+from .schema_checks import SCHEMA_ONE as _SCHEMA_ONE
+from .schema_checks import check_schema
+
+__all__ = ["INT_BOUND", "bounded_schema", "check_schema", "closed_schema", "tool_parts"]
+
+# The int64 range as llguidance can use it: it converts bounds to f64, and 2**63 - 1 rounds
+# to 2**63, which overflows its integer regex builder; 2**63 - 1024 is the largest f64 below.
+INT_BOUND = 2**63 - 1024
 
 # No whitespace anywhere: the model was trained on compact JSON only.
 _JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ",", "key_separator": ":",
                  "coerce_one_of": True}  # oneOf as anyOf where llguidance cannot do better
-# Schema keywords whose values are schemas (so `closed_schema` never rewrites data such as an
-# `enum`, a `default`, or the name->schema map under `properties`).
-_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
-_SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
-_SCHEMA_ONE = ("items", "additionalItems", "additionalProperties", "not", "if", "then", "else",
-               "contains", "propertyNames", "unevaluatedProperties", "unevaluatedItems")
 _OPEN_KEYS = ("additionalProperties", "patternProperties", "unevaluatedProperties")
 _COMPOSITION = ("anyOf", "oneOf", "allOf", "$ref")
 
@@ -52,7 +64,40 @@ def closed_schema(schema: Any, formats: bool, top: bool = False) -> Any:
     declares = "properties" in out or (top and not any(k in out for k in _COMPOSITION))
     if declares and not any(k in out for k in _OPEN_KEYS):
         out["additionalProperties"] = False
-    return out
+    return _bounded_node(out)
+
+
+def _bounded_node(node: dict[str, Any]) -> dict[str, Any]:
+    """`node` with the int64 range as the bounds it lacks, if it admits integers or numbers."""
+    kinds = node.get("type")
+    kinds = kinds if isinstance(kinds, list) else [kinds]
+    if "integer" not in kinds and "number" not in kinds:
+        return node
+    if "maximum" not in node and "exclusiveMaximum" not in node:
+        node["maximum"] = INT_BOUND
+    if "minimum" not in node and "exclusiveMinimum" not in node:
+        node["minimum"] = -INT_BOUND
+    return node
+
+
+def bounded_schema(schema: Any) -> Any:
+    """Copy of `schema` where every integer or number schema without a maximum (minimum) gets
+    `INT_BOUND` (`-INT_BOUND`): a value the model writes then has at most 19 integer digits."""
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    for key in _SCHEMA_MAPS:
+        if isinstance(out.get(key), dict):
+            out[key] = {name: bounded_schema(sub) for name, sub in out[key].items()}
+    for key in _SCHEMA_LISTS:
+        if isinstance(out.get(key), list):
+            out[key] = [bounded_schema(sub) for sub in out[key]]
+    for key in _SCHEMA_ONE:
+        if key in out:
+            sub = out[key]
+            out[key] = ([bounded_schema(s) for s in sub] if isinstance(sub, list)
+                        else bounded_schema(sub))
+    return _bounded_node(out)
 
 
 def tool_parts(tool: Any, index: int, formats: bool) -> tuple[str, dict]:
@@ -71,6 +116,7 @@ def tool_parts(tool: Any, index: int, formats: bool) -> tuple[str, dict]:
     if kind != "object":
         raise ToolSchemaError(f"tool {name!r}: 'parameters' must be an object schema "
                               f"(type 'object'), got type {kind!r}")
+    check_schema(params, f"tool {name!r}: parameters")
     try:  # round trip: proves it is plain JSON (no NaN, sets, objects) and copies it
         params = json.loads(json.dumps(params, allow_nan=False))
     except (TypeError, ValueError) as exc:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from ..errors import InvalidOptionError
 from ..formats.cact import open_archive
 from ..formats.checkpoints import is_checkpoint
 
@@ -28,9 +29,12 @@ def resolve_threads(threads: int | None) -> int:
         try:
             threads = int(raw)
         except ValueError:
-            raise ValueError(f"{THREADS_ENV} must be a positive integer, got {raw!r}") from None
+            raise InvalidOptionError(f"{THREADS_ENV} must be a positive integer, got {raw!r}"
+                                     ) from None
+        if threads < 1:
+            raise InvalidOptionError(f"{THREADS_ENV} must be a positive integer, got {raw!r}")
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-        raise ValueError(f"threads must be a positive integer, got {threads!r}")
+        raise InvalidOptionError(f"threads must be a positive integer, got {threads!r}")
     from threadpoolctl import threadpool_limits
 
     threadpool_limits(limits=threads)

@@ -6,8 +6,10 @@ module globals, so tests can run several servers side by side in one process.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
@@ -31,13 +33,15 @@ from ..generation.content import ContentSchemaError
 from .auth import ApiKeyMiddleware, KeyChecker
 from .concurrency import ClientGone, EventPump, WorkerPool
 from .engine import ChatResult, Delta, Engine
-from .errors import ApiError, bad_request, body_too_large
+from .errors import ApiError, bad_request, body_timeout, body_too_large
 from .fields import validation_message
 from .metrics import Metrics, install_metrics
 from .observe import ObserveMiddleware
+from .openapi import install_openapi
 from .playground import install_playground
 from .schemas import ChatCompletionRequest, ModelCard, ModelList, NativeCompleteRequest
 from .settings import (
+    DEFAULT_BODY_TIMEOUT_S,
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_KV_BYTES,
     DEFAULT_MAX_QUEUE,
@@ -62,6 +66,7 @@ def create_app(
     step_tokens: int | None = None,
     speculate: bool = True,
     api_keys: Sequence[str] = (),
+    body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
 ) -> FastAPI:
     """Build the server for one model: a `.cact` path or an already loaded model object.
 
@@ -70,7 +75,8 @@ def create_app(
     (`api/scheduler.py`: one model call per engine step for all of them, prefills chunked
     under `step_tokens` per step; default `workers` 32), their KV caches capped at
     `max_kv_bytes` in all (429 past it); without, `workers` threads each run their own
-    request (default: one per CPU). Bodies over `max_body_bytes` get 413.
+    request (default: one per CPU). Bodies over `max_body_bytes` get 413, bodies not
+    received within `body_timeout_s` of the first read 408.
     `needle_factory` replaces `needlepoint.Needle` (tests use it to inject a test double).
     `speculate=False` decodes without drafts (`Needle(speculate=False)`; same tokens).
     With `api_keys`, every `/v1/*` route needs one of them (`server/auth.py`). `/metrics`
@@ -105,10 +111,12 @@ def create_app(
     app.state.engine = engine
     app.state.pool = pool
     app.state.metrics = metrics
+    api_keys = tuple(api_keys)
+    install_openapi(app, served=engine.name, api_keys=bool(api_keys))  # as the server behaves
     _install_error_handlers(app)
     app.add_middleware(CatchAllMiddleware)
     app.add_middleware(ApiKeyMiddleware, checker=KeyChecker(api_keys))
-    app.add_middleware(BodyLimitMiddleware, limit=max_body_bytes)
+    app.add_middleware(BodyLimitMiddleware, limit=max_body_bytes, timeout=body_timeout_s)
     app.add_middleware(ObserveMiddleware, metrics=metrics)  # outermost: ids, log, counts
     install_metrics(app, metrics)
     install_playground(app)
@@ -265,7 +273,9 @@ def _install_error_handlers(app: FastAPI) -> None:
     async def http_error(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return ApiError(exc.status_code, str(exc.detail), type=kind).response()
+        # Starlette's headers kept: a 405 carries `Allow`.
+        return ApiError(exc.status_code, str(exc.detail), type=kind,
+                        headers=exc.headers).response()
 
     app.add_exception_handler(ApiError, api_error)
     app.add_exception_handler(NeedlepointError, api_error)
@@ -310,14 +320,18 @@ class BodyLimitMiddleware:
     Buffering is cheap at these sizes and makes the check independent of Content-Length
     (chunked uploads are counted too). The rest of an oversized body is still drained, so the
     client gets the 413 instead of a reset connection, but only up to a bound, after which
-    the connection is dropped rather than reading an endless body.
+    the connection is dropped rather than reading an endless body. A body not complete
+    `timeout` seconds after the first read gets a 408 (a client that sends the headers and
+    stalls no longer holds its connection forever).
     """
 
     DRAIN_FACTOR = 64
 
-    def __init__(self, app: ASGIApp, limit: int) -> None:
+    def __init__(self, app: ASGIApp, limit: int,
+                 timeout: float = DEFAULT_BODY_TIMEOUT_S) -> None:
         self.app = app
         self.limit = limit
+        self.timeout = timeout
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -328,8 +342,13 @@ class BodyLimitMiddleware:
         chunks: list[bytes] = []
         size = 0
         more = True
+        deadline = time.monotonic() + self.timeout
         while more:
-            message = await receive()
+            try:
+                message = await asyncio.wait_for(receive(), deadline - time.monotonic())
+            except TimeoutError:
+                await body_timeout(self.timeout).response()(scope, receive, send)
+                return
             if message["type"] == "http.disconnect":
                 return
             body = message.get("body", b"")

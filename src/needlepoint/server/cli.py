@@ -14,14 +14,16 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from ..errors import NeedlepointError
+from ..errors import InvalidOptionError, NeedlepointError
 from .settings import (
+    DEFAULT_BODY_TIMEOUT_S,
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_KV_BYTES,
     DEFAULT_MAX_QUEUE,
     DEFAULT_SESSIONS,
 )
 
+MAX_PORT = 65535
 HELP = "serve a model over an OpenAI-compatible HTTP API (needs the 'server' extra)"
 
 
@@ -48,11 +50,14 @@ def serve(
     threads: int | None = None,
     speculate: bool = True,
     api_keys: Sequence[str] | None = None,
+    body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
 ) -> None:
     """Load `model` once (a path; None: `$NEEDLEPOINT_MODEL`, else the bundled demo model)
     and serve it until interrupted (blocking). `threads`: `needlepoint.load(threads=...)`.
     `api_keys` plus `$NEEDLEPOINT_API_KEY`: the keys `/v1/*` accepts (none: open; a warning
     when the address is reachable from other machines)."""
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= MAX_PORT:
+        raise InvalidOptionError(f"port must be 0-{MAX_PORT}, got {port!r}")
     try:
         import uvicorn
 
@@ -77,7 +82,7 @@ def serve(
             model = load_model(model, threads=threads)
     app = create_app(model, workers=workers, max_queue=max_queue, max_body_bytes=max_body_bytes,
                      batching=batching, max_kv_bytes=max_kv_bytes, step_tokens=step_tokens,
-                     speculate=speculate, api_keys=keys)
+                     speculate=speculate, api_keys=keys, body_timeout_s=body_timeout_s)
     warning = exposure_warning(host, port, keys)
     if warning is not None:
         print(warning, file=sys.stderr, flush=True)
@@ -142,6 +147,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"largest accepted request body, else 413 (default {DEFAULT_MAX_BODY_BYTES})",
     )
     parser.add_argument(
+        "--body-timeout", type=_positive_seconds, default=DEFAULT_BODY_TIMEOUT_S,
+        metavar="SECONDS",
+        help=f"a request body not received this long after the headers gets 408 "
+        f"(default {DEFAULT_BODY_TIMEOUT_S:g})",
+    )
+    parser.add_argument(
         "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"]
     )
     parser.add_argument("--threads", type=_at_least(1), default=None,
@@ -174,6 +185,7 @@ def run(args: argparse.Namespace) -> int:
         threads=args.threads,
         speculate=getattr(args, "speculate", True),
         api_keys=getattr(args, "api_keys", None),
+        body_timeout_s=getattr(args, "body_timeout", DEFAULT_BODY_TIMEOUT_S),
     )
     return 0
 
@@ -187,6 +199,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run(args)
     except NeedlepointError as error:
         parser.exit(2, f"needlepoint serve: error: {error}\n")
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be > 0 seconds, got {text}")
+    return value
 
 
 def _at_least(low: int) -> Any:

@@ -79,6 +79,16 @@ def body_too_large(limit: int) -> ApiError:
     )
 
 
+def body_timeout(seconds: float) -> ApiError:
+    """408: the body did not arrive in time; the connection is closed after the answer."""
+    return ApiError(
+        408,
+        f"The request body was not received within {seconds:g} seconds.",
+        code="request_timeout",
+        headers={"Connection": "close"},
+    )
+
+
 def context_exceeded(context: int, prompt: int, requested: int | None) -> ApiError:
     if requested is None:
         message = (

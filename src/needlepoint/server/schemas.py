@@ -25,7 +25,9 @@ MAX_TOKENS_CEILING = 1 << 20
 
 class _Lenient(BaseModel):
     # The name stays for the request models' base; unknown keys are refused, not dropped.
-    model_config = ConfigDict(extra="forbid")
+    # Strict types: `"seed": true` or `"max_tokens": "5"` is a 400, as the published schema
+    # (an integer) says, not silently read as 1 or 5 (only an int may stand for a float).
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -11,6 +11,9 @@ DEFAULT_MAX_BODY_BYTES = 1 << 20  # 1 MiB: a 512-token context never needs more
 # ~21 MiB at the released Needle 3 geometry).
 DEFAULT_SESSIONS = 32
 DEFAULT_MAX_KV_BYTES = 1 << 30
+# A client that sends the headers and then stalls the body gets a 408 after this long (the
+# whole body, not each piece: a slow drip does not keep the connection either).
+DEFAULT_BODY_TIMEOUT_S = 30.0
 
 
 def default_workers() -> int:
