@@ -14,7 +14,7 @@ import os
 import warnings
 from pathlib import Path
 
-ABI_VERSION = 8
+ABI_VERSION = 9
 HERE = Path(__file__).resolve().parent
 
 c_int64_p = ctypes.POINTER(ctypes.c_int64)
@@ -30,6 +30,58 @@ class CQPart(ctypes.Structure):
         ("rows", ctypes.c_int64),
         ("out_col", ctypes.c_int64),
     ]
+
+
+_P, _I64, _F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
+
+
+class V3Mat(ctypes.Structure):
+    """`np_v3_mat` (np_v3_block.h): one `kernels.exact.ExactMatrix`."""
+
+    _fields_ = [("storage_bits", _I64), ("codebook", _P), ("codebook_len", _I64),
+                ("parts", _P), ("n_parts", _I64)]
+
+
+class V3Product(ctypes.Structure):
+    """`np_v3_product`: a fused exact product (matrices side by side)."""
+
+    _fields_ = [("mats", _P), ("n_mats", _I64), ("in_pad", _I64), ("out", _I64)]
+
+
+class V3Layer(ctypes.Structure):
+    """`np_v3_layer`: one Needle 3 block's weights."""
+
+    _fields_ = [("phi", V3Product), ("qkvg", V3Product), ("out_proj", V3Product),
+                *[(name, _P) for name in (
+                    "b_pre", "b_post", "pre_offset", "post_offset", "b_res", "norm_in",
+                    "qk_scale", "taps", "post_norm", "pre_hada", "mlp_vec", "mlp_mats",
+                    "cond_v", "cond_u")],
+                ("n_taps", _I64), ("engram_site", _I64),
+                ("a_pre", _F32), ("a_post", _F32), ("a_res", _F32), ("attn_gate", _F32)]
+
+
+class V3Model(ctypes.Structure):
+    """`np_v3_model`: geometry, blocks and read-out of a Needle 3 deploy model."""
+
+    _fields_ = [*[(name, _I64) for name in (
+                    "d", "lanes", "heads", "kv_heads", "qk", "vd", "hada_n", "ba", "max_seq",
+                    "threads")],
+                *[(name, _P) for name in (
+                    "layers", "p1", "p2", "rope_cos", "rope_sin", "final_norm")],
+                ("lm_head", V3Product)]
+
+
+class V3Cache(ctypes.Structure):
+    """`np_v3_cache`: one layer's int8 K/V store, raw q|k|v ring and [position, filled]."""
+
+    _fields_ = [*[(name, _P) for name in ("kcode", "kscale", "vcode", "vscale", "raw", "meta")],
+                ("capacity", _I64), ("window", _I64), ("raw_rows", _I64)]
+
+
+class V3Part(ctypes.Structure):
+    """`np_v3_part`: one session's chunk (rows row0.., positions start..), its caches."""
+
+    _fields_ = [("row0", _I64), ("count", _I64), ("start", _I64), ("caches", _P)]
 
 
 def _signatures(lib: ctypes.CDLL) -> None:
@@ -61,6 +113,10 @@ def _signatures(lib: ctypes.CDLL) -> None:
     lib.np_sinkhorn.restype = i32
     lib.np_dequant_rows.argtypes = [p, i64, i64, f32, p]
     lib.np_dequant_rows.restype = None
+    lib.np_v3_blocks.argtypes = [p, i64, i64, p, i64, p, i64, p, p, p, i64, i64]
+    lib.np_v3_blocks.restype = i32
+    lib.np_v3_readout.argtypes = [p, p, p, i64, p]
+    lib.np_v3_readout.restype = i32
 
 
 def _candidates() -> list[Path]:

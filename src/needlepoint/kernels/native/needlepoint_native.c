@@ -67,7 +67,7 @@ static int np_pick(void) {
 #define NP_DISPATCH(name, ...) name##_base(__VA_ARGS__)
 #endif
 
-int np_abi_version(void) { return 8; }
+int np_abi_version(void) { return 9; }
 
 /* 1 when the AVX2 + FMA variant runs, 0 for the baseline one. */
 int np_simd_variant(void) { return np_pick(); }
@@ -188,6 +188,9 @@ int np_sinkhorn(const float *logits, int64_t T, int64_t n, int rounds, float *ou
 void np_dequant_rows(const float *rotated, int64_t rows, int64_t groups, float h, float *out) {
     NP_DISPATCH(np_dequant_rows, rotated, rows, groups, h, out);
 }
+
+/* The Needle 3 deploy block range and read-out in one call each (np_v3_block.h). */
+#include "np_v3_block.h"
 
 /* A module entry point so the build (a setuptools Extension) can name it like any other
  * extension module; kernels/native/__init__.py loads the same file with ctypes. */

@@ -19,6 +19,7 @@ from .attention import ChunkFrame
 from .block import cell_row, run_block
 from .engram import EngramChunk
 from .exact_ops import product
+from .native_block import native_plan, session_pointers
 from .norms import zc_norm
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -100,7 +101,17 @@ def chunk_pass(model: V3Model, items: list[tuple], collect=None) -> list[np.ndar
     cells = np.empty((first, len(weights.layers) + 1, d), F32) if keep_cells else None
     if cells is not None:
         cells[:, 0] = x0_all
-    for index, layer in enumerate(weights.layers):
+    plan = native_plan(model)
+    if plan is not None:  # every block in one native call (np_v3_block.h), the same bits
+        sites = {}
+        for site in range(len(weights.engram)):
+            per = [c[1].site(site) for c in chunks]
+            sites[site] = per[0] if len(per) == 1 else (
+                np.concatenate([k for k, _ in per]), np.concatenate([v for _, v in per]))
+        c_parts = [(rows[i].start, len(item[2]), starts[i], session_pointers(item[1]))
+                   for i, item in enumerate(items)]
+        plan.blocks(0, len(weights.layers), lanes, c_parts, sites, cells)
+    for index, layer in enumerate(weights.layers if plan is None else ()):
         parts = [(rows[i], item[1].caches[index], frames[i]) for i, item in enumerate(items)]
         site_kv = None
         if layer.engram_site is not None:
@@ -125,8 +136,11 @@ def chunk_pass(model: V3Model, items: list[tuple], collect=None) -> list[np.ndar
     if not wanted:
         return out
     picked = np.concatenate([np.arange(s.start, s.stop) for _, s in wanted])
-    hidden = zc_norm(cell_row(lanes[picked], quantized), weights.final_norm)
-    logits = product(hidden, weights.lm_head)
+    if plan is not None:
+        logits = plan.readout(lanes, picked)
+    else:
+        hidden = zc_norm(cell_row(lanes[picked], quantized), weights.final_norm)
+        logits = product(hidden, weights.lm_head)
     if collect is not None:
         collect("logits", logits)
     at = 0
