@@ -60,15 +60,24 @@ class V3Layer(ctypes.Structure):
                 ("a_pre", _F32), ("a_post", _F32), ("a_res", _F32), ("attn_gate", _F32)]
 
 
+class V3Site(ctypes.Structure):
+    """`np_v3_site`: one engram site's CQ tables, key|value product and taps."""
+
+    _fields_ = [("packed", _P), ("norms", _P), ("codebook", _P),
+                *[(name, _I64) for name in ("row_bytes", "groups", "storage_bits", "cols")],
+                ("key_value", V3Product), ("taps", _P), ("n_taps", _I64), ("dilation", _I64)]
+
+
 class V3Model(ctypes.Structure):
-    """`np_v3_model`: geometry, blocks and read-out of a Needle 3 deploy model."""
+    """`np_v3_model`: geometry, blocks, engram sites and read-out of a Needle 3 model."""
 
     _fields_ = [*[(name, _I64) for name in (
                     "d", "lanes", "heads", "kv_heads", "qk", "vd", "hada_n", "ba", "max_seq",
                     "threads")],
                 *[(name, _P) for name in (
                     "layers", "p1", "p2", "rope_cos", "rope_sin", "final_norm")],
-                ("lm_head", V3Product)]
+                ("lm_head", V3Product), ("sites", _P), ("n_sites", _I64), ("tables", _I64),
+                ("slots", _I64), ("table_order", _P), ("table_seed", _P), ("h", _F32)]
 
 
 class V3Cache(ctypes.Structure):
@@ -81,7 +90,8 @@ class V3Cache(ctypes.Structure):
 class V3Part(ctypes.Structure):
     """`np_v3_part`: one session's chunk (rows row0.., positions start..), its caches."""
 
-    _fields_ = [("row0", _I64), ("count", _I64), ("start", _I64), ("caches", _P)]
+    _fields_ = [("row0", _I64), ("count", _I64), ("start", _I64), ("caches", _P),
+                ("tokens", _P), ("known", _I64), ("engram", _P), ("engram_rows", _I64)]
 
 
 def _signatures(lib: ctypes.CDLL) -> None:
@@ -117,6 +127,8 @@ def _signatures(lib: ctypes.CDLL) -> None:
     lib.np_v3_blocks.restype = i32
     lib.np_v3_readout.argtypes = [p, p, p, i64, p]
     lib.np_v3_readout.restype = i32
+    lib.np_v3_engram.argtypes = [p, p, i64, i64, p, p]
+    lib.np_v3_engram.restype = i32
 
 
 def _candidates() -> list[Path]:

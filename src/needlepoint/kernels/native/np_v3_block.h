@@ -36,6 +36,16 @@ typedef struct {
     float a_pre, a_post, a_res, attn_gate;
 } np_v3_layer;
 
+typedef struct { /* one engram site (models/needle3/engram.py): its CQ tables, projection, taps */
+    const uint8_t *packed; /* [tables * slots, row_bytes], LSB-first 2- or 4-bit codes */
+    const float *norms; /* [tables * slots, groups] */
+    const float *codebook;
+    int64_t row_bytes, groups, storage_bits, cols;
+    np_v3_product key_value; /* [tables * cols] -> key | value [2d] */
+    const float *taps; /* [n_taps, d] */
+    int64_t n_taps, dilation;
+} np_v3_site;
+
 typedef struct {
     int64_t d, lanes, heads, kv_heads, qk, vd, hada_n, ba, max_seq, threads;
     const np_v3_layer *layers;
@@ -43,6 +53,10 @@ typedef struct {
     const float *rope_cos, *rope_sin; /* [max_seq, qk]: cos | cos, -sin | sin */
     const float *final_norm;
     np_v3_product lm_head;
+    const np_v3_site *sites;
+    int64_t n_sites, tables, slots;
+    const int64_t *table_order, *table_seed; /* per table: n-gram order, hash seed */
+    float h; /* f32(1 / sqrt(128)): the dequantisation's Hadamard entry */
 } np_v3_model;
 
 typedef struct { /* one layer's cache of one session (models/needle3/exact_attention.py) */
@@ -58,6 +72,11 @@ typedef struct { /* one layer's cache of one session (models/needle3/exact_atten
 typedef struct { /* the rows row0 .. row0+count-1 are positions start .. of one session */
     int64_t row0, count, start;
     const np_v3_cache *const *caches; /* one per block of the call's range */
+    const int64_t *tokens; /* engram: `known` tokens before the chunk, then its `count` */
+    int64_t known;
+    float *engram; /* [sites, engram_rows, d]: raw value projection of position p in row
+                      p % engram_rows (engram_history.py) */
+    int64_t engram_rows;
 } np_v3_part;
 
 /* -- row operations (numpy's, operation for operation) ------------------------------------ */
@@ -484,6 +503,107 @@ int np_v3_readout(const np_v3_model *m, const float *lanes, const int64_t *rows,
     }
     int status = np_v3_product_run(&m->lm_head, hidden, count, d, v, scale, out,
                                    (int)m->threads);
+    free(mem);
+    return status;
+}
+
+/* -- engram sites (engram.EngramChunk) ------------------------------------------------------ */
+/* keys / values [sites, R, d]: each site's key and tapped value of every row of `parts`, from
+ * the hashed n-grams of the parts' tokens; records the raw value projections in each part's
+ * engram ring. */
+int np_v3_engram(const np_v3_model *m, const np_v3_part *parts, int64_t n_parts, int64_t R,
+                 float *keys, float *values) {
+    const int64_t d = m->d, tables = m->tables;
+    int64_t width = 0, in_pad = 0, groups = 1;
+    for (int64_t s = 0; s < m->n_sites; s++) {
+        const np_v3_site *S = &m->sites[s];
+        width = np_v3_max(width, tables * S->cols);
+        in_pad = np_v3_max(in_pad, S->key_value.in_pad);
+        groups = np_v3_max(groups, S->groups);
+    }
+    size_t floats = (size_t)(R * width + R * 2 * d + R + 2 * groups * 128);
+    char *mem = (char *)malloc(floats * sizeof(float) + (size_t)(R * in_pad) * sizeof(int32_t) +
+                               (size_t)(R * tables) * sizeof(int64_t) + 64);
+    if (!mem) return NP_NOMEM;
+    int64_t *rows = (int64_t *)mem;
+    float *lookup = (float *)(rows + R * tables), *proj = lookup + R * width;
+    float *scale = proj + R * 2 * d, *vals = scale + R, *deq = vals + groups * 128;
+    int32_t *v = (int32_t *)(deq + groups * 128);
+    /* table rows (ops.engram_slots); -1: the n-gram reaches before position 0 */
+    for (int64_t p = 0; p < n_parts; p++) {
+        const np_v3_part *P = &parts[p];
+        for (int64_t r = 0; r < P->count; r++)
+            for (int64_t j = 0; j < tables; j++) {
+                int64_t order = m->table_order[j];
+                uint64_t acc = (uint64_t)m->table_seed[j];
+                for (int64_t back = 0; back < order; back++) {
+                    int64_t at = P->known + r - back;
+                    uint64_t previous = at >= 0 ? (uint64_t)P->tokens[at] : 0u;
+                    acc = ((acc ^ previous) * 0x01000193u) & 0xFFFFFFFFu;
+                }
+                acc ^= acc >> 15;
+                int64_t slot = (int64_t)(acc % (uint64_t)m->slots) + j * m->slots;
+                rows[(P->row0 + r) * tables + j] = P->start + r >= order - 1 ? slot : -1;
+            }
+    }
+    int status = NP_OK;
+    for (int64_t s = 0; s < m->n_sites && status == NP_OK; s++) {
+        const np_v3_site *S = &m->sites[s];
+        const int64_t sub = S->cols, per = 8 / S->storage_bits, mask = (1 << S->storage_bits) - 1;
+        const int64_t w = tables * sub;
+        /* gather + dequantise (kernels/cq.gather_rows: codebook value * norm, then
+         * np_dequant_rows in the fixtures' order) */
+        for (int64_t t = 0; t < R; t++)
+            for (int64_t j = 0; j < tables; j++) {
+                float *dst = lookup + t * w + j * sub;
+                int64_t row = rows[t * tables + j];
+                if (row < 0) {
+                    for (int64_t c = 0; c < sub; c++) dst[c] = 0.0f;
+                    continue;
+                }
+                const uint8_t *b = S->packed + row * S->row_bytes;
+                const float *nr = S->norms + row * S->groups;
+                for (int64_t c = 0; c < S->groups * 128; c++) {
+                    int code = (b[c / per] >> (S->storage_bits * (c % per))) & mask;
+                    vals[c] = S->codebook[code] * nr[c / 128];
+                }
+                np_dequant_rows(vals, 1, S->groups, m->h, deq);
+                memcpy(dst, deq, sizeof(float) * (size_t)sub);
+            }
+        status = np_v3_product_run(&S->key_value, lookup, R, w, v, scale, proj, (int)m->threads);
+        if (status) break;
+        const int64_t reach = S->n_taps > 1 ? (S->n_taps - 1) * S->dilation : 0;
+        for (int64_t p = 0; p < n_parts; p++) {
+            const np_v3_part *P = &parts[p];
+            float *ring = P->engram ? P->engram + s * P->engram_rows * d : NULL;
+            for (int64_t r = 0; r < P->count; r++) {
+                int64_t t = P->row0 + r;
+                const float *raw = proj + t * 2 * d + d;
+                memcpy(keys + (s * R + t) * d, proj + t * 2 * d, sizeof(float) * (size_t)d);
+                float *out = values + (s * R + t) * d;
+                for (int64_t e = 0; e < d; e++) out[e] = S->taps[e] * raw[e];
+                for (int64_t tap = 1; tap < S->n_taps; tap++) {
+                    int64_t back = tap * S->dilation;
+                    const float *prev = NULL;
+                    if (r - back >= 0)
+                        prev = proj + (t - back) * 2 * d + d;
+                    else if (P->start + r - back >= 0 && ring)
+                        prev = ring + ((P->start + r - back) % P->engram_rows) * d;
+                    const float *tp = S->taps + tap * d;
+                    for (int64_t e = 0; e < d; e++) {
+                        float term = tp[e] * (prev ? prev[e] : 0.0f);
+                        out[e] = out[e] + term;
+                    }
+                }
+            }
+            if (reach && ring) {
+                int64_t keep = P->count < P->engram_rows ? P->count : P->engram_rows;
+                for (int64_t r = P->count - keep; r < P->count; r++)
+                    memcpy(ring + ((P->start + r) % P->engram_rows) * d,
+                           proj + (P->row0 + r) * 2 * d + d, sizeof(float) * (size_t)d);
+            }
+        }
+    }
     free(mem);
     return status;
 }

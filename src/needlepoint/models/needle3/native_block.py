@@ -21,7 +21,9 @@ import numpy as np
 
 from ...errors import NonFiniteActivationError
 from ...kernels import native
-from ...kernels.exact import ExactMatrix
+from ...kernels.cq import _H128 as H128
+from ...kernels.cq_tensor import CQTensor
+from ...kernels.exact import GROUP, ExactMatrix
 
 if TYPE_CHECKING:  # pragma: no cover
     from .exact_attention import Int8LayerCache
@@ -123,7 +125,64 @@ class NativePlan:
             _f32(plan.rope_cos, keep), _f32(plan.rope_sin, keep),
             _f32(weights.final_norm, keep) if weights.final_norm is not None else None, head,
         )
+        self.sites = 0
+        self.native_engram = self._sites(model, keep)
         self.address = ctypes.addressof(self.model)
+
+    def _sites(self, model: V3Model, keep: list) -> bool:
+        """Fill the model's engram sites; False (Python engram path) when a site's tables are
+        not 2- or 4-bit CQ rows of 128-groups or its product is not exact CQ."""
+        cfg, sites = model.config, model.weights.engram
+        if not sites:
+            return True
+        c_sites = (native.V3Site * len(sites))()
+        for entry, site in zip(c_sites, sites, strict=True):
+            table, kv = site.tables, site.key_value
+            if not (isinstance(table, CQTensor) and table.storage_bits in (2, 4)
+                    and table.group == GROUP and isinstance(kv, list) and kv
+                    and isinstance(kv[0], ExactMatrix)):
+                return False
+            codebook = np.zeros(16, F32)
+            codebook[: table.codebook.size] = table.codebook
+            packed = np.ascontiguousarray(table.packed)
+            keep.extend([packed, codebook])
+            entry.packed, entry.codebook = packed.ctypes.data, codebook.ctypes.data
+            entry.norms = _f32(table.norms, keep)
+            entry.row_bytes, entry.groups = packed.shape[1], table.norms.shape[1]
+            entry.storage_bits, entry.cols = table.storage_bits, table.cols
+            entry.key_value = _product(kv, keep)
+            entry.taps = _f32(site.taps, keep)
+            entry.n_taps, entry.dilation = site.taps.shape[0], cfg.engram_conv_dilation
+        order = np.asarray([o for o, _ in model.step_plan.table_seeds], np.int64)
+        seed = np.asarray([s for _, s in model.step_plan.table_seeds], np.int64)
+        if len(order) != cfg.num_engram_tables:
+            return False
+        keep.extend([c_sites, order, seed])
+        self.model.sites, self.model.n_sites = ctypes.addressof(c_sites), len(sites)
+        self.model.tables, self.model.slots = cfg.num_engram_tables, cfg.engram_slots
+        self.model.table_order, self.model.table_seed = order.ctypes.data, seed.ctypes.data
+        self.model.h = H128
+        self.sites = len(sites)
+        self.keep_tokens = max(cfg.engram_orders, default=1) - 1
+        return True
+
+    def engram(self, parts: Sequence[tuple], rows: int) -> dict[int, tuple]:
+        """Every engram site's key and tapped value [rows, d] for `parts` = (first row, rows,
+        first position, session tokens so far [int64], the chunk's tokens, engram ring
+        [sites, ring rows, d] float32): recorded in each ring (EngramHistory)."""
+        hold, c_parts = [], []
+        for row0, count, start, consumed, tokens, ring in parts:
+            before = consumed[max(0, start - self.keep_tokens) : start]
+            history = np.concatenate([before, tokens]).astype(np.int64)
+            hold.append(history)
+            c_parts.append(native.V3Part(row0, count, start, None, history.ctypes.data,
+                                         len(before), ring.ctypes.data, ring.shape[1]))
+        array = (native.V3Part * len(c_parts))(*c_parts)
+        keys = np.empty((self.sites, rows, self.d), F32)
+        values = np.empty((self.sites, rows, self.d), F32)
+        _check(native.LIBRARY.np_v3_engram(self.address, array, len(c_parts), rows,
+                                           keys.ctypes.data, values.ctypes.data))
+        return {site: (keys[site], values[site]) for site in range(self.sites)}
 
     def blocks(
         self, first: int, last: int, lanes: np.ndarray,
