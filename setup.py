@@ -12,7 +12,8 @@ NATIVE = Extension(
     "needlepoint.kernels.native._needlepoint_native",
     sources=["src/needlepoint/kernels/native/needlepoint_native.c"],
     depends=["src/needlepoint/kernels/native/np_body.h",
-             "src/needlepoint/kernels/native/np_v3_block.h"],
+             "src/needlepoint/kernels/native/np_v3_block.h",
+             "src/needlepoint/kernels/native/np_v3_types.h"],
     define_macros=[("NP_PYTHON_MODULE", "1")],
     # Exactness contract (docs/numerics.md): no fused or reassociated float operations.
     extra_compile_args=["-O3", "-ffp-contract=off", "-fno-fast-math", "-fno-math-errno"],

@@ -29,6 +29,8 @@ typedef struct {
     int64_t out_col;
 } np_cq_part;
 
+#include "np_v3_types.h"
+
 #if defined(__GNUC__) && defined(__x86_64__) && !defined(NP_BASELINE_ONLY)
 #define NP_HAVE_AVX2 1
 #define NP_NAME(name) name##_avx2
@@ -37,6 +39,7 @@ typedef struct {
 #pragma GCC target("avx2,fma")
 #include <immintrin.h>
 #include "np_body.h"
+#include "np_v3_block.h"
 #pragma GCC pop_options
 #undef NP_SIMD_AVX2
 #undef NP_NAME
@@ -44,6 +47,7 @@ typedef struct {
 
 #define NP_NAME(name) name##_base
 #include "np_body.h"
+#include "np_v3_block.h"
 #undef NP_NAME
 
 static int np_variant = -1; /* 0 baseline, 1 AVX2 + FMA */
@@ -189,8 +193,24 @@ void np_dequant_rows(const float *rotated, int64_t rows, int64_t groups, float h
     NP_DISPATCH(np_dequant_rows, rotated, rows, groups, h, out);
 }
 
-/* The Needle 3 deploy block range and read-out in one call each (np_v3_block.h). */
-#include "np_v3_block.h"
+/* The Needle 3 deploy forward: engram sites, a block range, the read-out (np_v3_types.h). */
+int np_v3_blocks(const np_v3_model *m, int64_t first, int64_t last, float *lanes, int64_t R,
+                 const np_v3_part *parts, int64_t n_parts, const float *const *site_k,
+                 const float *const *site_v, float *cells, int64_t cells_stride,
+                 int64_t cells_offset) {
+    return NP_DISPATCH(np_v3_blocks, m, first, last, lanes, R, parts, n_parts, site_k, site_v,
+                       cells, cells_stride, cells_offset);
+}
+
+int np_v3_readout(const np_v3_model *m, const float *lanes, const int64_t *rows, int64_t count,
+                  float *out) {
+    return NP_DISPATCH(np_v3_readout, m, lanes, rows, count, out);
+}
+
+int np_v3_engram(const np_v3_model *m, const np_v3_part *parts, int64_t n_parts, int64_t R,
+                 float *keys, float *values) {
+    return NP_DISPATCH(np_v3_engram, m, parts, n_parts, R, keys, values);
+}
 
 /* A module entry point so the build (a setuptools Extension) can name it like any other
  * extension module; kernels/native/__init__.py loads the same file with ctypes. */

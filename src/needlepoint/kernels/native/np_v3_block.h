@@ -1,87 +1,9 @@
-/* The Needle 3 deploy forward of a batch of chunks in one call (fixture README "Forward pass"
- * step 5, docs/numerics.md): a range of blocks for the rows of several sessions' chunks, and
- * the read-out (final norm + LM-head rows). models/needle3/block.py `run_block` and
- * batch.py `chunk_pass` are the numpy reference: every operation below is the same IEEE
- * operation in the same order (compiled once, with -ffp-contract=off; the products, the
- * attention row, Sinkhorn and the Hadamard MLP go through the dispatched kernels above).
- *
- * A session's state is numpy memory the call reads and writes in place: per layer the int8
- * K/V codes and scales ([KV, capacity, dim], position p in slot p % capacity on bounded
- * layers), the ring of raw q|k|v rows (the conv taps' tail) and [position, filled]. */
-
-typedef struct {
-    int64_t storage_bits;
-    const float *codebook;
-    int64_t codebook_len;
-    const np_cq_part *parts;
-    int64_t n_parts;
-} np_v3_mat;
-
-typedef struct { /* one fused exact product: A8(x) @ W^T, matrices side by side */
-    const np_v3_mat *mats;
-    int64_t n_mats;
-    int64_t in_pad;
-    int64_t out;
-} np_v3_product;
-
-typedef struct {
-    np_v3_product phi, qkvg, out_proj;
-    const float *b_pre, *b_post, *pre_offset, *post_offset, *b_res;
-    const float *norm_in, *qk_scale, *taps, *post_norm, *pre_hada;
-    const float *const *mlp_vec; /* d1, d2, b2, d3, d4 */
-    const float *const *mlp_mats; /* w1a, w1b, w2a, w2b, w3a, w3b */
-    const float *cond_v, *cond_u;
-    int64_t n_taps; /* rows of taps (0: no conv) */
-    int64_t engram_site; /* -1: none */
-    float a_pre, a_post, a_res, attn_gate;
-} np_v3_layer;
-
-typedef struct { /* one engram site (models/needle3/engram.py): its CQ tables, projection, taps */
-    const uint8_t *packed; /* [tables * slots, row_bytes], LSB-first 2- or 4-bit codes */
-    const float *norms; /* [tables * slots, groups] */
-    const float *codebook;
-    int64_t row_bytes, groups, storage_bits, cols;
-    np_v3_product key_value; /* [tables * cols] -> key | value [2d] */
-    const float *taps; /* [n_taps, d] */
-    int64_t n_taps, dilation;
-} np_v3_site;
-
-typedef struct {
-    int64_t d, lanes, heads, kv_heads, qk, vd, hada_n, ba, max_seq, threads;
-    const np_v3_layer *layers;
-    const int64_t *p1, *p2;
-    const float *rope_cos, *rope_sin; /* [max_seq, qk]: cos | cos, -sin | sin */
-    const float *final_norm;
-    np_v3_product lm_head;
-    const np_v3_site *sites;
-    int64_t n_sites, tables, slots;
-    const int64_t *table_order, *table_seed; /* per table: n-gram order, hash seed */
-    float h; /* f32(1 / sqrt(128)): the dequantisation's Hadamard entry */
-} np_v3_model;
-
-typedef struct { /* one layer's cache of one session (models/needle3/exact_attention.py) */
-    int8_t *kcode;
-    float *kscale;
-    int8_t *vcode;
-    float *vscale;
-    float *raw; /* [raw_rows, v_end]: raw q|k|v of position p in row p % raw_rows */
-    int64_t *meta; /* position, filled */
-    int64_t capacity, window, raw_rows;
-} np_v3_cache;
-
-typedef struct { /* the rows row0 .. row0+count-1 are positions start .. of one session */
-    int64_t row0, count, start;
-    const np_v3_cache *const *caches; /* one per block of the call's range */
-    const int64_t *tokens; /* engram: `known` tokens before the chunk, then its `count` */
-    int64_t known;
-    float *engram; /* [sites, engram_rows, d]: raw value projection of position p in row
-                      p % engram_rows (engram_history.py) */
-    int64_t engram_rows;
-} np_v3_part;
-
+/* The Needle 3 deploy forward of a batch of chunks in one call: the bodies, included once per
+ * instruction-set variant (every name through NP_NAME); np_v3_types.h has the structs and
+ * says what the call does. */
 /* -- row operations (numpy's, operation for operation) ------------------------------------ */
 /* numpy's pairwise add.reduce of a contiguous float32 row (docs/numerics.md "Row sums"). */
-static float np_v3_pairwise(const float *a, int64_t n) {
+static float NP_NAME(np_v3_pairwise)(const float *a, int64_t n) {
     if (n < 8) {
         float res = 0.0f;
         for (int64_t i = 0; i < n; i++) res = res + a[i];
@@ -99,40 +21,40 @@ static float np_v3_pairwise(const float *a, int64_t n) {
     }
     int64_t n2 = n / 2;
     n2 -= n2 % 8;
-    return np_v3_pairwise(a, n2) + np_v3_pairwise(a + n2, n - n2);
+    return NP_NAME(np_v3_pairwise)(a, n2) + NP_NAME(np_v3_pairwise)(a + n2, n - n2);
 }
 
 /* f32(sqrt(mean(x^2) + 1e-6)), the mean as numpy's: f32 pairwise sum / count in f64. */
-static float np_v3_rms_den(const float *x, int64_t n, float *sq) {
+static float NP_NAME(np_v3_rms_den)(const float *x, int64_t n, float *sq) {
     for (int64_t i = 0; i < n; i++) sq[i] = x[i] * x[i];
-    float mean = (float)((double)np_v3_pairwise(sq, n) / (double)n);
+    float mean = (float)((double)NP_NAME(np_v3_pairwise)(sq, n) / (double)n);
     mean = mean + 1e-6f;
     return sqrtf(mean);
 }
 
 /* rms_unit: x * (1 / den) */
-static void np_v3_rms_unit(const float *x, int64_t n, float *out, float *sq) {
-    float inv = 1.0f / np_v3_rms_den(x, n, sq);
+static void NP_NAME(np_v3_rms_unit)(const float *x, int64_t n, float *out, float *sq) {
+    float inv = 1.0f / NP_NAME(np_v3_rms_den)(x, n, sq);
     for (int64_t i = 0; i < n; i++) out[i] = x[i] * inv;
 }
 
 /* ZC(s)(x) = ((1 + s) * x) / den, with `one_plus` = 1 + s */
-static void np_v3_zc(const float *x, int64_t n, const float *one_plus, float *out, float *sq) {
-    float den = np_v3_rms_den(x, n, sq);
+static void NP_NAME(np_v3_zc)(const float *x, int64_t n, const float *one_plus, float *out, float *sq) {
+    float den = NP_NAME(np_v3_rms_den)(x, n, sq);
     for (int64_t i = 0; i < n; i++) {
         float v = one_plus[i] * x[i];
         out[i] = v / den;
     }
 }
 
-static inline float np_v3_sigmoid(float x) {
-    float e = np_exp32(-x);
+static inline float NP_NAME(np_v3_sigmoid)(float x) {
+    float e = NP_NAME(np_exp32)(-x);
     e = e + 1.0f;
     return 1.0f / e;
 }
 
 /* out = (w0 x0 + w1 x1) + ... over the lanes, in lane order (exact_ops.lane_sum) */
-static void np_v3_lane_sum(const float *w, const float *lanes, int64_t n, int64_t d,
+static void NP_NAME(np_v3_lane_sum)(const float *w, const float *lanes, int64_t n, int64_t d,
                            float *out) {
     for (int64_t e = 0; e < d; e++) out[e] = w[0] * lanes[e];
     for (int64_t l = 1; l < n; l++) {
@@ -145,7 +67,7 @@ static void np_v3_lane_sum(const float *w, const float *lanes, int64_t n, int64_
     }
 }
 
-static void np_v3_lane_mean(const float *lanes, int64_t n, int64_t d, float *out) {
+static void NP_NAME(np_v3_lane_mean)(const float *lanes, int64_t n, int64_t d, float *out) {
     for (int64_t e = 0; e < d; e++) out[e] = lanes[e];
     for (int64_t l = 1; l < n; l++)
         for (int64_t e = 0; e < d; e++) out[e] = out[e] + lanes[l * d + e];
@@ -154,10 +76,10 @@ static void np_v3_lane_mean(const float *lanes, int64_t n, int64_t d, float *out
 }
 
 /* y [T, P->out] = A8(x [T, cols]) @ W^T, exact (kernels/exact.py a8_product) */
-static int np_v3_product_run(const np_v3_product *P, const float *x, int64_t T, int64_t cols,
+static int NP_NAME(np_v3_product_run)(const np_v3_product *P, const float *x, int64_t T, int64_t cols,
                              int32_t *v, float *scale, float *y, int threads) {
     if (T == 0) return NP_OK;
-    int status = np_a8_rotate(x, T, cols, cols, P->in_pad, v, scale);
+    int status = NP_NAME(np_a8_rotate)(x, T, cols, cols, P->in_pad, v, scale);
     if (status) return status;
     for (int64_t k = 0; k < P->n_mats; k++) {
         const np_v3_mat *M = &P->mats[k];
@@ -172,7 +94,7 @@ static int np_v3_product_run(const np_v3_product *P, const float *x, int64_t T, 
 }
 
 /* One query row against positions lo .. p of its kv head, in position order (np_attend). */
-static void np_v3_attend_row(const int8_t *q, float qscale, int64_t qk, int64_t vd,
+static void NP_NAME(np_v3_attend_row)(const int8_t *q, float qscale, int64_t qk, int64_t vd,
                              const np_v3_cache *c, int64_t head, int64_t lo, int64_t p,
                              double inv_sqrt_qk, float *o, float *work) {
     const int8_t *kbase = c->kcode + head * c->capacity * qk;
@@ -195,7 +117,7 @@ static void np_v3_attend_row(const int8_t *q, float qscale, int64_t qk, int64_t 
     }
     float total = 0.0f;
     for (int64_t j = 0; j < n; j++) {
-        float e = np_exp32(work[j] - peak);
+        float e = NP_NAME(np_exp32)(work[j] - peak);
         work[j] = e;
         total = total + e;
     }
@@ -214,13 +136,8 @@ static void np_v3_attend_row(const int8_t *q, float qscale, int64_t qk, int64_t 
 }
 
 /* -- attention of one part (one session's chunk) ------------------------------------------- */
-typedef struct {
-    float *conv, *sq;
-    int8_t *qcode, *kcode, *vcode;
-    float *qscale, *kscale, *vscale, *heads_rows, *work;
-} np_v3_attn_ws;
 
-static int np_v3_attention_part(const np_v3_model *m, const np_v3_layer *L, const np_v3_part *P,
+static int NP_NAME(np_v3_attention_part)(const np_v3_model *m, const np_v3_layer *L, const np_v3_part *P,
                                 const np_v3_cache *c, const float *fused, int64_t fused_w,
                                 float *gate, np_v3_attn_ws *ws) {
     const int64_t H = m->heads, KV = m->kv_heads, qk = m->qk, vd = m->vd;
@@ -264,7 +181,7 @@ static int np_v3_attention_part(const np_v3_model *m, const np_v3_layer *L, cons
         const float *cs = m->rope_cos + (start + r) * qk, *sn = m->rope_sin + (start + r) * qk;
         for (int64_t h = 0; h < H + KV; h++) {
             float *row = hr + (r * (H + KV) + h) * qk;
-            np_v3_zc(conv + r * v_end + h * qk, qk, L->qk_scale + h * qk, row, ws->sq);
+            NP_NAME(np_v3_zc)(conv + r * v_end + h * qk, qk, L->qk_scale + h * qk, row, ws->sq);
             float rot[256];
             for (int64_t e = 0; e < qk; e++) {
                 float a = row[e] * cs[e];
@@ -276,10 +193,10 @@ static int np_v3_attention_part(const np_v3_model *m, const np_v3_layer *L, cons
     }
     for (int64_t r = 0; r < count; r++) {
         const float *row = hr + r * (H + KV) * qk;
-        if (np_a8_codes(row, H, qk, ws->qcode + r * H * qk, ws->qscale + r * H)) return NP_NONFINITE;
-        if (np_a8_codes(row + H * qk, KV, qk, ws->kcode + r * KV * qk, ws->kscale + r * KV))
+        if (NP_NAME(np_a8_codes)(row, H, qk, ws->qcode + r * H * qk, ws->qscale + r * H)) return NP_NONFINITE;
+        if (NP_NAME(np_a8_codes)(row + H * qk, KV, qk, ws->kcode + r * KV * qk, ws->kscale + r * KV))
             return NP_NONFINITE;
-        if (np_a8_codes(conv + r * v_end + k_end, KV, vd, ws->vcode + r * KV * vd,
+        if (NP_NAME(np_a8_codes)(conv + r * v_end + k_end, KV, vd, ws->vcode + r * KV * vd,
                         ws->vscale + r * KV))
             return NP_NONFINITE;
     }
@@ -305,7 +222,7 @@ static int np_v3_attention_part(const np_v3_model *m, const np_v3_layer *L, cons
             int64_t p = start + r;
             int64_t lo = c->window ? (p - c->window + 1 > 0 ? p - c->window + 1 : 0) : 0;
             for (int64_t h = 0; h < H; h++) {
-                np_v3_attend_row(ws->qcode + (r * H + h) * qk, ws->qscale[r * H + h], qk, vd, c,
+                NP_NAME(np_v3_attend_row)(ws->qcode + (r * H + h) * qk, ws->qscale[r * H + h], qk, vd, c,
                                  h / group, lo, p, inv_sqrt_qk, o, ws->work);
                 float *g = gate + (P->row0 + r) * H * vd + h * vd;
                 for (int64_t e = 0; e < vd; e++) g[e] = g[e] * o[e];
@@ -318,13 +235,13 @@ static int np_v3_attention_part(const np_v3_model *m, const np_v3_layer *L, cons
 }
 
 /* -- the block range ----------------------------------------------------------------------- */
-static int64_t np_v3_max(int64_t a, int64_t b) { return a > b ? a : b; }
+static int64_t NP_NAME(np_v3_max)(int64_t a, int64_t b) { return a > b ? a : b; }
 
 /* Blocks first .. last-1 of lanes [R, n, d] (in place) for the chunks `parts`; site_k /
  * site_v [sites] point at each engram site's key / tapped value [R, d] (NULL where no block
  * of the range reads it); cells [R, cells_stride, d] (or NULL) receives the lane mean after
  * block l at cells[:, l - first + cells_offset]. */
-int np_v3_blocks(const np_v3_model *m, int64_t first, int64_t last, float *lanes, int64_t R,
+static int NP_NAME(np_v3_blocks)(const np_v3_model *m, int64_t first, int64_t last, float *lanes, int64_t R,
                  const np_v3_part *parts, int64_t n_parts, const float *const *site_k,
                  const float *const *site_v, float *cells, int64_t cells_stride,
                  int64_t cells_offset) {
@@ -336,14 +253,14 @@ int np_v3_blocks(const np_v3_model *m, int64_t first, int64_t last, float *lanes
     int64_t in_pad = 0, mixed_w = 0, fused_w = 0, longest = 1, max_count = 1;
     for (int64_t l = first; l < last; l++) {
         const np_v3_layer *L = &m->layers[l];
-        in_pad = np_v3_max(in_pad, np_v3_max(L->phi.in_pad, np_v3_max(L->qkvg.in_pad,
+        in_pad = NP_NAME(np_v3_max)(in_pad, NP_NAME(np_v3_max)(L->phi.in_pad, NP_NAME(np_v3_max)(L->qkvg.in_pad,
                                                                         L->out_proj.in_pad)));
-        mixed_w = np_v3_max(mixed_w, L->phi.out);
-        fused_w = np_v3_max(fused_w, L->qkvg.out);
+        mixed_w = NP_NAME(np_v3_max)(mixed_w, L->phi.out);
+        fused_w = NP_NAME(np_v3_max)(fused_w, L->qkvg.out);
     }
     for (int64_t p = 0; p < n_parts; p++) {
-        max_count = np_v3_max(max_count, parts[p].count);
-        longest = np_v3_max(longest, parts[p].start + parts[p].count);
+        max_count = NP_NAME(np_v3_max)(max_count, parts[p].count);
+        longest = NP_NAME(np_v3_max)(longest, parts[p].start + parts[p].count);
     }
     size_t floats = (size_t)(R * nd          /* normed / new lanes */
                              + R * mixed_w + R * n * n * 2 + R * n * 2 /* gates */
@@ -389,8 +306,8 @@ int np_v3_blocks(const np_v3_model *m, int64_t first, int64_t last, float *lanes
     for (int64_t l = first; l < last && status == NP_OK; l++) {
         const np_v3_layer *L = &m->layers[l];
         /* mHC route (mhc.route) */
-        for (int64_t t = 0; t < R; t++) np_v3_rms_unit(lanes + t * nd, nd, normed + t * nd, sq);
-        status = np_v3_product_run(&L->phi, normed, R, nd, v, scale, mixed, threads);
+        for (int64_t t = 0; t < R; t++) NP_NAME(np_v3_rms_unit)(lanes + t * nd, nd, normed + t * nd, sq);
+        status = NP_NAME(np_v3_product_run)(&L->phi, normed, R, nd, v, scale, mixed, threads);
         if (status) break;
         for (int64_t t = 0; t < R; t++) {
             const float *mx = mixed + t * L->phi.out;
@@ -398,31 +315,31 @@ int np_v3_blocks(const np_v3_model *m, int64_t first, int64_t last, float *lanes
                 float a = L->a_pre * mx[i];
                 a = a + L->b_pre[i];
                 a = a + L->pre_offset[i];
-                hpre[t * n + i] = np_v3_sigmoid(a);
+                hpre[t * n + i] = NP_NAME(np_v3_sigmoid)(a);
                 float b = L->a_post * mx[n + i];
                 b = b + L->b_post[i];
                 b = b + L->post_offset[i];
-                hpost[t * n + i] = np_v3_sigmoid(b) * 2.0f;
+                hpost[t * n + i] = NP_NAME(np_v3_sigmoid)(b) * 2.0f;
             }
             for (int64_t k = 0; k < n * n; k++) {
                 float z = L->a_res * mx[2 * n + k];
                 logits[t * n * n + k] = z + L->b_res[k];
             }
         }
-        status = np_sinkhorn(logits, R, n, 20, hres);
+        status = NP_NAME(np_sinkhorn)(logits, R, n, 20, hres);
         if (status) break;
-        for (int64_t t = 0; t < R; t++) np_v3_lane_sum(hpre + t * n, lanes + t * nd, n, d, u + t * d);
+        for (int64_t t = 0; t < R; t++) NP_NAME(np_v3_lane_sum)(hpre + t * n, lanes + t * nd, n, d, u + t * d);
         /* engram gate (engram.engram_gate) */
         if (L->engram_site >= 0) {
             const float *key = site_k[L->engram_site], *value = site_v[L->engram_site];
             if (!key || !value) { status = NP_BADARG; break; }
             float *ru = attn, *rk = upd; /* scratch rows */
             for (int64_t t = 0; t < R; t++) {
-                np_v3_rms_unit(u + t * d, d, ru, sq);
-                np_v3_rms_unit(key + t * d, d, rk, sq);
+                NP_NAME(np_v3_rms_unit)(u + t * d, d, ru, sq);
+                NP_NAME(np_v3_rms_unit)(key + t * d, d, rk, sq);
                 for (int64_t e = 0; e < d; e++) ru[e] = ru[e] * rk[e];
-                float aff = np_v3_pairwise(ru, d);
-                float g = np_v3_sigmoid(aff / sqrt_d);
+                float aff = NP_NAME(np_v3_pairwise)(ru, d);
+                float g = NP_NAME(np_v3_sigmoid)(aff / sqrt_d);
                 for (int64_t e = 0; e < d; e++) {
                     float prod = g * value[t * d + e];
                     block[t * d + e] = u[t * d + e] + prod;
@@ -432,29 +349,29 @@ int np_v3_blocks(const np_v3_model *m, int64_t first, int64_t last, float *lanes
             memcpy(block, u, sizeof(float) * (size_t)(R * d));
         }
         /* attention (attention.attention_parts) */
-        for (int64_t t = 0; t < R; t++) np_v3_zc(block + t * d, d, L->norm_in, h + t * d, sq);
-        status = np_v3_product_run(&L->qkvg, h, R, d, v, scale, fused, threads);
+        for (int64_t t = 0; t < R; t++) NP_NAME(np_v3_zc)(block + t * d, d, L->norm_in, h + t * d, sq);
+        status = NP_NAME(np_v3_product_run)(&L->qkvg, h, R, d, v, scale, fused, threads);
         if (status) break;
         for (int64_t t = 0; t < R; t++)
             for (int64_t e = 0; e < H * vd; e++)
-                gate[t * H * vd + e] = np_v3_sigmoid(fused[t * L->qkvg.out + v_end + e]);
+                gate[t * H * vd + e] = NP_NAME(np_v3_sigmoid)(fused[t * L->qkvg.out + v_end + e]);
         for (int64_t p = 0; p < n_parts && status == NP_OK; p++)
-            status = np_v3_attention_part(m, L, &parts[p], parts[p].caches[l - first], fused,
+            status = NP_NAME(np_v3_attention_part)(m, L, &parts[p], parts[p].caches[l - first], fused,
                                           L->qkvg.out, gate, &ws);
         if (status) break;
-        status = np_v3_product_run(&L->out_proj, gate, R, H * vd, v, scale, attn, threads);
+        status = NP_NAME(np_v3_product_run)(&L->out_proj, gate, R, H * vd, v, scale, attn, threads);
         if (status) break;
         /* block + gate * ZC(attn), then + MLP(ZC(.)) - u (block.run_block) */
         for (int64_t t = 0; t < R; t++) {
             float *a = attn + t * d;
-            np_v3_zc(a, d, L->post_norm, h + t * d, sq);
+            NP_NAME(np_v3_zc)(a, d, L->post_norm, h + t * d, sq);
             for (int64_t e = 0; e < d; e++) {
                 float g = h[t * d + e] * L->attn_gate;
                 a[e] = g + block[t * d + e];
             }
-            np_v3_zc(a, d, L->pre_hada, h + t * d, sq);
+            NP_NAME(np_v3_zc)(a, d, L->pre_hada, h + t * d, sq);
         }
-        status = np_hadamard_mlp(h, R, d, m->hada_n, m->ba, m->hada_n / m->ba, L->mlp_vec,
+        status = NP_NAME(np_hadamard_mlp)(h, R, d, m->hada_n, m->ba, m->hada_n / m->ba, L->mlp_vec,
                                  L->mlp_mats, L->cond_v, L->cond_u, 8, m->p1, m->p2, upd);
         if (status) break;
         for (int64_t t = 0; t < R * d; t++) {
@@ -467,7 +384,7 @@ int np_v3_blocks(const np_v3_model *m, int64_t first, int64_t last, float *lanes
             float *out = normed + t * nd;
             for (int64_t i = 0; i < n; i++) {
                 float *oi = out + i * d;
-                np_v3_lane_sum(hres + (t * n + i) * n, x, n, d, oi);
+                NP_NAME(np_v3_lane_sum)(hres + (t * n + i) * n, x, n, d, oi);
                 float hp = hpost[t * n + i];
                 for (int64_t e = 0; e < d; e++) {
                     float prod = hp * upd[t * d + e];
@@ -478,7 +395,7 @@ int np_v3_blocks(const np_v3_model *m, int64_t first, int64_t last, float *lanes
         memcpy(lanes, normed, sizeof(float) * (size_t)(R * nd));
         if (cells)
             for (int64_t t = 0; t < R; t++)
-                np_v3_lane_mean(lanes + t * nd, n, d,
+                NP_NAME(np_v3_lane_mean)(lanes + t * nd, n, d,
                                 cells + (t * cells_stride + l - first + cells_offset) * d);
     }
     free(mem);
@@ -487,7 +404,7 @@ int np_v3_blocks(const np_v3_model *m, int64_t first, int64_t last, float *lanes
 
 /* logits [count, lm_head.out] of rows `rows` of lanes [R, n, d]: ZC(final_norm) of the lane
  * mean, then the exact LM-head product (batch.chunk_pass). */
-int np_v3_readout(const np_v3_model *m, const float *lanes, const int64_t *rows, int64_t count,
+static int NP_NAME(np_v3_readout)(const np_v3_model *m, const float *lanes, const int64_t *rows, int64_t count,
                   float *out) {
     const int64_t n = m->lanes, d = m->d;
     size_t floats = (size_t)(2 * count * d + d + count);
@@ -498,10 +415,10 @@ int np_v3_readout(const np_v3_model *m, const float *lanes, const int64_t *rows,
     float *scale = sq + d;
     int32_t *v = (int32_t *)(scale + count);
     for (int64_t i = 0; i < count; i++) {
-        np_v3_lane_mean(lanes + rows[i] * n * d, n, d, mean + i * d);
-        np_v3_zc(mean + i * d, d, m->final_norm, hidden + i * d, sq);
+        NP_NAME(np_v3_lane_mean)(lanes + rows[i] * n * d, n, d, mean + i * d);
+        NP_NAME(np_v3_zc)(mean + i * d, d, m->final_norm, hidden + i * d, sq);
     }
-    int status = np_v3_product_run(&m->lm_head, hidden, count, d, v, scale, out,
+    int status = NP_NAME(np_v3_product_run)(&m->lm_head, hidden, count, d, v, scale, out,
                                    (int)m->threads);
     free(mem);
     return status;
@@ -511,15 +428,15 @@ int np_v3_readout(const np_v3_model *m, const float *lanes, const int64_t *rows,
 /* keys / values [sites, R, d]: each site's key and tapped value of every row of `parts`, from
  * the hashed n-grams of the parts' tokens; records the raw value projections in each part's
  * engram ring. */
-int np_v3_engram(const np_v3_model *m, const np_v3_part *parts, int64_t n_parts, int64_t R,
+static int NP_NAME(np_v3_engram)(const np_v3_model *m, const np_v3_part *parts, int64_t n_parts, int64_t R,
                  float *keys, float *values) {
     const int64_t d = m->d, tables = m->tables;
     int64_t width = 0, in_pad = 0, groups = 1;
     for (int64_t s = 0; s < m->n_sites; s++) {
         const np_v3_site *S = &m->sites[s];
-        width = np_v3_max(width, tables * S->cols);
-        in_pad = np_v3_max(in_pad, S->key_value.in_pad);
-        groups = np_v3_max(groups, S->groups);
+        width = NP_NAME(np_v3_max)(width, tables * S->cols);
+        in_pad = NP_NAME(np_v3_max)(in_pad, S->key_value.in_pad);
+        groups = NP_NAME(np_v3_max)(groups, S->groups);
     }
     size_t floats = (size_t)(R * width + R * 2 * d + R + 2 * groups * 128);
     char *mem = (char *)malloc(floats * sizeof(float) + (size_t)(R * in_pad) * sizeof(int32_t) +
@@ -567,10 +484,10 @@ int np_v3_engram(const np_v3_model *m, const np_v3_part *parts, int64_t n_parts,
                     int code = (b[c / per] >> (S->storage_bits * (c % per))) & mask;
                     vals[c] = S->codebook[code] * nr[c / 128];
                 }
-                np_dequant_rows(vals, 1, S->groups, m->h, deq);
+                NP_NAME(np_dequant_rows)(vals, 1, S->groups, m->h, deq);
                 memcpy(dst, deq, sizeof(float) * (size_t)sub);
             }
-        status = np_v3_product_run(&S->key_value, lookup, R, w, v, scale, proj, (int)m->threads);
+        status = NP_NAME(np_v3_product_run)(&S->key_value, lookup, R, w, v, scale, proj, (int)m->threads);
         if (status) break;
         const int64_t reach = S->n_taps > 1 ? (S->n_taps - 1) * S->dilation : 0;
         for (int64_t p = 0; p < n_parts; p++) {
