@@ -135,13 +135,33 @@ static void NP_NAME(np_v3_attend_row)(const int8_t *q, float qscale, int64_t qk,
     }
 }
 
+
+/* query rows lo .. hi-1 of a block (row = (position - first) * H + head): o, times the gate */
+static void NP_NAME(np_v3_attend_items)(void *arg, int64_t lo, int64_t hi, int64_t worker) {
+    const np_v3_attend_job *job = (const np_v3_attend_job *)arg;
+    const np_v3_model *m = job->m;
+    const np_v3_cache *c = job->c;
+    const int64_t H = m->heads, qk = m->qk, vd = m->vd, group = H / m->kv_heads;
+    float o[1024];
+    float *work = job->ws->work + worker * job->ws->work_stride;
+    for (int64_t item = lo; item < hi; item++) {
+        int64_t r = job->first + item / H, h = item % H;
+        int64_t p = job->start + r;
+        int64_t from = c->window ? (p - c->window + 1 > 0 ? p - c->window + 1 : 0) : 0;
+        NP_NAME(np_v3_attend_row)(job->ws->qcode + (r * H + h) * qk, job->ws->qscale[r * H + h],
+                                  qk, vd, c, h / group, from, p, job->inv_sqrt_qk, o, work);
+        float *g = job->gate + r * H * vd + h * vd;
+        for (int64_t e = 0; e < vd; e++) g[e] = g[e] * o[e];
+    }
+}
+
 /* -- attention of one part (one session's chunk) ------------------------------------------- */
 
 static int NP_NAME(np_v3_attention_part)(const np_v3_model *m, const np_v3_layer *L, const np_v3_part *P,
                                 const np_v3_cache *c, const float *fused, int64_t fused_w,
                                 float *gate, np_v3_attn_ws *ws) {
     const int64_t H = m->heads, KV = m->kv_heads, qk = m->qk, vd = m->vd;
-    const int64_t k_end = (H + KV) * qk, v_end = k_end + KV * vd, group = H / KV;
+    const int64_t k_end = (H + KV) * qk, v_end = k_end + KV * vd;
     const int64_t count = P->count, start = P->start, half = qk / 2;
     const float *f0 = fused + P->row0 * fused_w;
     float *conv = ws->conv;
@@ -202,8 +222,8 @@ static int NP_NAME(np_v3_attention_part)(const np_v3_model *m, const np_v3_layer
     }
     /* store then attend, 64 positions at a time: a ring keeps 64 slots beyond its window, so
      * a block's stores never overwrite a key one of its queries sees */
-    double inv_sqrt_qk = 1.0 / sqrt((double)qk);
-    float o[1024];
+    np_v3_attend_job job = {m, c, ws, gate + P->row0 * H * vd, start, 0,
+                            1.0 / sqrt((double)qk), 0};
     for (int64_t b0 = 0; b0 < count; b0 += 64) {
         int64_t b1 = b0 + 64 < count ? b0 + 64 : count;
         for (int64_t r = b0; r < b1; r++) {
@@ -218,20 +238,26 @@ static int NP_NAME(np_v3_attention_part)(const np_v3_model *m, const np_v3_layer
                 c->vscale[h * c->capacity + slot] = ws->vscale[r * KV + h];
             }
         }
-        for (int64_t r = b0; r < b1; r++) {
-            int64_t p = start + r;
-            int64_t lo = c->window ? (p - c->window + 1 > 0 ? p - c->window + 1 : 0) : 0;
-            for (int64_t h = 0; h < H; h++) {
-                NP_NAME(np_v3_attend_row)(ws->qcode + (r * H + h) * qk, ws->qscale[r * H + h], qk, vd, c,
-                                 h / group, lo, p, inv_sqrt_qk, o, ws->work);
-                float *g = gate + (P->row0 + r) * H * vd + h * vd;
-                for (int64_t e = 0; e < vd; e++) g[e] = g[e] * o[e];
-            }
-        }
+        /* the block's query rows (position, head), split between threads when worth it */
+        int64_t keys = start + b1, items = (b1 - b0) * H;
+        job.first = b0;
+        int threads = items * keys * (qk + vd) >= (1 << 19) ? (int)m->threads : 1;
+        np_v3_parallel(NP_NAME(np_v3_attend_items), &job, items, threads);
     }
     int64_t filled = start + count > c->meta[1] ? start + count : c->meta[1];
     c->meta[1] = filled < c->capacity ? filled : c->capacity;
     return NP_OK;
+}
+
+
+/* the Hadamard MLP of rows lo .. hi-1 (each row on its own: np_hadamard_mlp) */
+static void NP_NAME(np_v3_mlp_rows)(void *arg, int64_t lo, int64_t hi, int64_t worker) {
+    np_v3_mlp_job *job = (np_v3_mlp_job *)arg;
+    const np_v3_model *m = job->m;
+    const np_v3_layer *L = job->L;
+    job->status[worker] = NP_NAME(np_hadamard_mlp)(
+        job->x + lo * m->d, hi - lo, m->d, m->hada_n, m->ba, m->hada_n / m->ba, L->mlp_vec,
+        L->mlp_mats, L->cond_v, L->cond_u, 8, m->p1, m->p2, job->out + lo * m->d);
 }
 
 /* -- the block range ----------------------------------------------------------------------- */
@@ -262,7 +288,8 @@ static int NP_NAME(np_v3_blocks)(const np_v3_model *m, int64_t first, int64_t la
         max_count = NP_NAME(np_v3_max)(max_count, parts[p].count);
         longest = NP_NAME(np_v3_max)(longest, parts[p].start + parts[p].count);
     }
-    size_t floats = (size_t)(R * nd          /* normed / new lanes */
+    size_t floats = (size_t)(longest * (np_v3_max_threads(threads) - 1) /* attention work */
+                             + R * nd          /* normed / new lanes */
                              + R * mixed_w + R * n * n * 2 + R * n * 2 /* gates */
                              + R * d * 5       /* u, block, h, attn, mlp */
                              + R * fused_w + R * H * vd /* fused, gate */
@@ -294,7 +321,8 @@ static int NP_NAME(np_v3_blocks)(const np_v3_model *m, int64_t first, int64_t la
     ws.qscale = f; f += max_count * H;
     ws.kscale = f; f += max_count * KV;
     ws.vscale = f; f += max_count * KV;
-    ws.work = f; f += longest;
+    ws.work = f; f += longest * np_v3_max_threads(threads);
+    ws.work_stride = longest;
     ws.sq = sq;
     int32_t *v = (int32_t *)f;
     int8_t *codes = (int8_t *)(v + R * in_pad);
@@ -371,8 +399,11 @@ static int NP_NAME(np_v3_blocks)(const np_v3_model *m, int64_t first, int64_t la
             }
             NP_NAME(np_v3_zc)(a, d, L->pre_hada, h + t * d, sq);
         }
-        status = NP_NAME(np_hadamard_mlp)(h, R, d, m->hada_n, m->ba, m->hada_n / m->ba, L->mlp_vec,
-                                 L->mlp_mats, L->cond_v, L->cond_u, 8, m->p1, m->p2, upd);
+        np_v3_mlp_job mlp = {m, L, h, upd, {NP_OK}};
+        np_v3_parallel(NP_NAME(np_v3_mlp_rows), &mlp, R,
+                       R * m->hada_n * m->hada_n >= (1 << 20) ? threads : 1);
+        for (int i = 0; i < 16; i++)
+            if (mlp.status[i]) status = mlp.status[i];
         if (status) break;
         for (int64_t t = 0; t < R * d; t++) {
             float y = upd[t] + attn[t];

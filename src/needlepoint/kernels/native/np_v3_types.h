@@ -88,5 +88,69 @@ int np_cq_matmul_threads(const int32_t *v, const float *scale, int64_t T, int64_
 typedef struct { /* scratch of one part's attention */
     float *conv, *sq;
     int8_t *qcode, *kcode, *vcode;
-    float *qscale, *kscale, *vscale, *heads_rows, *work;
+    float *qscale, *kscale, *vscale, *heads_rows, *work; /* work: one row per thread */
+    int64_t work_stride;
 } np_v3_attn_ws;
+
+static int np_v3_max_threads(int threads) { return threads < 1 ? 1 : threads > 16 ? 16 : threads; }
+
+/* Threads inside one call: `fn(ctx, lo, hi, scratch)` over [0, n) split into `threads`
+ * contiguous ranges, each on a POSIX thread started for it and joined before returning (no
+ * pool, nothing spinning); range 0 runs on the calling thread. Every item is computed whole
+ * by one thread, so the bits do not depend on the count. */
+typedef void (*np_v3_fn)(void *ctx, int64_t lo, int64_t hi, int64_t worker);
+typedef struct {
+    np_v3_fn fn;
+    void *ctx;
+    int64_t lo, hi, worker;
+} np_v3_job;
+
+static void *np_v3_job_run(void *arg) {
+    np_v3_job *job = (np_v3_job *)arg;
+    job->fn(job->ctx, job->lo, job->hi, job->worker);
+    return NULL;
+}
+
+static void np_v3_parallel(np_v3_fn fn, void *ctx, int64_t n, int threads) {
+    if (threads > 16) threads = 16;
+    if (threads > n) threads = (int)n;
+    if (threads <= 1) {
+        if (n > 0) fn(ctx, 0, n, 0);
+        return;
+    }
+    np_v3_job jobs[16];
+    pthread_t ids[16];
+    int started[16] = {0};
+    for (int i = 0; i < threads; i++) {
+        np_v3_job job = {fn, ctx, n * i / threads, n * (i + 1) / threads, i};
+        jobs[i] = job;
+    }
+    for (int i = 1; i < threads; i++)
+        started[i] = pthread_create(&ids[i], NULL, np_v3_job_run, &jobs[i]) == 0;
+    np_v3_job_run(&jobs[0]);
+    for (int i = 1; i < threads; i++) {
+        if (started[i])
+            pthread_join(ids[i], NULL);
+        else
+            np_v3_job_run(&jobs[i]); /* no thread: its share runs here */
+    }
+}
+
+/* one block's attention rows / one layer's MLP rows, for np_v3_parallel */
+typedef struct {
+    const np_v3_model *m;
+    const np_v3_cache *c;
+    const np_v3_attn_ws *ws;
+    float *gate; /* the part's first row */
+    int64_t start, first;
+    double inv_sqrt_qk;
+    int64_t unused;
+} np_v3_attend_job;
+
+typedef struct {
+    const np_v3_model *m;
+    const np_v3_layer *L;
+    const float *x;
+    float *out;
+    int status[16];
+} np_v3_mlp_job;
