@@ -469,14 +469,14 @@ static int NP_NAME(np_v3_engram)(const np_v3_model *m, const np_v3_part *parts, 
         in_pad = NP_NAME(np_v3_max)(in_pad, S->key_value.in_pad);
         groups = NP_NAME(np_v3_max)(groups, S->groups);
     }
-    size_t floats = (size_t)(R * width + R * 2 * d + R + 2 * groups * 128);
+    size_t floats = (size_t)(R * width + R * 2 * d + R + 2 * R * tables * groups * 128);
     char *mem = (char *)malloc(floats * sizeof(float) + (size_t)(R * in_pad) * sizeof(int32_t) +
                                (size_t)(R * tables) * sizeof(int64_t) + 64);
     if (!mem) return NP_NOMEM;
     int64_t *rows = (int64_t *)mem;
     float *lookup = (float *)(rows + R * tables), *proj = lookup + R * width;
-    float *scale = proj + R * 2 * d, *vals = scale + R, *deq = vals + groups * 128;
-    int32_t *v = (int32_t *)(deq + groups * 128);
+    float *scale = proj + R * 2 * d, *vals = scale + R, *deq = vals + R * tables * groups * 128;
+    int32_t *v = (int32_t *)(deq + R * tables * groups * 128);
     /* table rows (ops.engram_slots); -1: the n-gram reaches before position 0 */
     for (int64_t p = 0; p < n_parts; p++) {
         const np_v3_part *P = &parts[p];
@@ -500,23 +500,31 @@ static int NP_NAME(np_v3_engram)(const np_v3_model *m, const np_v3_part *parts, 
         const int64_t sub = S->cols, per = 8 / S->storage_bits, mask = (1 << S->storage_bits) - 1;
         const int64_t w = tables * sub;
         /* gather + dequantise (kernels/cq.gather_rows: codebook value * norm, then
-         * np_dequant_rows in the fixtures' order) */
+         * np_dequant_rows in the fixtures' order), all rows of the site in one call */
+        const int64_t span = S->groups * 128;
         for (int64_t t = 0; t < R; t++)
             for (int64_t j = 0; j < tables; j++) {
-                float *dst = lookup + t * w + j * sub;
+                float *src = vals + (t * tables + j) * span;
                 int64_t row = rows[t * tables + j];
                 if (row < 0) {
-                    for (int64_t c = 0; c < sub; c++) dst[c] = 0.0f;
+                    for (int64_t c = 0; c < span; c++) src[c] = 0.0f;
                     continue;
                 }
                 const uint8_t *b = S->packed + row * S->row_bytes;
                 const float *nr = S->norms + row * S->groups;
-                for (int64_t c = 0; c < S->groups * 128; c++) {
+                for (int64_t c = 0; c < span; c++) {
                     int code = (b[c / per] >> (S->storage_bits * (c % per))) & mask;
-                    vals[c] = S->codebook[code] * nr[c / 128];
+                    src[c] = S->codebook[code] * nr[c / 128];
                 }
-                NP_NAME(np_dequant_rows)(vals, 1, S->groups, m->h, deq);
-                memcpy(dst, deq, sizeof(float) * (size_t)sub);
+            }
+        NP_NAME(np_dequant_rows)(vals, R * tables, S->groups, m->h, deq);
+        for (int64_t t = 0; t < R; t++)
+            for (int64_t j = 0; j < tables; j++) {
+                float *dst = lookup + t * w + j * sub;
+                if (rows[t * tables + j] < 0)
+                    for (int64_t c = 0; c < sub; c++) dst[c] = 0.0f;
+                else
+                    memcpy(dst, deq + (t * tables + j) * span, sizeof(float) * (size_t)sub);
             }
         status = NP_NAME(np_v3_product_run)(&S->key_value, lookup, R, w, v, scale, proj, (int)m->threads);
         if (status) break;
