@@ -9,7 +9,7 @@ vectorised across rows in log2(P) steps. Then, per row, in float64:
 * LayerNorm: `m = tree(x) / d`, `c = x - m`, `inv = 1 / sqrt(tree(c*c) / d + eps)`,
   `y = f32(((c * inv) * w) + b)`
 
-`norm` runs the native kernel (`i8native/np_i8.c`) when it is built, else `norm_reference`;
+`norm` runs the native kernel (`native/np_i8.h`) when it is built, else `norm_reference`;
 both give the same bits (tests/kernels/test_i8.py).
 """
 

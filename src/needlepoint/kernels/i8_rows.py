@@ -1,4 +1,4 @@
-"""Row kernels of the int8 numerics, native in `i8native/np_i8.c`: the pinned exp, A8 row codes
+"""Row kernels of the int8 numerics, native in `native/np_i8_rows.h`: the pinned exp, A8 row codes
 and causal int8 attention. Their definitions (and numpy references) are those of
 `kernels.pinned.exp32_reference`, `kernels.exact.a8_codes_reference` and
 `kernels.pinned.attend_reference`; the native versions here give the same bits

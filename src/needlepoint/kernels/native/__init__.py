@@ -1,4 +1,6 @@
-"""The native kernels (`needlepoint_native.c`), loaded with ctypes.
+"""The one native library (`needlepoint_native.c` and the headers it includes: exact and
+pinned kernels, the Needle 3 step, the transformer int8 kernels), loaded with ctypes; this is
+its one binding module (`kernels.i8_native` only re-exports the int8 names).
 
 The C file is built by the package's own setup.py (`pip install -e .`) as an optional extension
 module next to this file. `LIBRARY` is the loaded library, or None when the build is missing
@@ -14,7 +16,7 @@ import os
 import warnings
 from pathlib import Path
 
-ABI_VERSION = 9
+ABI_VERSION = 10
 HERE = Path(__file__).resolve().parent
 
 c_int64_p = ctypes.POINTER(ctypes.c_int64)
@@ -32,7 +34,7 @@ class CQPart(ctypes.Structure):
     ]
 
 
-_P, _I64, _F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
+_P, _I64, _I32, _F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_float
 
 
 class V3Mat(ctypes.Structure):
@@ -94,6 +96,31 @@ class V3Part(ctypes.Structure):
                 ("tokens", _P), ("known", _I64), ("engram", _P), ("engram_rows", _I64)]
 
 
+class I8Part(ctypes.Structure):
+    """`i8_part` of np_i8.h: one packed weight (`kernels.i8.I8Weight`)."""
+
+    _fields_ = [("n_out", _I64), ("groups", _I64), ("nb", _I64), ("bits", _I32),
+                ("threads", _I32), ("half", _I32), ("unused", _I32), ("data", _P),
+                ("scale", _P), ("offset", _P)]
+
+
+class I8Lin(ctypes.Structure):
+    """`i8_lin`: one input into `n_parts` weights, outputs side by side (+ bias)."""
+
+    _fields_ = [("parts", ctypes.POINTER(I8Part)), ("n_parts", _I64), ("k_in", _I64),
+                ("k_pad", _I64), ("n_total", _I64), ("bias", _P)]
+
+
+class I8Layer(ctypes.Structure):
+    """`i8_layer`: a pre-norm transformer block (np_i8_block.h)."""
+
+    _fields_ = [("d", _I64), ("heads", _I64), ("kv_heads", _I64), ("head_dim", _I64),
+                ("d_ff", _I64), ("gated", _I32), ("gelu", _I32), ("center", _I32),
+                ("rope", _I32), ("eps", ctypes.c_double), ("factor", ctypes.c_float),
+                ("unused", _I32), ("n1w", _P), ("n1b", _P), ("n2w", _P), ("n2b", _P),
+                ("qkv", I8Lin), ("o", I8Lin), ("up", I8Lin), ("down", I8Lin)]
+
+
 def _signatures(lib: ctypes.CDLL) -> None:
     p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
     f32, f64 = ctypes.c_float, ctypes.c_double
@@ -129,6 +156,32 @@ def _signatures(lib: ctypes.CDLL) -> None:
     lib.np_v3_readout.restype = i32
     lib.np_v3_engram.argtypes = [p, p, i64, i64, p, p]
     lib.np_v3_engram.restype = i32
+    lib.np_force_variant.argtypes = [i32]
+    lib.np_force_variant.restype = i32
+    _i8_signatures(lib)
+
+
+def _i8_signatures(lib: ctypes.CDLL) -> None:
+    """The int8 kernels' entry points (np_i8.h, np_i8_block.h)."""
+    p, i64, i32, f64 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_double
+    lib.i8_abi_version.restype = i32
+    lib.i8_simd_variant.restype = i32
+    lib.i8_force_variant.argtypes = [i32]
+    lib.i8_force_variant.restype = i32
+    lib.i8_quantize.argtypes = [p, i64, i64, i64, p, p, p]
+    lib.i8_quantize.restype = i32
+    lib.i8_norm.argtypes = [p, i64, i64, p, p, f64, i32, p]
+    lib.i8_norm.restype = i32
+    lib.i8_matmul.argtypes = [p, p, p, i64, i64, i32, p, p, p, i32, i64, i64, p, p, i64, i32]
+    lib.i8_matmul.restype = i32
+    lib.i8_exp32_array.argtypes = [p, i64, p]
+    lib.i8_exp32_array.restype = None
+    lib.i8_a8_rows.argtypes = [p, i64, i64, p, p]
+    lib.i8_a8_rows.restype = i32
+    lib.i8_attend_causal.argtypes = [p, p, i64, i64, i64, i64, i64, p, p, p, p, p, p]
+    lib.i8_attend_causal.restype = None
+    lib.i8_block.argtypes = [ctypes.POINTER(I8Layer), p, i64, i64, p, p, p, p, p, p]
+    lib.i8_block.restype = i32
 
 
 def _candidates() -> list[Path]:
