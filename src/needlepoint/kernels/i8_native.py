@@ -11,7 +11,13 @@ from .native import I8Layer as Layer
 from .native import I8Lin as Lin
 from .native import I8Part as Part
 
-__all__ = ["LIBRARY", "UNAVAILABLE_REASON", "Layer", "Lin", "Part", "simd_variant"]
+__all__ = ["LIBRARY", "UNAVAILABLE_REASON", "Layer", "Lin", "Part", "library", "simd_variant"]
+
+
+def library(use_native: bool | None = None):
+    """`native.library` for the int8 wrappers (this module's `LIBRARY`, so a test can turn
+    the int8 kernels alone to their references)."""
+    return LIBRARY if use_native is not False else None
 
 
 def simd_variant() -> str:

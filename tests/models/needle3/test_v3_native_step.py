@@ -96,16 +96,17 @@ def test_batched_native_step_equals_the_numpy_reference_alone(name, sessions):
     _assert_same(batched, alone)
 
 
-@pytest.mark.parametrize("name", ["tiny", "toy"])
-def test_native_rewind_and_extend_across_ring_wrap_around(name):
-    """kv window rings (tiny: 48 slots) wrapped several times, with rewinds and extends, on
-    the native step and on the reference."""
+@pytest.mark.parametrize(("name", "chunk"), [("tiny", 37), ("tiny", 128), ("toy", 37)])
+def test_native_rewind_and_extend_across_ring_wrap_around(name, chunk):
+    """kv window rings (48 slots + 64 of slack) wrapped several times, with rewinds and
+    extends, on the native step and on the reference; chunks of 128 are longer than a ring
+    (the native step stores and attends them 64 positions at a time)."""
     net = _net(name)
     window = min(net.config.kv_window or 48, 48)
     ids = _tokens(net, 230, seed=7)
 
     def walk():
-        session = net.session(kv_window=window, chunk=37)
+        session = net.session(kv_window=window, chunk=chunk)
         rows = [session.prefill(ids[:150])]
         rows += [session.step(int(t)) for t in ids[150:160]]
         session.rewind(7)

@@ -216,6 +216,13 @@ if LIBRARY is None and not UNAVAILABLE_REASON.startswith("disabled"):
     )
 
 
+def library(use_native: bool | None = None) -> ctypes.CDLL | None:
+    """The library a kernel wrapper calls, or None for its numpy reference: None when the
+    library is not loaded (or `LIBRARY` was set to None) or the caller passes
+    `use_native=False`. Every `kernels` wrapper picks its path through this."""
+    return LIBRARY if use_native is not False else None
+
+
 def simd_variant() -> str:
     """Which compiled variant runs: "avx2+fma", "baseline", or "none" (numpy reference)."""
     if LIBRARY is None:
