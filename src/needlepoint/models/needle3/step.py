@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ...kernels.cq import gather_rows
-from ..ops import ENGRAM_FNV_PRIME, ENGRAM_SEED_MULT
+from ..ops import ENGRAM_FNV_PRIME, ENGRAM_SEED_MULT, sinkhorn
 from .fastnum import (
     F32,
     einsum,
@@ -34,7 +34,7 @@ from .fastnum import (
     zc,
     zc_rows,
 )
-from .sinkhorn import sinkhorn, sinkhorn4
+from .sinkhorn import sinkhorn4
 from .weights import rotate
 
 if TYPE_CHECKING:  # pragma: no cover
