@@ -93,6 +93,18 @@ static int NP_NAME(np_v3_product_run)(const np_v3_product *P, const float *x, in
     return NP_OK;
 }
 
+/* out[e] = out[e] + p * f32(v[e] * sv) for every e (one key's value row; a function of its
+ * own so the compiler vectorises it across e instead of interleaving keys). */
+static __attribute__((noinline)) void NP_NAME(np_v3_add_value)(float *restrict out,
+                                                           const int8_t *restrict v, float sv,
+                                                           float p, int64_t vd) {
+    for (int64_t e = 0; e < vd; e++) {
+        float value = (float)v[e] * sv;
+        float prod = p * value;
+        out[e] = out[e] + prod;
+    }
+}
+
 /* One query row against positions lo .. p of its kv head, in position order (np_attend). */
 static void NP_NAME(np_v3_attend_row)(const int8_t *q, float qscale, int64_t qk, int64_t vd,
                              const np_v3_cache *c, int64_t head, int64_t lo, int64_t p,
@@ -103,9 +115,9 @@ static void NP_NAME(np_v3_attend_row)(const int8_t *q, float qscale, int64_t qk,
     double sq = (double)qscale;
     int64_t n = p - lo + 1;
     float peak = -INFINITY;
-    for (int64_t j = 0; j < n; j++) {
-        int64_t slot = c->window ? (lo + j) % c->capacity : lo + j;
-        const int8_t *k = kbase + slot * qk;
+    const int64_t first = c->window ? lo % c->capacity : lo; /* slots in position order */
+    for (int64_t j = 0, slot = first; j < n; j++, slot = slot + 1 == c->capacity ? 0 : slot + 1) {
+        const int8_t *restrict k = kbase + slot * qk;
         int32_t dot = 0;
         for (int64_t e = 0; e < qk; e++) dot += (int32_t)q[e] * (int32_t)k[e];
         double t = (double)dot * sq;
@@ -122,16 +134,8 @@ static void NP_NAME(np_v3_attend_row)(const int8_t *q, float qscale, int64_t qk,
         total = total + e;
     }
     for (int64_t e = 0; e < vd; e++) o[e] = 0.0f;
-    for (int64_t j = 0; j < n; j++) {
-        int64_t slot = c->window ? (lo + j) % c->capacity : lo + j;
-        float pj = work[j] / total;
-        const int8_t *vv = vbase + slot * vd;
-        float sv = vs[slot];
-        for (int64_t e = 0; e < vd; e++) {
-            float value = (float)vv[e] * sv;
-            float prod = pj * value;
-            o[e] = o[e] + prod;
-        }
+    for (int64_t j = 0, slot = first; j < n; j++, slot = slot + 1 == c->capacity ? 0 : slot + 1) {
+        NP_NAME(np_v3_add_value)(o, vbase + slot * vd, vs[slot], work[j] / total, vd);
     }
 }
 
