@@ -163,6 +163,31 @@ class NeedlepointEngine:
             "prompt_tokens": len(p.ids),
         }
 
+    def decode_profile(self, p: Prompt, n: int = 16, top: int = 8) -> dict:
+        """cProfile over `n` decode steps after prefilling `p`: interpreter calls per token
+        (Python functions and C builtins, as cProfile counts them) and the functions with
+        the most own time per token."""
+        import cProfile  # noqa: PLC0415
+        import pstats  # noqa: PLC0415
+
+        s = self.model.session()
+        tok = int(np.argmax(s.prefill(list(p.ids))))
+        tok = int(np.argmax(s.step(tok)))
+        profiler = cProfile.Profile()
+        profiler.enable()
+        for _ in range(n):
+            tok = int(np.argmax(s.step(tok)))
+        profiler.disable()
+        stats = pstats.Stats(profiler)
+        rows = sorted(stats.stats.items(), key=lambda kv: -kv[1][2])[:top]
+        return {
+            "steps": n,
+            "calls_per_token": stats.total_calls / n,
+            "top": [{"function": f"{Path(f).name}:{line}({name})", "calls_per_token": nc / n,
+                     "own_ms_per_token": 1000 * tt / n}
+                    for (f, line, name), (_, nc, tt, _, _) in rows],
+        }
+
     def generate(self, p: Prompt, n: int) -> dict:
         t0 = time.perf_counter()
         s = self.model.session()

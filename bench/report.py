@@ -197,12 +197,42 @@ def _reproduce_section() -> list[str]:
 KEPT_SECTION = "\n## Speculative decoding"
 
 
+def profile_section(results: dict) -> list[str]:
+    """cProfile of needlepoint's decode steps (bench/engines.py `decode_profile`)."""
+    L = ["\n## Decode step profile\n",
+         "cProfile over 16 decode steps after the tool prompt, per token: interpreter calls "
+         "(Python functions and C builtins; target ≤ 300) and the functions with the most own "
+         "time (a native call's time is its own). Before the native step (issue 18: every "
+         "block orchestrated from Python) the same count was 7,736 calls per token (~1,340 "
+         "of them ctypes argument conversions; `exact.cq_matmul` 66, `pinned.attend` 40, "
+         "`exact_ops.lane_sum` 100, `norms.zc_norm` 81 calls per token); now a deploy step "
+         "is three native calls: engram sites, every block of every session, the "
+         "read-out.\n"]
+    found = False
+    for threads, raw in sorted(results.get("timing", {}).get("raw", {}).items()):
+        for name, rec in raw.get("engines", {}).items():
+            prof = rec.get("decode_profile")
+            if not prof or "calls_per_token" not in prof:
+                continue
+            found = True
+            L.append(f"**{name}, {threads} thread(s)**: {prof['calls_per_token']:.0f} "
+                     "interpreter calls per decode token.\n")
+            L.append("| function | calls/token | own ms/token |")
+            L.append("|---|---|---|")
+            for row in prof["top"]:
+                L.append(f"| `{row['function']}` | {row['calls_per_token']:.1f} | "
+                         f"{row['own_ms_per_token']:.2f} |")
+            L.append("")
+    return L if found else []
+
+
 def write_docs(results: dict, md_path: Path, png_path: Path) -> None:
     note = plot(results, png_path)
     L = []
     L += _run_section(results)
     L += headline_section(results)
     L += floor_section(results)
+    L += profile_section(results)
     L += prefill_section(results, note, png_path)
     L += load_memory_section(results)
     L += _checks_section(results)

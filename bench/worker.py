@@ -181,6 +181,13 @@ def job_timing(spec: dict) -> dict:
             for k, v in list(c.items()):
                 if isinstance(v, set):
                     c[k] = sorted(v, key=str)
+    for eng in live:  # where the decode step's time goes, and how many interpreter calls
+        if hasattr(eng, "decode_profile"):
+            try:
+                out["engines"][eng.name]["decode_profile"] = eng.decode_profile(
+                    prompts[decode_name])
+            except Exception as exc:  # noqa: BLE001 - a figure is missing, the run goes on
+                out["engines"][eng.name]["decode_profile"] = {"error": _error(exc)}
     out["bandwidth_after"] = measure_bandwidth(threads) if spec.get("bandwidth") else None
     return out
 

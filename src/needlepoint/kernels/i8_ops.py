@@ -9,7 +9,7 @@ vectorised across rows in log2(P) steps. Then, per row, in float64:
 * LayerNorm: `m = tree(x) / d`, `c = x - m`, `inv = 1 / sqrt(tree(c*c) / d + eps)`,
   `y = f32(((c * inv) * w) + b)`
 
-`norm` runs the native kernel (`i8native/np_i8.c`) when it is built, else `norm_reference`;
+`norm` runs the native kernel (`native/np_i8.h`) when it is built, else `norm_reference`;
 both give the same bits (tests/kernels/test_i8.py).
 """
 
@@ -58,7 +58,7 @@ def norm_reference(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None, e
 def norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None, eps: float,
          center: bool, use_native: bool | None = None) -> np.ndarray:
     """`norm_reference` of x [..., d], by the native kernel when it is built (same bits)."""
-    lib = i8_native.LIBRARY if use_native is not False else None
+    lib = i8_native.library(use_native)
     shape = x.shape
     x = np.ascontiguousarray(x, F32).reshape(-1, shape[-1])
     if lib is None:

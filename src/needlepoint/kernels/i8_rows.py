@@ -1,4 +1,4 @@
-"""Row kernels of the int8 numerics, native in `i8native/np_i8.c`: the pinned exp, A8 row codes
+"""Row kernels of the int8 numerics, native in `native/np_i8_rows.h`: the pinned exp, A8 row codes
 and causal int8 attention. Their definitions (and numpy references) are those of
 `kernels.pinned.exp32_reference`, `kernels.exact.a8_codes_reference` and
 `kernels.pinned.attend_reference`; the native versions here give the same bits
@@ -17,7 +17,7 @@ F32 = np.float32
 
 def exp32(x: np.ndarray, use_native: bool | None = None) -> np.ndarray:
     """`pinned.exp32_reference` of float32 x."""
-    lib = i8_native.LIBRARY if use_native is not False else None
+    lib = i8_native.library(use_native)
     if lib is None:
         return pinned.exp32_reference(x)
     x = np.ascontiguousarray(x, F32)
@@ -28,7 +28,7 @@ def exp32(x: np.ndarray, use_native: bool | None = None) -> np.ndarray:
 
 def a8_codes(x: np.ndarray, use_native: bool | None = None) -> tuple[np.ndarray, np.ndarray]:
     """`exact.a8_codes_reference` of x [T, cols]: int8 codes and one scale per row."""
-    lib = i8_native.LIBRARY if use_native is not False else None
+    lib = i8_native.library(use_native)
     if lib is None:
         return exact.a8_codes_reference(x)
     x = np.ascontiguousarray(x, F32)
@@ -61,7 +61,7 @@ def attend_causal(qcode: np.ndarray, qscale: np.ndarray, start: int, heads: int,
     rows, hd = qcode.shape
     count = rows // heads
     kv_heads = kcode.shape[1]
-    lib = i8_native.LIBRARY if use_native is not False else None
+    lib = i8_native.library(use_native)
     flat = kcode.shape[0] * kv_heads
     if lib is None:
         slots, seen = causal_slots(start, count, heads, kv_heads)

@@ -60,7 +60,7 @@ def exp32_reference(x: np.ndarray) -> np.ndarray:
 
 def exp32(x: np.ndarray, use_native: bool | None = None) -> np.ndarray:
     """`exp32_reference`, by the native kernel when it is built (same bits)."""
-    lib = native.LIBRARY if use_native is not False else None
+    lib = native.library(use_native)
     if lib is None:
         return exp32_reference(x)
     x = np.ascontiguousarray(x, F32)
@@ -71,7 +71,7 @@ def exp32(x: np.ndarray, use_native: bool | None = None) -> np.ndarray:
 
 def exp64(x: np.ndarray, use_native: bool | None = None) -> np.ndarray:
     """`exp64_reference` of float64 values, by the native kernel when it is built."""
-    lib = native.LIBRARY if use_native is not False else None
+    lib = native.library(use_native)
     if lib is None:
         with np.errstate(over="ignore", invalid="ignore"):
             return exp64_reference(x)
@@ -100,7 +100,7 @@ def matmul_seq_reference(x: np.ndarray, w: np.ndarray) -> np.ndarray:
 
 def matmul_seq(x: np.ndarray, w: np.ndarray, use_native: bool | None = None) -> np.ndarray:
     """`matmul_seq_reference`, by the native kernel when it is built (same bits)."""
-    lib = native.LIBRARY if use_native is not False else None
+    lib = native.library(use_native)
     if lib is None:
         return matmul_seq_reference(x, w)
     x = np.ascontiguousarray(x, F32)
@@ -155,7 +155,7 @@ def attend(
     use_native: bool | None = None,
 ) -> np.ndarray:
     """`attend_reference`, by the native kernel when it is built (same bits)."""
-    lib = native.LIBRARY if use_native is not False else None
+    lib = native.library(use_native)
     if lib is None:
         return attend_reference(qcode, qscale, kcode, kscale, vcode, vscale, slots, count)
     rows, qk = qcode.shape
@@ -223,7 +223,7 @@ def dequant_rows_reference(rotated: np.ndarray, h: float) -> np.ndarray:
 
 def dequant_rows(rotated: np.ndarray, h: float, use_native: bool | None = None) -> np.ndarray:
     """`dequant_rows_reference`, by the native kernel when it is built (same bits)."""
-    lib = native.LIBRARY if use_native is not False else None
+    lib = native.library(use_native)
     if lib is None:
         return dequant_rows_reference(rotated, h)
     rotated = np.ascontiguousarray(rotated, F32)

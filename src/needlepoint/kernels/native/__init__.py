@@ -1,4 +1,6 @@
-"""The native kernels (`needlepoint_native.c`), loaded with ctypes.
+"""The one native library (`needlepoint_native.c` and the headers it includes: exact and
+pinned kernels, the Needle 3 step, the transformer int8 kernels), loaded with ctypes; this is
+its one binding module (`kernels.i8_native` only re-exports the int8 names).
 
 The C file is built by the package's own setup.py (`pip install -e .`) as an optional extension
 module next to this file. `LIBRARY` is the loaded library, or None when the build is missing
@@ -14,7 +16,7 @@ import os
 import warnings
 from pathlib import Path
 
-ABI_VERSION = 8
+ABI_VERSION = 10
 HERE = Path(__file__).resolve().parent
 
 c_int64_p = ctypes.POINTER(ctypes.c_int64)
@@ -30,6 +32,93 @@ class CQPart(ctypes.Structure):
         ("rows", ctypes.c_int64),
         ("out_col", ctypes.c_int64),
     ]
+
+
+_P, _I64, _I32, _F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_float
+
+
+class V3Mat(ctypes.Structure):
+    """`np_v3_mat` (np_v3_block.h): one `kernels.exact.ExactMatrix`."""
+
+    _fields_ = [("storage_bits", _I64), ("codebook", _P), ("codebook_len", _I64),
+                ("parts", _P), ("n_parts", _I64)]
+
+
+class V3Product(ctypes.Structure):
+    """`np_v3_product`: a fused exact product (matrices side by side)."""
+
+    _fields_ = [("mats", _P), ("n_mats", _I64), ("in_pad", _I64), ("out", _I64)]
+
+
+class V3Layer(ctypes.Structure):
+    """`np_v3_layer`: one Needle 3 block's weights."""
+
+    _fields_ = [("phi", V3Product), ("qkvg", V3Product), ("out_proj", V3Product),
+                *[(name, _P) for name in (
+                    "b_pre", "b_post", "pre_offset", "post_offset", "b_res", "norm_in",
+                    "qk_scale", "taps", "post_norm", "pre_hada", "mlp_vec", "mlp_mats",
+                    "cond_v", "cond_u")],
+                ("n_taps", _I64), ("engram_site", _I64),
+                ("a_pre", _F32), ("a_post", _F32), ("a_res", _F32), ("attn_gate", _F32)]
+
+
+class V3Site(ctypes.Structure):
+    """`np_v3_site`: one engram site's CQ tables, key|value product and taps."""
+
+    _fields_ = [("packed", _P), ("norms", _P), ("codebook", _P),
+                *[(name, _I64) for name in ("row_bytes", "groups", "storage_bits", "cols")],
+                ("key_value", V3Product), ("taps", _P), ("n_taps", _I64), ("dilation", _I64)]
+
+
+class V3Model(ctypes.Structure):
+    """`np_v3_model`: geometry, blocks, engram sites and read-out of a Needle 3 model."""
+
+    _fields_ = [*[(name, _I64) for name in (
+                    "d", "lanes", "heads", "kv_heads", "qk", "vd", "hada_n", "ba", "max_seq",
+                    "threads")],
+                *[(name, _P) for name in (
+                    "layers", "p1", "p2", "rope_cos", "rope_sin", "final_norm")],
+                ("lm_head", V3Product), ("sites", _P), ("n_sites", _I64), ("tables", _I64),
+                ("slots", _I64), ("table_order", _P), ("table_seed", _P), ("h", _F32)]
+
+
+class V3Cache(ctypes.Structure):
+    """`np_v3_cache`: one layer's int8 K/V store, raw q|k|v ring and [position, filled]."""
+
+    _fields_ = [*[(name, _P) for name in ("kcode", "kscale", "vcode", "vscale", "raw", "meta")],
+                ("capacity", _I64), ("window", _I64), ("raw_rows", _I64)]
+
+
+class V3Part(ctypes.Structure):
+    """`np_v3_part`: one session's chunk (rows row0.., positions start..), its caches."""
+
+    _fields_ = [("row0", _I64), ("count", _I64), ("start", _I64), ("caches", _P),
+                ("tokens", _P), ("known", _I64), ("engram", _P), ("engram_rows", _I64)]
+
+
+class I8Part(ctypes.Structure):
+    """`i8_part` of np_i8.h: one packed weight (`kernels.i8.I8Weight`)."""
+
+    _fields_ = [("n_out", _I64), ("groups", _I64), ("nb", _I64), ("bits", _I32),
+                ("threads", _I32), ("half", _I32), ("unused", _I32), ("data", _P),
+                ("scale", _P), ("offset", _P)]
+
+
+class I8Lin(ctypes.Structure):
+    """`i8_lin`: one input into `n_parts` weights, outputs side by side (+ bias)."""
+
+    _fields_ = [("parts", ctypes.POINTER(I8Part)), ("n_parts", _I64), ("k_in", _I64),
+                ("k_pad", _I64), ("n_total", _I64), ("bias", _P)]
+
+
+class I8Layer(ctypes.Structure):
+    """`i8_layer`: a pre-norm transformer block (np_i8_block.h)."""
+
+    _fields_ = [("d", _I64), ("heads", _I64), ("kv_heads", _I64), ("head_dim", _I64),
+                ("d_ff", _I64), ("gated", _I32), ("gelu", _I32), ("center", _I32),
+                ("rope", _I32), ("eps", ctypes.c_double), ("factor", ctypes.c_float),
+                ("unused", _I32), ("n1w", _P), ("n1b", _P), ("n2w", _P), ("n2b", _P),
+                ("qkv", I8Lin), ("o", I8Lin), ("up", I8Lin), ("down", I8Lin)]
 
 
 def _signatures(lib: ctypes.CDLL) -> None:
@@ -61,6 +150,38 @@ def _signatures(lib: ctypes.CDLL) -> None:
     lib.np_sinkhorn.restype = i32
     lib.np_dequant_rows.argtypes = [p, i64, i64, f32, p]
     lib.np_dequant_rows.restype = None
+    lib.np_v3_blocks.argtypes = [p, i64, i64, p, i64, p, i64, p, p, p, i64, i64]
+    lib.np_v3_blocks.restype = i32
+    lib.np_v3_readout.argtypes = [p, p, p, i64, p]
+    lib.np_v3_readout.restype = i32
+    lib.np_v3_engram.argtypes = [p, p, i64, i64, p, p]
+    lib.np_v3_engram.restype = i32
+    lib.np_force_variant.argtypes = [i32]
+    lib.np_force_variant.restype = i32
+    _i8_signatures(lib)
+
+
+def _i8_signatures(lib: ctypes.CDLL) -> None:
+    """The int8 kernels' entry points (np_i8.h, np_i8_block.h)."""
+    p, i64, i32, f64 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_double
+    lib.i8_abi_version.restype = i32
+    lib.i8_simd_variant.restype = i32
+    lib.i8_force_variant.argtypes = [i32]
+    lib.i8_force_variant.restype = i32
+    lib.i8_quantize.argtypes = [p, i64, i64, i64, p, p, p]
+    lib.i8_quantize.restype = i32
+    lib.i8_norm.argtypes = [p, i64, i64, p, p, f64, i32, p]
+    lib.i8_norm.restype = i32
+    lib.i8_matmul.argtypes = [p, p, p, i64, i64, i32, p, p, p, i32, i64, i64, p, p, i64, i32]
+    lib.i8_matmul.restype = i32
+    lib.i8_exp32_array.argtypes = [p, i64, p]
+    lib.i8_exp32_array.restype = None
+    lib.i8_a8_rows.argtypes = [p, i64, i64, p, p]
+    lib.i8_a8_rows.restype = i32
+    lib.i8_attend_causal.argtypes = [p, p, i64, i64, i64, i64, i64, p, p, p, p, p, p]
+    lib.i8_attend_causal.restype = None
+    lib.i8_block.argtypes = [ctypes.POINTER(I8Layer), p, i64, i64, p, p, p, p, p, p]
+    lib.i8_block.restype = i32
 
 
 def _candidates() -> list[Path]:
@@ -93,6 +214,13 @@ if LIBRARY is None and not UNAVAILABLE_REASON.startswith("disabled"):
         RuntimeWarning,
         stacklevel=2,
     )
+
+
+def library(use_native: bool | None = None) -> ctypes.CDLL | None:
+    """The library a kernel wrapper calls, or None for its numpy reference: None when the
+    library is not loaded (or `LIBRARY` was set to None) or the caller passes
+    `use_native=False`. Every `kernels` wrapper picks its path through this."""
+    return LIBRARY if use_native is not False else None
 
 
 def simd_variant() -> str:

@@ -1,13 +1,16 @@
-/* needlepoint's native kernels (docs/numerics.md is the contract; kernels/exact.py is the
- * pure-numpy reference of every function here and computes the same bits).
+/* needlepoint's one native library (docs/numerics.md is the contract; every entry point has a
+ * pure-numpy reference that computes the same bits: kernels/exact.py, kernels/pinned.py,
+ * models/needle3/block.py + batch.py for the Needle 3 step, kernels/i8.py for the int8
+ * kernels).
  *
  * Built by the package's own setup.py as a plain shared library and called through ctypes
- * (ctypes releases the GIL during each call). Compiled with -ffp-contract=off: every float
- * operation below is one IEEE operation, never fused, so numpy can reproduce it exactly.
- * Every kernel is compiled twice from np_body.h (AVX2 + FMA, and baseline x86-64); the
- * first call picks the variant by CPU features (NEEDLEPOINT_NATIVE_VARIANT=0 forces the
- * baseline). Exactness never depends on the
- * variant: the CQ products are exact sums (any order gives the same float64), and the
+ * (ctypes releases the GIL during each call; kernels/native/__init__.py is the one binding
+ * module). Compiled with -ffp-contract=off: every float operation below is one IEEE
+ * operation, never fused, so numpy can reproduce it exactly. Every kernel is compiled twice
+ * (np_body.h, np_v3_block.h, np_i8_body.h, np_i8_rows.h: AVX2 + FMA + F16C, and baseline
+ * x86-64); the first call picks the variant by CPU features, one pick for all of them
+ * (NEEDLEPOINT_NATIVE_VARIANT=0 forces the baseline). Exactness never depends on the
+ * variant: the products are exact sums (any order gives the same result), and the
  * pinned-order kernels use no FMA and no reassociation in either variant.
  */
 #include <math.h>
@@ -29,35 +32,71 @@ typedef struct {
     int64_t out_col;
 } np_cq_part;
 
+#include "np_v3_types.h"
+#define I8_TYPES
+#include "np_i8.h"
+#undef I8_TYPES
+
 #if defined(__GNUC__) && defined(__x86_64__) && !defined(NP_BASELINE_ONLY)
 #define NP_HAVE_AVX2 1
 #define NP_NAME(name) name##_avx2
 #define NP_SIMD_AVX2 1
+#define I8_NAME(name) name##_avx2
+#define I8_SIMD_AVX2 1
 #pragma GCC push_options
-#pragma GCC target("avx2,fma")
+#pragma GCC target("avx2,fma,f16c")
 #include <immintrin.h>
 #include "np_body.h"
+#include "np_v3_block.h"
+#include "np_i8_body.h"
+#include "np_i8_rows.h"
 #pragma GCC pop_options
+#undef I8_SIMD_AVX2
+#undef I8_NAME
 #undef NP_SIMD_AVX2
 #undef NP_NAME
 #endif
 
 #define NP_NAME(name) name##_base
+#define I8_NAME(name) name##_base
 #include "np_body.h"
+#include "np_v3_block.h"
+#include "np_i8_body.h"
+#include "np_i8_rows.h"
+#undef I8_NAME
 #undef NP_NAME
 
-static int np_variant = -1; /* 0 baseline, 1 AVX2 + FMA */
+static int np_variant = -1; /* 0 baseline, 1 AVX2 + FMA + F16C */
 
+static int np_cpu_has_avx2(void) {
+#ifdef NP_HAVE_AVX2
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+           __builtin_cpu_supports("f16c");
+#else
+    return 0;
+#endif
+}
+
+/* The one CPU-feature pick of every kernel: AVX2 where the CPU has it, unless
+ * NEEDLEPOINT_NATIVE_VARIANT=0 (or the int8 kernels' old NEEDLEPOINT_I8_VARIANT=0). */
 static int np_pick(void) {
     if (np_variant < 0) {
-        np_variant = 0;
-#ifdef NP_HAVE_AVX2
-        __builtin_cpu_init();
-        if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) np_variant = 1;
-#endif
+        int v = np_cpu_has_avx2();
         const char *force = getenv("NEEDLEPOINT_NATIVE_VARIANT");
-        if (force && force[0] == '0') np_variant = 0;
+        if (force && force[0] == '0') v = 0;
+        force = getenv("NEEDLEPOINT_I8_VARIANT");
+        if (force && force[0] == '0') v = 0;
+        np_variant = v;
     }
+    return np_variant;
+}
+
+/* Run the baseline (0) or, where the CPU has it, the AVX2 variant (1) from now on (tests);
+ * returns the variant that runs. */
+int np_force_variant(int v) {
+    np_pick();
+    if (v == 0 || np_cpu_has_avx2()) np_variant = v ? 1 : 0;
     return np_variant;
 }
 
@@ -67,7 +106,7 @@ static int np_pick(void) {
 #define NP_DISPATCH(name, ...) name##_base(__VA_ARGS__)
 #endif
 
-int np_abi_version(void) { return 8; }
+int np_abi_version(void) { return 10; }
 
 /* 1 when the AVX2 + FMA variant runs, 0 for the baseline one. */
 int np_simd_variant(void) { return np_pick(); }
@@ -188,6 +227,30 @@ int np_sinkhorn(const float *logits, int64_t T, int64_t n, int rounds, float *ou
 void np_dequant_rows(const float *rotated, int64_t rows, int64_t groups, float h, float *out) {
     NP_DISPATCH(np_dequant_rows, rotated, rows, groups, h, out);
 }
+
+/* The Needle 3 deploy forward: engram sites, a block range, the read-out (np_v3_types.h). */
+int np_v3_blocks(const np_v3_model *m, int64_t first, int64_t last, float *lanes, int64_t R,
+                 const np_v3_part *parts, int64_t n_parts, const float *const *site_k,
+                 const float *const *site_v, float *cells, int64_t cells_stride,
+                 int64_t cells_offset) {
+    return NP_DISPATCH(np_v3_blocks, m, first, last, lanes, R, parts, n_parts, site_k, site_v,
+                       cells, cells_stride, cells_offset);
+}
+
+int np_v3_readout(const np_v3_model *m, const float *lanes, const int64_t *rows, int64_t count,
+                  float *out) {
+    return NP_DISPATCH(np_v3_readout, m, lanes, rows, count, out);
+}
+
+int np_v3_engram(const np_v3_model *m, const np_v3_part *parts, int64_t n_parts, int64_t R,
+                 float *keys, float *values) {
+    return NP_DISPATCH(np_v3_engram, m, parts, n_parts, R, keys, values);
+}
+
+/* The int8 kernels' entry points (np_i8.h, np_i8_block.h). */
+#define I8_API
+#include "np_i8.h"
+#undef I8_API
 
 /* A module entry point so the build (a setuptools Extension) can name it like any other
  * extension module; kernels/native/__init__.py loads the same file with ctypes. */

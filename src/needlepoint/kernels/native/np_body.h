@@ -404,7 +404,12 @@ static inline double NP_NAME(np_exp64)(double x) {
     p = p * r + 0.5;
     p = p * r + 1.0;
     p = p * r + 1.0;
-    return ldexp(p, (int)k);
+    int ki = (int)k;
+    if (ki >= -1022 && ki <= 1023) { /* p * 2^k with 2^k a normal double: ldexp's result */
+        union { uint64_t u; double d; } two = {(uint64_t)(ki + 1023) << 52};
+        return p * two.d;
+    }
+    return ldexp(p, ki);
 }
 
 static float NP_NAME(np_exp32)(float x) { return (float)NP_NAME(np_exp64)((double)x); }

@@ -153,16 +153,14 @@ def attention(
     u: np.ndarray,
     cache: LayerCache,
     frame: ChunkFrame,
-    quantized: bool,
 ) -> np.ndarray:
-    """`out_proj(A8(sigmoid(gate) * attn))` for the chunk u [C, d] at positions frame.start..;
-    writes the chunk's keys/values into the cache. `plan` is the block's `StepPlan` entry."""
+    """Float numerics: `out_proj(sigmoid(gate) * attn)` for the chunk u [C, d] at positions
+    frame.start..; writes the chunk's keys/values into the cache. `plan` is the block's
+    `StepPlan` entry. (Deploy numerics: `attention_parts`.)"""
     count = u.shape[0]
     heads, kv_heads, qk, vd = cfg.num_heads, cfg.num_kv_heads, cfg.qk_head_dim, cfg.v_head_dim
     k_end = (heads + kv_heads) * qk
     v_end = k_end + kv_heads * vd
-    if quantized:  # one code path for one sequence and for a stack of them
-        return attention_parts(cfg, layer, plan, u, [(slice(None), cache, frame)], quantized)
     h = zc_norm(u, layer.norm_in)
     fused = h @ layer.qkvg
     raw = _conv(fused[:, :v_end], layer.qkv_taps, cache)
@@ -199,8 +197,8 @@ def attention_parts(
     attends its own cache; float numerics run `attention` per part."""
     if not quantized:
         if len(parts) == 1:
-            return attention(cfg, layer, plan, u, parts[0][1], parts[0][2], quantized)
-        return np.concatenate([attention(cfg, layer, plan, u[rows], cache, frame, quantized)
+            return attention(cfg, layer, plan, u, parts[0][1], parts[0][2])
+        return np.concatenate([attention(cfg, layer, plan, u[rows], cache, frame)
                                for rows, cache, frame in parts])
     heads, kv_heads, qk, vd = cfg.num_heads, cfg.num_kv_heads, cfg.qk_head_dim, cfg.v_head_dim
     k_end = (heads + kv_heads) * qk

@@ -19,6 +19,7 @@ from .attention import ChunkFrame
 from .block import cell_row, run_block
 from .engram import EngramChunk
 from .exact_ops import product
+from .native_block import native_plan, session_pointers
 from .norms import zc_norm
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -73,46 +74,63 @@ def run_batch(
 def chunk_pass(model: V3Model, items: list[tuple], collect=None) -> list[np.ndarray | None]:
     """One stacked pass over (index, session, tokens, want) chunks of distinct sessions:
     want "all" -> logits of every row, "last" -> of the last row, "none" -> None. `collect`
-    (one item only): receives the chunk's intermediates for a trace (session.py)."""
+    (one item only): receives the chunk's intermediates for a trace (session.py).
+
+    With the native library the engram sites, every block and the read-out are one C call
+    each (`native_block`); without it the numpy reference runs block by block."""
     cfg, weights, quantized = model.config, model.weights, model.quantized
     d, lanes_n = cfg.d_model, cfg.mhc_lanes
-    rows, chunks, frames, starts = [], [], [], []
+    plan = native_plan(model)
+    rows, starts = [], []
     first = 0
     for _, session, tokens, _ in items:
         session.consumed()
         if session.pending:
             session._flush_pool()
-        start, count = session.position, len(tokens)
-        emb = weights.embedding_rows(tokens)
-        x0 = emb * np.sqrt(F32(d))
-        tail = session.engram_values.tail(session.tokens)  # by position: rewindable
-        engram = EngramChunk(cfg, weights.engram, tokens, start, tail, quantized,
-                             keep=collect is not None)
-        rows.append(slice(first, first + count))
-        chunks.append((x0, engram, emb))
-        frames.append(ChunkFrame.build(model.step_plan, start, count))
-        starts.append(start)
-        first += count
-    x0_all = np.concatenate([c[0] for c in chunks]) if len(chunks) > 1 else chunks[0][0]
+        rows.append(slice(first, first + len(tokens)))
+        starts.append(session.position)
+        first += len(tokens)
+    every = np.concatenate([item[2] for item in items]) if len(items) > 1 else items[0][2]
+    emb = weights.embedding_rows(every)  # row by row: the same floats for any stacking
+    x0_all = emb * np.sqrt(F32(d))
+    engrams, sites = None, None
+    if plan is not None and plan.native_engram and collect is None:
+        sites = plan.engram([(rows[i].start, len(item[2]), starts[i], item[1].tokens, item[2],
+                              item[1].engram_values.values) for i, item in enumerate(items)],
+                            first)
+    else:  # by position from the session's history: rewindable
+        engrams = [EngramChunk(cfg, weights.engram, tokens, starts[i],
+                               session.engram_values.tail(session.tokens), quantized,
+                               keep=collect is not None)
+                   for i, (_, session, tokens, _) in enumerate(items)]
     lanes = np.repeat(x0_all[:, None, :], lanes_n, axis=1)
     pooled = [i for i, (_, session, _, _) in enumerate(items) if session.cells is not None]
     keep_cells = pooled or collect is not None
     cells = np.empty((first, len(weights.layers) + 1, d), F32) if keep_cells else None
     if cells is not None:
         cells[:, 0] = x0_all
-    for index, layer in enumerate(weights.layers):
-        parts = [(rows[i], item[1].caches[index], frames[i]) for i, item in enumerate(items)]
-        site_kv = None
-        if layer.engram_site is not None:
-            per = [c[1].site(layer.engram_site) for c in chunks]
-            site_kv = per[0] if len(per) == 1 else (
-                np.concatenate([k for k, _ in per]), np.concatenate([v for _, v in per]))
-        lanes = run_block(model, index, lanes, parts, site_kv)
-        if cells is not None:
-            cell_row(lanes, quantized, out=cells[:, index + 1])
+    if plan is not None:  # every block in one native call (np_v3_block.h), the same bits
+        if sites is None:
+            sites = {site: _stacked([e.site(site) for e in engrams])
+                     for site in range(len(weights.engram))}
+        c_parts = [(rows[i].start, len(item[2]), starts[i], session_pointers(item[1]))
+                   for i, item in enumerate(items)]
+        plan.blocks(0, len(weights.layers), lanes, c_parts, sites, cells)
+    else:
+        frames = [ChunkFrame.build(model.step_plan, starts[i], len(item[2]))
+                  for i, item in enumerate(items)]
+        for index, layer in enumerate(weights.layers):
+            parts = [(rows[i], item[1].caches[index], frames[i]) for i, item in enumerate(items)]
+            site_kv = None
+            if layer.engram_site is not None:
+                site_kv = _stacked([e.site(layer.engram_site) for e in engrams])
+            lanes = run_block(model, index, lanes, parts, site_kv)
+            if cells is not None:
+                cell_row(lanes, quantized, out=cells[:, index + 1])
     for i, (_, session, tokens, _) in enumerate(items):
-        for site, raw in chunks[i][1].raw_values.items():
-            session.engram_values.record(site, starts[i], raw)
+        if engrams is not None:
+            for site, raw in engrams[i].raw_values.items():
+                session.engram_values.record(site, starts[i], raw)
         if session.cells is not None:
             session.cells.append(cells[rows[i]])
         session.tokens = np.concatenate([session.tokens, tokens])
@@ -120,13 +138,16 @@ def chunk_pass(model: V3Model, items: list[tuple], collect=None) -> list[np.ndar
               for i, (_, _, _, want) in enumerate(items) if want != "none"]
     out: list[np.ndarray | None] = [None] * len(items)
     if collect is not None:
-        _collect(collect, items[0][2], chunks[0][2], x0_all, chunks[0][1], cells,
+        _collect(collect, items[0][2], emb, x0_all, engrams[0], cells,
                  zc_norm(cell_row(lanes, quantized), weights.final_norm))
     if not wanted:
         return out
     picked = np.concatenate([np.arange(s.start, s.stop) for _, s in wanted])
-    hidden = zc_norm(cell_row(lanes[picked], quantized), weights.final_norm)
-    logits = product(hidden, weights.lm_head)
+    if plan is not None:
+        logits = plan.readout(lanes, picked)
+    else:
+        hidden = zc_norm(cell_row(lanes[picked], quantized), weights.final_norm)
+        logits = product(hidden, weights.lm_head)
     if collect is not None:
         collect("logits", logits)
     at = 0
@@ -135,6 +156,13 @@ def chunk_pass(model: V3Model, items: list[tuple], collect=None) -> list[np.ndar
         out[i] = logits[at : at + size]
         at += size
     return out
+
+
+def _stacked(per: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """One site's (keys, values) of several chunks, stacked by rows."""
+    if len(per) == 1:
+        return per[0]
+    return np.concatenate([k for k, _ in per]), np.concatenate([v for _, v in per])
 
 
 def _collect(collect, tokens, emb, x0, engram: EngramChunk, cells, hidden) -> None:

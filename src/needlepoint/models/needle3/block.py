@@ -10,6 +10,7 @@ and the confidence head's input).
 
 from __future__ import annotations
 
+import ctypes
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -19,6 +20,7 @@ from .engram import engram_gate
 from .exact_ops import lane_mean, mix_lanes
 from .mhc import route, scatter
 from .mlp import hadamard_mlp
+from .native_block import cache_pointers, native_plan
 from .norms import zc_norm
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -39,6 +41,17 @@ def run_block(
     block, its ChunkFrame). `site_kv`: the engram site's key and tapped value for every row."""
     cfg, weights, quantized = model.config, model.weights, model.quantized
     layer = weights.layers[index]
+    plan = native_plan(model)
+    if plan is not None:  # the same operations in one native call (np_v3_block.h)
+        out = np.array(lanes, F32, order="C")
+        rows = out.shape[0]
+        held = [cache_pointers([cache]) for _, cache, _ in parts]
+        c_parts = [(rows_of.start or 0, len(range(rows)[rows_of]), frame.start,
+                    ctypes.addressof(pointers))
+                   for (rows_of, _, frame), pointers in zip(parts, held, strict=True)]
+        sites = None if site_kv is None else {layer.engram_site: site_kv}
+        plan.blocks(index, index + 1, out, c_parts, sites)
+        return out
     u, hpost, hres = route(lanes, layer.mhc, quantized)
     block = u
     if site_kv is not None:

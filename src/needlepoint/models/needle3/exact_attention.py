@@ -13,9 +13,11 @@ or `max_len` linear slots; stores are lazily mapped (a page is resident once wri
 
 from __future__ import annotations
 
+import ctypes
+
 import numpy as np
 
-from ...kernels import exact, pinned
+from ...kernels import exact, native, pinned
 from .cache import lazy_zeros
 
 F32 = np.float32
@@ -42,12 +44,42 @@ class Int8LayerCache:
         self.kscale = lazy_zeros((kv_heads, capacity), F32)
         self.vcode = lazy_zeros((kv_heads, capacity, v_dim), np.int8)
         self.vscale = lazy_zeros((kv_heads, capacity), F32)
-        self.filled = 0
+        # [position, filled]: positions recorded (the next chunk's first position) and slots
+        # written; numpy memory, so the native step (np_v3_block.h) advances them in place
+        self.meta = np.zeros(2, np.int64)
         self.lag = conv_rows
         # raw q|k|v of position p in row p % len: the last `lag` before the next chunk are the
         # conv tail; MAX_REWIND more let a rewind find the tail of an earlier position
         self.raw = np.zeros((conv_rows + MAX_REWIND if conv_rows else 0, conv_width), F32)
-        self.position = 0  # positions recorded (the next chunk's first position)
+
+    @property
+    def position(self) -> int:
+        return int(self.meta[0])
+
+    @position.setter
+    def position(self, value: int) -> None:
+        self.meta[0] = value
+
+    @property
+    def filled(self) -> int:
+        return int(self.meta[1])
+
+    @filled.setter
+    def filled(self, value: int) -> None:
+        self.meta[1] = value
+
+    @property
+    def c_address(self) -> int:
+        """Address of this cache as the native step's `np_v3_cache` (built on first use)."""
+        struct = self.__dict__.get("_c_struct")
+        if struct is None:
+            struct = native.V3Cache(
+                self.kcode.ctypes.data, self.kscale.ctypes.data, self.vcode.ctypes.data,
+                self.vscale.ctypes.data, self.raw.ctypes.data, self.meta.ctypes.data,
+                self.capacity, self.window, len(self.raw),
+            )
+            self.__dict__["_c_struct"] = struct
+        return ctypes.addressof(struct)
 
     @property
     def capacity(self) -> int:
@@ -79,13 +111,13 @@ class Int8LayerCache:
 
     def copy(self) -> Int8LayerCache:
         other = Int8LayerCache.__new__(Int8LayerCache)
-        other.window, other.max_len, other.filled = self.window, self.max_len, self.filled
+        other.window, other.max_len, other.meta = self.window, self.max_len, self.meta.copy()
         for name in ("kcode", "kscale", "vcode", "vscale"):
             source = getattr(self, name)
             fresh = lazy_zeros(source.shape, source.dtype)
             fresh[:, : self.filled] = source[:, : self.filled]
             setattr(other, name, fresh)
-        other.lag, other.raw, other.position = self.lag, self.raw.copy(), self.position
+        other.lag, other.raw = self.lag, self.raw.copy()
         return other
 
     def slot(self, positions: np.ndarray) -> np.ndarray:

@@ -14,7 +14,6 @@ import math
 
 import numpy as np
 
-from ..ops import fake_quant_a8
 from .norms import mean_into
 
 try:  # `np.einsum` without `optimize` is exactly this call, minus ~1 µs of Python wrapping
@@ -25,60 +24,13 @@ except ImportError:  # pragma: no cover
 F32 = np.float32
 EPS = F32(1e-6)
 ONE = F32(1.0)
-LEVEL = F32(127.0)
-# `abs_peak` takes its two-reduction form on arrays of at least LARGE elements in rows of
-# at least WIDE_ROW (below either, numpy's per-call and per-row overheads favour |x|.max).
-LARGE = 1 << 18
-WIDE_ROW = 1024
-# Below this peak `peak / 127` is subnormal and the clip in `fake_quant_a8` can matter.
-TINY_PEAK = 1e-30
 add_reduce, square, sqrt = np.add.reduce, np.square, math.sqrt
-maximum_reduce, minimum_reduce = np.maximum.reduce, np.minimum.reduce
+maximum_reduce = np.maximum.reduce
 
 
 def gemv(x: np.ndarray, matrix: np.ndarray) -> np.ndarray:
     """`x @ matrix` for x [in] and matrix [in, out] (C-contiguous) -> [out]."""
     return einsum("i,ij->j", x, matrix)
-
-
-def a8(x: np.ndarray) -> np.ndarray:
-    """`ops.fake_quant_a8` of a 1-D vector. The clip is dropped: with `step = peak / 127`
-    (float32), `|x / step| <= 127 (1 + 2^-23)` rounds to at most 127, so it never binds."""
-    peak = max(float(maximum_reduce(x)), -float(minimum_reduce(x)))
-    if peak < TINY_PEAK:
-        return fake_quant_a8(x)
-    step = F32(peak / 127.0)  # float64 then float32: innocuous double rounding, as sqrt
-    out = np.divide(x, step)
-    np.rint(out, out=out)
-    out *= step
-    return out
-
-
-def a8_rows(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-    """`ops.fake_quant_a8` over the last axis of x [rows, ...] (same exactness as `a8`);
-    `out=x` quantises a scratch array in place (no second full-size array)."""
-    peak = abs_peak(x)
-    if float(minimum_reduce(peak, axis=None)) < TINY_PEAK:
-        if out is None:
-            return fake_quant_a8(x)
-        out[...] = fake_quant_a8(x)
-        return out
-    step = peak / LEVEL
-    out = np.divide(x, step, out=out)
-    np.rint(out, out=out)
-    out *= step
-    return out
-
-
-def abs_peak(x: np.ndarray) -> np.ndarray:
-    """`max |x|` over the last axis (keepdims). A max is exact in any order: large arrays of
-    wide rows (a chunk's mHC input, [T, n*d]) take `max(max x, -min x)`, two read-only passes
-    as fast as `|x|` then max but with no full-size temporary (peak RSS)."""
-    if x.size < LARGE or x.shape[-1] < WIDE_ROW:
-        return maximum_reduce(np.abs(x), axis=-1, keepdims=True)
-    high = np.maximum.reduce(x, axis=-1, keepdims=True)
-    low = np.minimum.reduce(x, axis=-1, keepdims=True)
-    return np.maximum(high, np.negative(low, out=low), out=high)
 
 
 # Mean squares use numpy's own (pairwise) float32 mean, exactly as `norms` does on a chunk:

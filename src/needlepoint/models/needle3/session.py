@@ -23,7 +23,6 @@ from .cell_history import CellHistory
 from .engram import EngramChunk, new_tail
 from .engram_history import EngramHistory
 from .exact_attention import MAX_REWIND, Int8LayerCache
-from .exact_ops import product
 from .heads import ConfidencePool
 from .norms import zc_norm
 from .step import decode_step
@@ -272,7 +271,7 @@ class V3Session:
         model = self.model
         if model.quantized:  # the batched pass, with one sequence in it
             return chunk_pass(model, [(0, self, tokens, want or "none")], collect)[0]
-        cfg, weights, quantized = model.config, model.weights, model.quantized
+        cfg, weights, quantized = model.config, model.weights, False  # float numerics
         start, count = self.position, len(tokens)
         d, lanes_n = cfg.d_model, cfg.mhc_lanes
         emb = weights.embedding_rows(tokens)
@@ -303,15 +302,12 @@ class V3Session:
         self.tokens = np.concatenate([self.tokens, tokens])
         hidden = None
         if want or collect is not None:
-            mean_lanes = cell_row(lanes, quantized) if quantized else lanes.mean(axis=1)
+            mean_lanes = lanes.mean(axis=1)
             hidden = zc_norm(mean_lanes, weights.final_norm)
         logits = None
         if want:
             rows = hidden if want == "all" else hidden[-1:]
-            if quantized:  # the exact A8 product with the tied embedding rows (exact_ops)
-                logits = product(rows, weights.lm_head)
-            else:
-                logits = rotate(rows) @ weights.lm_head  # rotated domain (weights.py)
+            logits = rotate(rows) @ weights.lm_head  # rotated domain (weights.py)
         if collect is not None:
             collect("tokens", tokens)
             collect("emb_row", emb)

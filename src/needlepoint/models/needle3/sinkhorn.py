@@ -1,9 +1,11 @@
 """mHC residual mixing: Sinkhorn normalisation of the `hres` logits (fixture README "Forward
 pass", step 5: 20 rounds of subtracting the row then the column log-sum-exp, then exp).
 
-Three forms with one meaning: `sinkhorn` is upstream's log-domain loop; `sinkhorn_rows` the
-batched scaling form prefill uses; `sinkhorn4` the unrolled scalar form of one 4 x 4 matrix the
-decode step uses. The scaling forms fall back to `sinkhorn` when a scaling under- or overflows.
+Upstream's log-domain loop is `ops.sinkhorn` (the one reference, also Needle 2's); here are its
+scaling forms: `sinkhorn_rows` the batched form prefill uses, `sinkhorn4` the unrolled scalar
+form of one 4 x 4 matrix the float decode step uses, `sinkhorn_pinned` deploy numerics' (the
+pinned exp; native `np_sinkhorn`). They fall back to `ops.sinkhorn` when a scaling under- or
+overflows.
 """
 
 from __future__ import annotations
@@ -13,24 +15,11 @@ import math
 import numpy as np
 
 from ...kernels import native, pinned
+from ..ops import sinkhorn
 
 F32 = np.float32
 F64 = np.float64
 maximum_reduce = np.maximum.reduce
-
-
-def sinkhorn(logits: np.ndarray, iterations: int = 20) -> np.ndarray:
-    """`ops.sinkhorn` (upstream `_sinkhorn`: subtract the row, then the column log-sum-exp,
-    `iterations` times, then exp) with the same arithmetic, in raw ufunc calls: on a decode
-    step the [1, n, n] arrays are tiny and per-call overhead is the whole cost."""
-    z = np.asarray(logits, F32)
-    peak_of, total_of, exp, log = np.maximum.reduce, np.add.reduce, np.exp, np.log
-    for _ in range(iterations):
-        peak = peak_of(z, axis=-1, keepdims=True)
-        z = z - (log(total_of(exp(z - peak), axis=-1, keepdims=True)) + peak)
-        peak = peak_of(z, axis=-2, keepdims=True)
-        z = z - (log(total_of(exp(z - peak), axis=-2, keepdims=True)) + peak)
-    return exp(z)
 
 
 def sinkhorn_rows(logits: np.ndarray, rounds: int = 20, exp64=None) -> np.ndarray:

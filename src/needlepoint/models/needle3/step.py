@@ -1,5 +1,7 @@
-"""The one-token decode step: the chunked forward (`session._chunk`) specialised to a single
-position, with the same arithmetic in far fewer numpy calls (fixture README step 5).
+"""The one-token decode step of float numerics: the chunked forward (`session._chunk`)
+specialised to a single position, with the same arithmetic in far fewer numpy calls (fixture
+README step 5). Deploy numerics step through the native step (`native_block`) or its
+reference, the chunk path, instead.
 
 A decode step is memory-bound on the float32 weights (~200 MB for the shipped geometry); what
 is left is per-call overhead, so per block this path keeps numpy calls to a minimum: constants
@@ -20,11 +22,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ...kernels.cq import gather_rows
-from ..ops import ENGRAM_FNV_PRIME, ENGRAM_SEED_MULT
+from ..ops import ENGRAM_FNV_PRIME, ENGRAM_SEED_MULT, sinkhorn
 from .fastnum import (
     F32,
-    a8,
-    a8_rows,
     einsum,
     gemv,
     inv_rms,
@@ -34,7 +34,7 @@ from .fastnum import (
     zc,
     zc_rows,
 )
-from .sinkhorn import sinkhorn, sinkhorn4
+from .sinkhorn import sinkhorn4
 from .weights import rotate
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -104,7 +104,7 @@ def _engram_step(session: V3Session, plan: StepPlan, token: int, position: int):
     """Keys [S, d] and tapped values [S, d] of the engram sites at this position; advances
     the engram tail in place (README step 2, as `engram.EngramChunk`)."""
     model = session.model
-    cfg, sites, quantized = model.config, model.weights.engram, model.quantized
+    cfg, sites = model.config, model.weights.engram
     tail = session.engram_tail
     history = [int(t) for t in tail.tokens] + [token]
     last = len(history) - 1
@@ -128,8 +128,6 @@ def _engram_step(session: V3Session, plan: StepPlan, token: int, position: int):
     if not all(valid):
         lookup *= np.asarray(valid, F32)[None, :, None]
     lookup = lookup.reshape(len(sites), -1)
-    if quantized:
-        lookup = a8_rows(lookup)
     keys = np.empty((len(sites), d), F32)
     values = np.empty((len(sites), d), F32)
     taps_count, dilation = cfg.engram_conv_taps, cfg.engram_conv_dilation
@@ -152,7 +150,7 @@ def _engram_step(session: V3Session, plan: StepPlan, token: int, position: int):
 def decode_step(session: V3Session, token: int, want_logits: bool) -> np.ndarray | None:
     """Consume `token` at `session.position`; logits [1, vocab_out] or None."""
     model = session.model
-    cfg, weights, quantized = model.config, model.weights, model.quantized
+    cfg, weights = model.config, model.weights
     plan = model.step_plan
     position = session.position
     n, d = cfg.mhc_lanes, cfg.d_model
@@ -181,8 +179,6 @@ def decode_step(session: V3Session, token: int, want_logits: bool) -> np.ndarray
         # -- mHC routing (mhc.route)
         flat = lanes.reshape(-1)
         normed = flat * inv_rms(flat)
-        if quantized:
-            normed = a8(normed)
         mhc = layer.mhc
         mixed = gemv(normed, mhc.phi)
         gates = lp.gate_scale * mixed[:n2]  # (a m + b) + offset, in place
@@ -202,8 +198,6 @@ def decode_step(session: V3Session, token: int, want_logits: bool) -> np.ndarray
             block = u + weight * engram_v[site]
         # -- attention (attention.attention)
         h = zc(block, layer.norm_in)
-        if quantized:
-            h = a8(h)
         fused = gemv(h, layer.qkvg)
         raw = fused[:v_end]
         if lp.taps is not None:
@@ -214,8 +208,6 @@ def decode_step(session: V3Session, token: int, want_logits: bool) -> np.ndarray
         swapped *= sin
         qk_rows += swapped
         values = raw[k_end:v_end].reshape(kv, vd)
-        if quantized:
-            qk_rows, values = a8_rows(qk_rows), a8_rows(values)
         cache.write_one(position, qk_rows[heads:], values)
         keys, stored = cache.visible(position)
         query = qk_rows[:heads].reshape(kv, group, qk) * q_scale
@@ -223,8 +215,6 @@ def decode_step(session: V3Session, token: int, want_logits: bool) -> np.ndarray
         scores *= score_scale
         attn = einsum("kgn,knv->kgv", softmax_rows(scores), stored).reshape(-1)
         attn *= sigmoid(fused[v_end:])
-        if quantized:
-            attn = a8(attn)
         attn = gemv(attn, layer.out_proj)
         block = block + layer.attn_gate * zc(attn, layer.post_norm)
         # -- Hadamard MLP (mlp.hadamard_mlp)
@@ -240,8 +230,6 @@ def decode_step(session: V3Session, token: int, want_logits: bool) -> np.ndarray
         return None
     mean = mean_into(lanes, axis=0)[0]
     hidden = zc(mean, weights.final_norm)
-    if quantized:
-        hidden = a8(hidden)
     return gemv(rotate(hidden), weights.lm_head)[None]  # rotated domain (weights.py)
 
 

@@ -1,4 +1,4 @@
-"""A whole int8 block in one native call (`i8_block` in `kernels/i8native/np_i8_block.h`).
+"""A whole int8 block in one native call (`i8_block` in `kernels/native/np_i8_block.h`).
 
 `block.block_forward` with int8 weights calls a dozen kernels and numpy operations per block;
 at one position (a decode step) the interpreter's work between them costs as much as the

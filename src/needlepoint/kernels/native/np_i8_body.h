@@ -1,4 +1,4 @@
-/* The kernels of np_i8.c, included once per instruction-set variant (I8_NAME appends the
+/* The kernels of np_i8.h, included once per instruction-set variant (I8_NAME appends the
  * variant's suffix). kernels/i8.py and kernels/i8_ops.py hold the numpy reference of each
  * function; both give the same bits. No float operation here is fused or reordered
  * (-ffp-contract=off): integer sums are exact in any order, float sums run in the documented

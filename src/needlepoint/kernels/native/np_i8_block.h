@@ -1,4 +1,4 @@
-/* One pre-norm transformer block in int8 numerics, in one call (included once by np_i8.c).
+/* One pre-norm transformer block in int8 numerics, in one call (included once by np_i8.h).
  *
  * The same operations, in the same order, as the Python block over the kernels one at a time
  * (models/transformer/block.py with int8 weights: norm, int8 q|k|v product, RoPE, int8 KV

@@ -1,18 +1,11 @@
-/* needlepoint's block-scaled int8 kernels (kernels/i8.py is the contract and the numpy
- * reference of every function here; both compute the same bits).
- *
- * Built by setup.py as its own optional extension and called through ctypes (kernels/
- * i8_native.py; ctypes releases the GIL during each call). Compiled with -ffp-contract=off:
- * every float operation is one IEEE operation. Each kernel is compiled twice from
- * np_i8_body.h (AVX2, and baseline x86-64 / any other CPU); the first call picks the variant
- * by CPU features (NEEDLEPOINT_I8_VARIANT=0 forces the baseline). The variants differ only in
- * how the exact integer dots are formed, so they give the same bits.
+/* The block-scaled int8 kernels of the transformer models' int8 numerics (kernels/i8.py is
+ * the contract and the numpy reference of every function here; both compute the same bits),
+ * part of the one native library (needlepoint_native.c): I8_TYPES gives the types, I8_API
+ * the entry points. The kernel bodies (np_i8_body.h, np_i8_rows.h) are compiled once per
+ * variant with the library's other kernels and dispatched by its one CPU-feature pick; the
+ * variants differ only in how the exact integer dots are formed, so they give the same bits.
  */
-#include <math.h>
-#include <pthread.h>
-#include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
+#ifdef I8_TYPES
 
 #define I8_OK 0
 #define I8_NONFINITE 1
@@ -68,64 +61,17 @@ typedef struct {
     i8_lin qkv, o, up, down;
 } i8_layer;
 
-#if defined(__GNUC__) && defined(__x86_64__) && !defined(I8_BASELINE_ONLY)
-#define I8_HAVE_AVX2 1
-#define I8_NAME(name) name##_avx2
-#define I8_SIMD_AVX2 1
-#pragma GCC push_options
-#pragma GCC target("avx2,f16c")
-#include <immintrin.h>
-#include "np_i8_body.h"
-#include "np_i8_rows.h"
-#pragma GCC pop_options
-#undef I8_SIMD_AVX2
-#undef I8_NAME
-#endif
+#endif /* I8_TYPES */
 
-#define I8_NAME(name) name##_base
-#include "np_i8_body.h"
-#include "np_i8_rows.h"
-#undef I8_NAME
-
-static int i8_variant = -1; /* 0 baseline, 1 AVX2 */
-
-static int i8_pick(void) {
-    if (i8_variant < 0) {
-        int v = 0;
-#ifdef I8_HAVE_AVX2
-        __builtin_cpu_init();
-        if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c")) v = 1;
-#endif
-        const char *force = getenv("NEEDLEPOINT_I8_VARIANT");
-        if (force && force[0] == '0') v = 0;
-        i8_variant = v;
-    }
-    return i8_variant;
-}
-
-#ifdef I8_HAVE_AVX2
-#define I8_DISPATCH(name, ...) (i8_pick() ? name##_avx2(__VA_ARGS__) : name##_base(__VA_ARGS__))
-#else
-#define I8_DISPATCH(name, ...) name##_base(__VA_ARGS__)
-#endif
+#ifdef I8_API
+#define I8_DISPATCH NP_DISPATCH
 
 int i8_abi_version(void) { return 3; }
 
-/* 1 when the AVX2 variant runs, 0 for the baseline one. */
-int i8_simd_variant(void) { return i8_pick(); }
+/* The library's variant (np_simd_variant / np_force_variant, kept under the int8 names). */
+int i8_simd_variant(void) { return np_pick(); }
 
-/* Run the baseline (0) or, where the CPU has it, the AVX2 variant (1) from now on (tests);
- * returns the variant that runs. */
-int i8_force_variant(int v) {
-    i8_pick();
-#ifdef I8_HAVE_AVX2
-    if (v == 0 || (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c")))
-        i8_variant = v ? 1 : 0;
-#else
-    (void)v;
-#endif
-    return i8_variant;
-}
+int i8_force_variant(int v) { return np_force_variant(v); }
 
 int i8_quantize(const float *x, int64_t T, int64_t K, int64_t k_pad, int8_t *codes,
                 float *scale, int32_t *sums) {
@@ -217,13 +163,4 @@ void i8_attend_causal(const int8_t *qcode, const float *qscale, int64_t T, int64
 
 #include "np_i8_block.h"
 
-/* A module entry point so setup.py can build the file as an extension module;
- * kernels/i8_native.py loads the same file with ctypes. */
-#ifdef I8_PYTHON_MODULE
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
-static struct PyModuleDef i8_module = {PyModuleDef_HEAD_INIT, "_np_i8",
-                                       "needlepoint's int8 kernels (used through ctypes)", -1,
-                                       NULL, NULL, NULL, NULL, NULL};
-PyMODINIT_FUNC PyInit__np_i8(void) { return PyModule_Create(&i8_module); }
-#endif
+#endif /* I8_API */

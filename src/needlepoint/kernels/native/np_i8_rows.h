@@ -1,4 +1,4 @@
-/* Row kernels of np_i8.c (included once per instruction-set variant, like np_i8_body.h):
+/* Row kernels of np_i8.h (included once per instruction-set variant, like np_i8_body.h):
  * the pinned exp, A8 row codes and int8 attention, operation for operation the numpy
  * references `kernels.pinned.exp32_reference`, `kernels.exact.a8_codes_reference` and
  * `kernels.pinned.attend_reference` (tests/kernels/test_i8_block.py checks the bits). */
