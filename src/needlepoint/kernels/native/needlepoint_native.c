@@ -4,11 +4,11 @@
  * Built by the package's own setup.py as a plain shared library and called through ctypes
  * (ctypes releases the GIL during each call). Compiled with -ffp-contract=off: every float
  * operation below is one IEEE operation, never fused, so numpy can reproduce it exactly.
- * Every kernel is compiled twice from np_body.h (AVX2 + FMA, and baseline x86-64); the
- * first call picks the variant by CPU features (NEEDLEPOINT_NATIVE_VARIANT=0 forces the
- * baseline). Exactness never depends on the
- * variant: the CQ products are exact sums (any order gives the same float64), and the
- * pinned-order kernels use no FMA and no reassociation in either variant.
+ * Every kernel is compiled three times from np_body.h (AVX-512 VNNI, AVX2 + FMA, and baseline
+ * x86-64); the first call picks the variant by CPU features (NEEDLEPOINT_NATIVE_VARIANT=0 / 1
+ * caps it at the baseline / AVX2 one). Exactness never depends on the variant: the CQ
+ * products are exact sums (integer level sums in np_cq_int.h, any order gives the same
+ * float64), and the pinned-order kernels use no FMA and no reassociation in any variant.
  */
 #include <math.h>
 #include <pthread.h>
@@ -31,22 +31,35 @@ typedef struct {
 
 #if defined(__GNUC__) && defined(__x86_64__) && !defined(NP_BASELINE_ONLY)
 #define NP_HAVE_AVX2 1
+#include <immintrin.h>
 #define NP_NAME(name) name##_avx2
 #define NP_SIMD_AVX2 1
 #pragma GCC push_options
 #pragma GCC target("avx2,fma")
-#include <immintrin.h>
 #include "np_body.h"
 #pragma GCC pop_options
-#undef NP_SIMD_AVX2
 #undef NP_NAME
+/* AVX-512 (BW, VL) with VNNI: the integer CQ products use vpdpbusd (np_cq_int.h); every
+ * other kernel is the AVX2 one recompiled (same bits: no fused or reassociated float ops). */
+#if defined(__clang__) || __GNUC__ >= 8
+#define NP_HAVE_AVX512 1
+#define NP_NAME(name) name##_avx512
+#define NP_SIMD_AVX512 1
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,avx512f,avx512bw,avx512vl,avx512vnni")
+#include "np_body.h"
+#pragma GCC pop_options
+#undef NP_SIMD_AVX512
+#undef NP_NAME
+#endif
+#undef NP_SIMD_AVX2
 #endif
 
 #define NP_NAME(name) name##_base
 #include "np_body.h"
 #undef NP_NAME
 
-static int np_variant = -1; /* 0 baseline, 1 AVX2 + FMA */
+static int np_variant = -1; /* 0 baseline, 1 AVX2 + FMA, 2 AVX-512 VNNI */
 
 static int np_pick(void) {
     if (np_variant < 0) {
@@ -55,13 +68,25 @@ static int np_pick(void) {
         __builtin_cpu_init();
         if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) np_variant = 1;
 #endif
+#ifdef NP_HAVE_AVX512
+        if (np_variant == 1 && __builtin_cpu_supports("avx512f") &&
+            __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+            __builtin_cpu_supports("avx512vnni"))
+            np_variant = 2;
+#endif
+        /* NEEDLEPOINT_NATIVE_VARIANT=0 / 1 caps the choice at the baseline / AVX2 variant */
         const char *force = getenv("NEEDLEPOINT_NATIVE_VARIANT");
-        if (force && force[0] == '0') np_variant = 0;
+        if (force && force[0] >= '0' && force[0] < '0' + np_variant) np_variant = force[0] - '0';
     }
     return np_variant;
 }
 
-#ifdef NP_HAVE_AVX2
+#if defined(NP_HAVE_AVX512)
+#define NP_DISPATCH(name, ...)                                                                 \
+    (np_pick() == 2   ? name##_avx512(__VA_ARGS__)                                            \
+     : np_pick() == 1 ? name##_avx2(__VA_ARGS__)                                              \
+                      : name##_base(__VA_ARGS__))
+#elif defined(NP_HAVE_AVX2)
 #define NP_DISPATCH(name, ...) (np_pick() ? name##_avx2(__VA_ARGS__) : name##_base(__VA_ARGS__))
 #else
 #define NP_DISPATCH(name, ...) name##_base(__VA_ARGS__)
@@ -69,7 +94,7 @@ static int np_pick(void) {
 
 int np_abi_version(void) { return 8; }
 
-/* 1 when the AVX2 + FMA variant runs, 0 for the baseline one. */
+/* 2 when the AVX-512 VNNI variant runs, 1 for AVX2 + FMA, 0 for the baseline one. */
 int np_simd_variant(void) { return np_pick(); }
 
 int np_a8_rotate(const float *x, int64_t T, int64_t cols, int64_t x_stride, int64_t in_pad,
