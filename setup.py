@@ -12,7 +12,8 @@ NATIVE = Extension(
     "needlepoint.kernels.native._needlepoint_native",
     sources=["src/needlepoint/kernels/native/needlepoint_native.c"],
     depends=["src/needlepoint/kernels/native/np_body.h",
-             "src/needlepoint/kernels/native/np_cq_int.h"],
+             "src/needlepoint/kernels/native/np_cq_int.h",
+             "src/needlepoint/kernels/native/np_cq_int4.h"],
     define_macros=[("NP_PYTHON_MODULE", "1")],
     # Exactness contract (docs/numerics.md): no fused or reassociated float operations.
     extra_compile_args=["-O3", "-ffp-contract=off", "-fno-fast-math", "-fno-math-errno"],

@@ -1,4 +1,5 @@
-"""The integer CQ x A8 kernel (kernels/native/np_cq_int.h, 2-bit storage): the same bits as
+"""The integer CQ x A8 kernels (kernels/native/np_cq_int.h, 2-bit storage, every variant;
+np_cq_int4.h, 4-bit storage, AVX-512 VNNI; the float64 kernel elsewhere): the same bits as
 the numpy reference (`exact.cq_matmul_reference`) in every compiled variant (baseline, AVX2,
 AVX-512 VNNI where the CPU has it), on every Needle 3 fixture and the toy model, and on
 adversarial inputs: activations at the ends of the range the byte split covers (and outside
@@ -50,13 +51,19 @@ def _archive_matrices(name: str) -> list[exact.ExactMatrix]:
 
 
 def _synthetic(rows: int, groups: int, codebook, seed: int, codes=None, parts: int = 1):
-    """An ExactMatrix of random (or given) 2-bit codes and norms, split into `parts` parts."""
+    """An ExactMatrix of random (or given) codes (2-bit for 4 levels, else 4-bit) and norms,
+    split into `parts` parts."""
     rng = np.random.default_rng(seed)
     in_pad = 128 * groups
+    codebook = np.asarray(codebook, F32)
+    bits = 2 if codebook.size <= 4 else 4
     if codes is None:
-        codes = rng.integers(0, 4, (rows, in_pad))
+        codes = rng.integers(0, 1 << bits, (rows, in_pad))
     codes = np.broadcast_to(codes, (rows, in_pad)).astype(np.uint8)
-    packed = (codes[:, 0::4] | codes[:, 1::4] << 2 | codes[:, 2::4] << 4 | codes[:, 3::4] << 6)
+    if bits == 2:
+        packed = codes[:, 0::4] | codes[:, 1::4] << 2 | codes[:, 2::4] << 4 | codes[:, 3::4] << 6
+    else:
+        packed = codes[:, 0::2] | codes[:, 1::2] << 4
     norms = rng.uniform(0.01, 2.0, (rows, groups)).astype(F32)
     cuts = np.linspace(0, rows, parts + 1).astype(int)
     pieces = tuple(
@@ -64,21 +71,29 @@ def _synthetic(rows: int, groups: int, codebook, seed: int, codes=None, parts: i
                         int(a))
         for a, b in zip(cuts[:-1], cuts[1:], strict=True)
     )
-    codebook = np.asarray(codebook, F32)
     exact.check_codebook(codebook)
-    return exact.ExactMatrix(in_pad, in_pad, rows, 2, codebook, pieces)
+    return exact.ExactMatrix(in_pad, in_pad, rows, bits, codebook, pieces)
 
 
 REAL = [-0.13317214, -0.03990209, 0.04003528, 0.13346045]  # the fixtures' 2-bit codebook
 # the widest level spread check_codebook accepts: max / quantum = 2^32 - 2^8 (quantum 2^-31)
 EDGE = [-1.0, -0.0068359375, 0.00390625, 0.99999994]
+# 4-bit: the fixtures' embedding codebook (16 levels, integer levels up to 2^28), the widest
+# spread (five bytes of k - min k), one with zeros and a subnormal level, all levels equal
+REAL16 = np.linspace(-0.23953155, 0.2438, 16).astype(F32).tolist()
+EDGE16 = [-1.0, -0.99999994, -0.5, -0.25, -0.0068359375, 0.0, 0.00390625, 0.0078125, 0.125,
+          0.2, 0.3, 0.4, 0.5, 0.75, 0.9, 0.99999994]
+TINY16 = [0.0] * 8 + [1e-45, 2e-45, 0.0, 3e-45, 0.0, 0.0, 4e-45, 0.0]
+FLAT16 = [0.0625] * 16
 
 
 def _adversarial_cases():
     """(name, matrix, v int32 [T, in_pad], scale [T]) at and beyond the overflow bounds."""
     cases = []
+    books = (("real", REAL), ("edge", EDGE), ("real16", REAL16), ("edge16", EDGE16),
+             ("tiny16", TINY16), ("flat16", FLAT16))
     for groups in (1, 3, 6, 9, 24):
-        for codebook_name, codebook in (("real", REAL), ("edge", EDGE)):
+        for codebook_name, codebook in books:
             m = _synthetic(13, groups, codebook, seed=groups)
             rng = np.random.default_rng(groups)
             in_pad = 128 * groups
@@ -91,13 +106,14 @@ def _adversarial_cases():
             v = np.stack(extremes).astype(np.int32)
             scale = rng.uniform(1e-3, 10, len(v)).astype(F32)
             cases.append((f"{groups}g-{codebook_name}-extremes", m, v, scale))
-            for code in range(4):  # every code the same: one level sum carries everything
+            for code in range(len(codebook)):  # every code the same: one level carries all
                 same = _synthetic(5, groups, codebook, seed=code, codes=np.full(in_pad, code))
                 cases.append((f"{groups}g-{codebook_name}-all{code}", same, v, scale))
     # outside the byte split's range: the float64 kernel (exact for any int32) runs instead
-    m = _synthetic(11, 2, REAL, seed=5)
     v = np.array([np.full(256, 16384), np.full(256, -16385), np.full(256, 1 << 20)], np.int32)
-    cases.append(("out-of-range", m, v, np.ones(3, F32)))
+    for codebook in (REAL, REAL16):
+        m = _synthetic(11, 2, codebook, seed=5)
+        cases.append((f"out-of-range-{len(codebook)}", m, v, np.ones(3, F32)))
     # fused parts: rows of several parts in one product
     m = _synthetic(23, 6, REAL, seed=9, parts=3)
     rng = np.random.default_rng(9)
@@ -126,7 +142,8 @@ def check_everything() -> dict:
         want = exact.cq_matmul(v, scale, m, use_native=False)
         results[case] = bool(np.array_equal(got, want) and np.isfinite(want).all())
         for threads in (2, 3):  # rows split between threads: whole outputs per thread
-            split = exact.ExactMatrix(m.cols, m.in_pad, m.out, 2, m.codebook, m.parts, threads)
+            split = exact.ExactMatrix(m.cols, m.in_pad, m.out, m.storage_bits, m.codebook,
+                                      m.parts, threads)
             results[f"{case}-threads{threads}"] = bool(
                 np.array_equal(exact.cq_matmul(v, scale, split, use_native=True), want))
     return results

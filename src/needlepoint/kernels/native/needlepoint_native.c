@@ -39,14 +39,14 @@ typedef struct {
 #include "np_body.h"
 #pragma GCC pop_options
 #undef NP_NAME
-/* AVX-512 (BW, VL) with VNNI: the integer CQ products use vpdpbusd (np_cq_int.h); every
+/* AVX-512 (BW, VL, DQ) with VNNI: the integer CQ products use vpdpbusd (np_cq_int.h); every
  * other kernel is the AVX2 one recompiled (same bits: no fused or reassociated float ops). */
 #if defined(__clang__) || __GNUC__ >= 8
 #define NP_HAVE_AVX512 1
 #define NP_NAME(name) name##_avx512
 #define NP_SIMD_AVX512 1
 #pragma GCC push_options
-#pragma GCC target("avx2,fma,avx512f,avx512bw,avx512vl,avx512vnni")
+#pragma GCC target("avx2,fma,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")
 #include "np_body.h"
 #pragma GCC pop_options
 #undef NP_SIMD_AVX512
@@ -71,7 +71,7 @@ static int np_pick(void) {
 #ifdef NP_HAVE_AVX512
         if (np_variant == 1 && __builtin_cpu_supports("avx512f") &&
             __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-            __builtin_cpu_supports("avx512vnni"))
+            __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vnni"))
             np_variant = 2;
 #endif
         /* NEEDLEPOINT_NATIVE_VARIANT=0 / 1 caps the choice at the baseline / AVX2 variant */

@@ -309,9 +309,10 @@ static int NP_NAME(np_cq_matmul)(const int32_t *v, const float *scale, int64_t T
     for (int64_t p = 0; p < n_parts; p++) total += parts[p].rows;
     if (r_last > total) r_last = total;
     int64_t span = r_last - r_first;
-    if (storage_bits == 2 && codebook_len <= 4) { /* integer kernel (np_cq_int.h) */
-        int status = NP_NAME(np_cq_int2)(v, scale, T, in_pad, cb, parts, n_parts, out,
-                                         out_stride, r_first, r_last);
+    { /* the integer kernels (np_cq_int.h) where they cover the product */
+        int status = NP_NAME(np_cq_int)(v, scale, T, in_pad, storage_bits, codebook,
+                                        codebook_len, cb, parts, n_parts, out, out_stride,
+                                        r_first, r_last);
         if (status != NP_BADARG) return status;
     }
 #ifdef NP_SIMD_AVX2

@@ -35,20 +35,18 @@
 #define NP_I2_RB 4
 #endif
 
-/* Activation bytes of rows t in [0, T): lo/hi [T, act_bytes], group totals tot [T, g8] (g8 =
- * groups rounded up to 8; the caller zeroes the padding). NP_BADARG when some v is outside
- * [-2^14, 2^14). */
-static int NP_NAME(np_i2_prepare)(const int32_t *v, int64_t T, int64_t in_pad, int8_t *lo,
-                                  int8_t *hi, int32_t *tot, int64_t act_bytes) {
-    int64_t groups = in_pad / 128, g8 = (groups + 7) & ~(int64_t)7;
+/* Activation bytes of rows t in [0, T) for codes of 8 / fields bits: lo/hi [T, act_bytes],
+ * column c of a chunk of 64 * fields columns at (chunk * fields + c % fields) * 64 + c / fields
+ * (the chunk's 64 code bytes hold its columns in that order), the rest zero; group totals
+ * tot [T, g8] (g8 = groups rounded up to 8; the caller zeroes the padding). NP_BADARG when
+ * some v is outside [-2^14, 2^14). */
+static int NP_NAME(np_int_prepare)(const int32_t *v, int64_t T, int64_t in_pad, int fields,
+                                   int8_t *lo, int8_t *hi, int32_t *tot, int64_t act_bytes) {
+    int64_t groups = in_pad / 128, g8 = (groups + 7) & ~(int64_t)7, span = 64 * fields;
     for (int64_t t = 0; t < T; t++) {
         int8_t *L = lo + t * act_bytes, *H = hi + t * act_bytes;
-        if (groups & 1) { /* the unused half of the last pair: zeros */
-            for (int s = 0; s < 4; s++) {
-                memset(L + ((groups >> 1) * 4 + s) * 64 + 32, 0, 32);
-                memset(H + ((groups >> 1) * 4 + s) * 64 + 32, 0, 32);
-            }
-        }
+        memset(L, 0, (size_t)act_bytes);
+        memset(H, 0, (size_t)act_bytes);
         for (int64_t g = 0; g < groups; g++) {
             const int32_t *x = v + t * in_pad + g * 128;
             int32_t sum = 0;
@@ -56,7 +54,8 @@ static int NP_NAME(np_i2_prepare)(const int32_t *v, int64_t T, int64_t in_pad, i
                 int32_t value = x[c];
                 if (value < -NP_I2_VRANGE || value >= NP_I2_VRANGE) return NP_BADARG;
                 sum += value;
-                int64_t at = ((g >> 1) * 4 + (c & 3)) * 64 + (g & 1) * 32 + (c >> 2);
+                int64_t col = g * 128 + c, cc = col % span;
+                int64_t at = ((col / span) * fields + cc % fields) * 64 + cc / fields;
                 L[at] = (int8_t)(value & 127);
                 H[at] = (int8_t)(value >> 7);
             }
@@ -314,7 +313,7 @@ static int NP_NAME(np_cq_int2)(const int32_t *v, const float *scale, int64_t T, 
         return NP_NOMEM;
     }
     int8_t *hi = lo + T * act_bytes;
-    int status = NP_NAME(np_i2_prepare)(v, T, in_pad, lo, hi, tot, act_bytes);
+    int status = NP_NAME(np_int_prepare)(v, T, in_pad, 4, lo, hi, tot, act_bytes);
     for (int64_t t0 = 0; status == NP_OK && t0 < T; t0 += NP_I2_RB) {
         int nb = (int)(T - t0 < NP_I2_RB ? T - t0 : NP_I2_RB);
         double s[NP_I2_RB];
@@ -348,3 +347,23 @@ static int NP_NAME(np_cq_int2)(const int32_t *v, const float *scale, int64_t T, 
     return status;
 }
 #undef NP_I2_RB
+
+#include "np_cq_int4.h"
+
+/* The integer kernels' entry (np_body.h np_cq_matmul): NP_BADARG when none covers this
+ * product (storage width, codebook, variant or v range), and the float64 kernel runs. */
+static int NP_NAME(np_cq_int)(const int32_t *v, const float *scale, int64_t T, int64_t in_pad,
+                              int storage_bits, const float *codebook, int64_t codebook_len,
+                              const double *cb, const np_cq_part *parts, int64_t n_parts,
+                              float *out, int64_t out_stride, int64_t r_first, int64_t r_last) {
+    if (storage_bits == 2 && codebook_len <= 4)
+        return NP_NAME(np_cq_int2)(v, scale, T, in_pad, cb, parts, n_parts, out, out_stride,
+                                   r_first, r_last);
+#ifdef NP_SIMD_AVX512
+    if (storage_bits == 4 && codebook_len <= 16)
+        return NP_NAME(np_cq_int4)(v, scale, T, in_pad, codebook, codebook_len, parts, n_parts,
+                                   out, out_stride, r_first, r_last);
+#endif
+    (void)codebook;
+    return NP_BADARG;
+}
