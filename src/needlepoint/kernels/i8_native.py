@@ -94,8 +94,12 @@ if LIBRARY is None and not UNAVAILABLE_REASON.startswith("disabled"):
     )
 
 
+VARIANTS = ("baseline", "avx2", "avx512vnni")
+
+
 def simd_variant() -> str:
-    """Which compiled variant runs: "avx2", "baseline", or "none" (numpy reference)."""
+    """Which compiled variant runs: "avx512vnni", "avx2", "baseline", or "none" (numpy
+    reference)."""
     if LIBRARY is None:
         return "none"
-    return "avx2" if LIBRARY.i8_simd_variant() else "baseline"
+    return VARIANTS[LIBRARY.i8_simd_variant()]

@@ -3,10 +3,11 @@
  *
  * Built by setup.py as its own optional extension and called through ctypes (kernels/
  * i8_native.py; ctypes releases the GIL during each call). Compiled with -ffp-contract=off:
- * every float operation is one IEEE operation. Each kernel is compiled twice from
- * np_i8_body.h (AVX2, and baseline x86-64 / any other CPU); the first call picks the variant
- * by CPU features (NEEDLEPOINT_I8_VARIANT=0 forces the baseline). The variants differ only in
- * how the exact integer dots are formed, so they give the same bits.
+ * every float operation is one IEEE operation. Each kernel is compiled three times from
+ * np_i8_body.h (AVX-512 VNNI, AVX2, and baseline x86-64 / any other CPU); the first call picks
+ * the variant by CPU features (NEEDLEPOINT_I8_VARIANT=0 / 1 caps it at the baseline / AVX2).
+ * The variants differ only in how the exact integer dots are formed, so they give the same
+ * bits.
  */
 #include <math.h>
 #include <pthread.h>
@@ -78,8 +79,22 @@ typedef struct {
 #include "np_i8_body.h"
 #include "np_i8_rows.h"
 #pragma GCC pop_options
-#undef I8_SIMD_AVX2
 #undef I8_NAME
+/* AVX-512 VNNI (on 256-bit vectors, AVX512VL): the block dots with vpdpbusd, everything else
+ * the AVX2 code recompiled; the same exact integers, so the same bits. */
+#if defined(__clang__) || __GNUC__ >= 8
+#define I8_HAVE_VNNI 1
+#define I8_NAME(name) name##_vnni
+#define I8_SIMD_VNNI 1
+#pragma GCC push_options
+#pragma GCC target("avx2,f16c,avx512f,avx512vl,avx512bw,avx512vnni")
+#include "np_i8_body.h"
+#include "np_i8_rows.h"
+#pragma GCC pop_options
+#undef I8_SIMD_VNNI
+#undef I8_NAME
+#endif
+#undef I8_SIMD_AVX2
 #endif
 
 #define I8_NAME(name) name##_base
@@ -87,23 +102,40 @@ typedef struct {
 #include "np_i8_rows.h"
 #undef I8_NAME
 
-static int i8_variant = -1; /* 0 baseline, 1 AVX2 */
+static int i8_variant = -1; /* 0 baseline, 1 AVX2, 2 AVX-512 VNNI */
+
+/* The best variant this CPU runs. */
+static int i8_best(void) {
+    int v = 0;
+#ifdef I8_HAVE_AVX2
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c")) v = 1;
+#endif
+#ifdef I8_HAVE_VNNI
+    if (v == 1 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+        __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni"))
+        v = 2;
+#endif
+    return v;
+}
 
 static int i8_pick(void) {
     if (i8_variant < 0) {
-        int v = 0;
-#ifdef I8_HAVE_AVX2
-        __builtin_cpu_init();
-        if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c")) v = 1;
-#endif
+        int v = i8_best();
+        /* NEEDLEPOINT_I8_VARIANT=0 / 1 caps the choice at the baseline / AVX2 variant */
         const char *force = getenv("NEEDLEPOINT_I8_VARIANT");
-        if (force && force[0] == '0') v = 0;
+        if (force && force[0] >= '0' && force[0] < '0' + v) v = force[0] - '0';
         i8_variant = v;
     }
     return i8_variant;
 }
 
-#ifdef I8_HAVE_AVX2
+#if defined(I8_HAVE_VNNI)
+#define I8_DISPATCH(name, ...)                                                                 \
+    (i8_pick() == 2   ? name##_vnni(__VA_ARGS__)                                              \
+     : i8_pick() == 1 ? name##_avx2(__VA_ARGS__)                                              \
+                      : name##_base(__VA_ARGS__))
+#elif defined(I8_HAVE_AVX2)
 #define I8_DISPATCH(name, ...) (i8_pick() ? name##_avx2(__VA_ARGS__) : name##_base(__VA_ARGS__))
 #else
 #define I8_DISPATCH(name, ...) name##_base(__VA_ARGS__)
@@ -111,19 +143,15 @@ static int i8_pick(void) {
 
 int i8_abi_version(void) { return 3; }
 
-/* 1 when the AVX2 variant runs, 0 for the baseline one. */
+/* 2 when the AVX-512 VNNI variant runs, 1 for AVX2, 0 for the baseline one. */
 int i8_simd_variant(void) { return i8_pick(); }
 
-/* Run the baseline (0) or, where the CPU has it, the AVX2 variant (1) from now on (tests);
- * returns the variant that runs. */
+/* Run the baseline (0), the AVX2 (1) or the AVX-512 VNNI (2) variant from now on (tests),
+ * or the best one below it that this CPU has; returns the variant that runs. */
 int i8_force_variant(int v) {
     i8_pick();
-#ifdef I8_HAVE_AVX2
-    if (v == 0 || (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c")))
-        i8_variant = v ? 1 : 0;
-#else
-    (void)v;
-#endif
+    int best = i8_best();
+    i8_variant = v < 0 ? 0 : v > best ? best : v;
     return i8_variant;
 }
 
