@@ -16,7 +16,11 @@ import argparse
 import ctypes
 import json
 import os
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -28,7 +32,8 @@ from needlepoint.models.needle3.ladder import ladder_config
 from needlepoint.models.needle3.weights import plan
 
 from .machine import measure_bandwidth
-from .paths import fixture_archive
+from .paths import REPO_ROOT, fixture_archive
+from .products_report import write_section
 
 F32 = np.float32
 
@@ -84,38 +89,87 @@ def measure(path: str, rows: int, reps: int) -> dict:
     return by_bits
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("archive", nargs="?",
-                        default=str(fixture_archive()))
-    parser.add_argument("--rows", default="1,64")
-    parser.add_argument("--reps", type=int, default=7)
-    parser.add_argument("--json")
-    parser.add_argument("--library", help="another build of the native library (before/after)")
-    args = parser.parse_args()
+def run_one(args: argparse.Namespace) -> dict:
+    """Measure in this process (its library and variant); print and return the figures."""
     if args.library:
         native.LIBRARY = ctypes.CDLL(args.library)
         native._signatures(native.LIBRARY)
     bandwidth = measure_bandwidth(threads=1, reps=3)
-    result = {
-        "variant": native.simd_variant(),
-        "load_average": os.getloadavg(),
-        "dram_read_GB_per_s": bandwidth["read_GBps"],
-        "rows": {},
-    }
     read = bandwidth["read_GBps"]
+    result = {"variant": native.simd_variant(), "load_average": os.getloadavg(),
+              "dram_read_GBps": read, "rows": {}}
     print(f"variant {result['variant']}; load average {result['load_average']}; "
-          f"DRAM read {read['median']:.1f} GB/s (best {read['best']:.1f})")
+          f"DRAM read {read['median']:.1f} GB/s (best {read['best']:.1f})", flush=True)
     for rows in (int(r) for r in args.rows.split(",")):
         figures = measure(args.archive, rows, args.reps)
-        result["rows"][rows] = figures
+        result["rows"][str(rows)] = figures
         for name, e in figures.items():
-            floor = e["bytes"] / (bandwidth["read_GBps"]["best"] * 1e9)
+            floor = e["bytes"] / (read["best"] * 1e9)
             print(f"rows {rows:4d} {name:>6}: {e['seconds'] * 1e3:8.3f} ms  "
                   f"{e['ns_per_weight_row']:.4f} ns/weight{'-row' if rows > 1 else ''}  "
                   f"{e['bytes'] / 1e6:6.2f} MB  {e['GB_per_s']:6.2f} GB/s  "
-                  f"(x{e['seconds'] / floor:.1f} the DRAM floor)")
+                  f"(x{e['seconds'] / floor:.1f} the DRAM floor)", flush=True)
     result["load_average_end"] = os.getloadavg()
+    return result
+
+
+def build_before(rev: str, where: Path) -> Path:
+    """The native library as it was at git `rev`, built like setup.py builds it."""
+    src = "src/needlepoint/kernels/native/"
+    listing = subprocess.run(["git", "-C", str(REPO_ROOT), "ls-tree", "--name-only", rev, src],
+                             check=True, capture_output=True, text=True).stdout.split()
+    for name in listing:
+        if name.endswith((".c", ".h")):
+            text = subprocess.run(["git", "-C", str(REPO_ROOT), "show", f"{rev}:{name}"],
+                                  check=True, capture_output=True, text=True).stdout
+            (where / Path(name).name).write_text(text)
+    out = where / "before.so"
+    subprocess.run(["gcc", "-O3", "-fPIC", "-shared", "-ffp-contract=off", "-fno-fast-math",
+                    "-fno-math-errno", "-fwrapv", str(where / "needlepoint_native.c"), "-o",
+                    str(out), "-lm", "-lpthread"], check=True)
+    return out
+
+
+def run_docs(args: argparse.Namespace) -> None:
+    """Before (git `--before`, its best variant) and after (every variant of this build), each
+    in its own process, then the section of docs/benchmarks.md."""
+    runs = []
+    with tempfile.TemporaryDirectory() as tmp:
+        before = build_before(args.before, Path(tmp))
+        rev = subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "--short", args.before],
+                             check=True, capture_output=True, text=True).stdout.strip()
+        configs = [(f"before (git {rev}, float64 kernel)", str(before), None),
+                   ("after", None, None), ("after", None, "1"), ("after", None, "0")]
+        for label, library, cap in configs:
+            out = Path(tmp) / f"run{len(runs)}.json"
+            env = dict(os.environ)
+            env.pop("NEEDLEPOINT_NATIVE_VARIANT", None)
+            if cap is not None:
+                env["NEEDLEPOINT_NATIVE_VARIANT"] = cap
+            cmd = [sys.executable, "-m", "bench.products", args.archive, "--rows", args.rows,
+                   "--reps", str(args.reps), "--json", str(out)]
+            if library:
+                cmd += ["--library", library]
+            subprocess.run(cmd, check=True, env=env, cwd=REPO_ROOT, timeout=3000)
+            runs.append((label, json.loads(out.read_text())))
+    write_section(runs, args, Path(args.docs))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("archive", nargs="?", default=str(fixture_archive()))
+    parser.add_argument("--rows", default="1,64")
+    parser.add_argument("--reps", type=int, default=9)
+    parser.add_argument("--json")
+    parser.add_argument("--library", help="another build of the native library (before/after)")
+    parser.add_argument("--before", help="git revision for the before figures: with --docs")
+    parser.add_argument("--docs", help="write the section into this markdown file (with "
+                        "--before: before and after, every variant, each in its own process)")
+    args = parser.parse_args()
+    if args.docs:
+        run_docs(args)
+        return 0
+    result = run_one(args)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)

@@ -42,7 +42,8 @@
  * some v is outside [-2^14, 2^14). */
 static int NP_NAME(np_int_prepare)(const int32_t *v, int64_t T, int64_t in_pad, int fields,
                                    int8_t *lo, int8_t *hi, int32_t *tot, int64_t act_bytes) {
-    int64_t groups = in_pad / 128, g8 = (groups + 7) & ~(int64_t)7, span = 64 * fields;
+    int64_t groups = in_pad / 128, g8 = (groups + 7) & ~(int64_t)7;
+    int shift = fields == 4 ? 2 : fields == 2 ? 1 : 0; /* fields is a power of two */
     for (int64_t t = 0; t < T; t++) {
         int8_t *L = lo + t * act_bytes, *H = hi + t * act_bytes;
         memset(L, 0, (size_t)act_bytes);
@@ -54,8 +55,9 @@ static int NP_NAME(np_int_prepare)(const int32_t *v, int64_t T, int64_t in_pad, 
                 int32_t value = x[c];
                 if (value < -NP_I2_VRANGE || value >= NP_I2_VRANGE) return NP_BADARG;
                 sum += value;
-                int64_t col = g * 128 + c, cc = col % span;
-                int64_t at = ((col / span) * fields + cc % fields) * 64 + cc / fields;
+                int64_t col = g * 128 + c, cc = col & ((64 << shift) - 1);
+                int64_t at = (((col >> (6 + shift)) << shift) + (cc & (fields - 1))) * 64 +
+                             (cc >> shift);
                 L[at] = (int8_t)(value & 127);
                 H[at] = (int8_t)(value >> 7);
             }
