@@ -55,9 +55,10 @@ def section(runs: list[tuple[str, dict]], args: argparse.Namespace) -> str:
          "best streaming read bandwidth measured in the same process "
          f"({min(reads):.1f}–{max(reads):.1f} GB/s median across the runs). Each run is its "
          "own process: *before* is the float64 kernel (byte tables + AVX2 FMAs) built from "
-         "git, *after* the integer kernels of `np_cq_int.h` / `np_cq_int4.h` in each compiled "
-         "variant (NEEDLEPOINT_NATIVE_VARIANT caps it). Same bits in every run "
-         "(`tests/kernels/test_cq_int.py`).", "",
+         "git, *after* the integer kernels of `np_cq_int.h` (2-bit, AVX2 and AVX-512) / "
+         "`np_cq_int4.h` (4-bit, AVX-512) in each compiled variant (NEEDLEPOINT_NATIVE_VARIANT "
+         "caps it; the baseline variant and AVX2 4-bit keep the float64 kernel). Same bits "
+         "in every run (`tests/kernels/test_cq_int.py`).", "",
          "**Decode (1 activation row):**", ""]
     L += _rows_table(runs, "1")
     for rows in first["rows"]:

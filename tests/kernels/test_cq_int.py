@@ -1,5 +1,5 @@
-"""The integer CQ x A8 kernels (kernels/native/np_cq_int.h, 2-bit storage, every variant;
-np_cq_int4.h, 4-bit storage, AVX-512 VNNI; the float64 kernel elsewhere): the same bits as
+"""The integer CQ x A8 kernels (kernels/native/np_cq_int.h, 2-bit storage, AVX2 and AVX-512
+VNNI; np_cq_int4.h, 4-bit storage, AVX-512 VNNI; the float64 kernel elsewhere): the same bits as
 the numpy reference (`exact.cq_matmul_reference`) in every compiled variant (baseline, AVX2,
 AVX-512 VNNI where the CPU has it), on every Needle 3 fixture and the toy model, and on
 adversarial inputs: activations at the ends of the range the byte split covers (and outside

@@ -1,5 +1,6 @@
-/* Exact CQ x A8 products in integers, 2-bit storage (included by np_body.h once per variant;
- * every name goes through NP_NAME). docs/numerics.md "Exact CQ x A8 products" is the contract,
+/* Exact CQ x A8 products in integers, 2-bit storage, AVX2 and AVX-512 VNNI variants (included
+ * by np_body.h once per variant, every name through NP_NAME; the baseline variant keeps the
+ * float64 kernel, faster without SIMD). docs/numerics.md "Exact CQ x A8 products" is the contract,
  * kernels/exact.py `cq_matmul_reference` the numpy reference with the same bits.
  *
  * A group's sum D = sum_c cb[idx_c] v_c is regrouped by level: D = sum_j cb[j] S_j with
@@ -26,13 +27,12 @@
 #define NP_I2_ONCE
 #define NP_I2_VRANGE 16384 /* |v| bound of the byte split (vh = v >> 7 must fit an int8) */
 #endif
+#ifdef NP_SIMD_AVX2 /* the baseline variant keeps the float64 kernel (faster without SIMD) */
 /* activation rows per pass over the weights (prefill reuses each weight tile this often) */
 #if defined(NP_SIMD_AVX512)
 #define NP_I2_RB 4
-#elif defined(NP_SIMD_AVX2)
-#define NP_I2_RB 2
 #else
-#define NP_I2_RB 4
+#define NP_I2_RB 2
 #endif
 
 /* Activation bytes of rows t in [0, T) for codes of 8 / fields bits: lo/hi [T, act_bytes],
@@ -65,37 +65,6 @@ static int NP_NAME(np_int_prepare)(const int32_t *v, int64_t T, int64_t in_pad, 
         }
     }
     return NP_OK;
-}
-
-/* D of one (row, group) from its functionals (module comment). */
-static inline double NP_NAME(np_i2_dot)(int32_t fa, int32_t fb, int32_t fc, int32_t total,
-                                        const double *cb) {
-    int32_t s3 = fc, s2 = fb - fc;
-    int32_t s1 = fa - 2 * s2 - 3 * s3;
-    int32_t s0 = total - s1 - s2 - s3;
-    double d = (double)s0 * cb[0];
-    d = d + (double)s1 * cb[1];
-    d = d + (double)s2 * cb[2];
-    d = d + (double)s3 * cb[3];
-    return d;
-}
-
-/* Functionals of one group (32 code bytes) against one activation row, portable C. */
-static inline void NP_NAME(np_i2_group_c)(const uint8_t *bytes, const int8_t *L,
-                                          const int8_t *H, int32_t *f) {
-    int32_t fa = 0, fb = 0, fc = 0;
-    for (int s = 0; s < 4; s++) {
-        for (int k = 0; k < 32; k++) {
-            int32_t a = (bytes[k] >> (2 * s)) & 3;
-            int32_t x = 128 * (int32_t)H[s * 64 + k] + (int32_t)L[s * 64 + k];
-            fa += a * x;
-            fb += (a >> 1) * x;
-            fc += (a >> 1 & a) * x;
-        }
-    }
-    f[0] = fa;
-    f[1] = fb;
-    f[2] = fc;
 }
 
 #ifdef NP_SIMD_AVX2
@@ -277,20 +246,6 @@ static inline __attribute__((always_inline)) void NP_NAME(np_i2_rows)(
                                                 norms + i * groups, groups, s[b]);
         }
     }
-#else
-    for (int64_t r = r0; r < r1; r++) {
-        const uint8_t *p = part->packed + r * part->row_bytes;
-        int32_t f[4];
-        for (int64_t g = 0; g < groups; g++)
-            for (int b = 0; b < nb; b++) {
-                int64_t at = b * act_bytes + (g >> 1) * 256 + (g & 1) * 32;
-                NP_NAME(np_i2_group_c)(p + g * 32, lo + at, hi + at, f);
-                dots[b * g8 + g] = NP_NAME(np_i2_dot)(f[0], f[1], f[2], tot[b * g8 + g], cb);
-            }
-        for (int b = 0; b < nb; b++)
-            out[b * out_stride + part->out_col + r] =
-                NP_NAME(np_epilogue)(dots + b * g8, part->norms + r * groups, groups, s[b]);
-    }
 #endif
 }
 
@@ -349,6 +304,7 @@ static int NP_NAME(np_cq_int2)(const int32_t *v, const float *scale, int64_t T, 
     return status;
 }
 #undef NP_I2_RB
+#endif /* NP_SIMD_AVX2 */
 
 #include "np_cq_int4.h"
 
@@ -358,14 +314,18 @@ static int NP_NAME(np_cq_int)(const int32_t *v, const float *scale, int64_t T, i
                               int storage_bits, const float *codebook, int64_t codebook_len,
                               const double *cb, const np_cq_part *parts, int64_t n_parts,
                               float *out, int64_t out_stride, int64_t r_first, int64_t r_last) {
+#ifdef NP_SIMD_AVX2
     if (storage_bits == 2 && codebook_len <= 4)
         return NP_NAME(np_cq_int2)(v, scale, T, in_pad, cb, parts, n_parts, out, out_stride,
                                    r_first, r_last);
+#endif
 #ifdef NP_SIMD_AVX512
     if (storage_bits == 4 && codebook_len <= 16)
         return NP_NAME(np_cq_int4)(v, scale, T, in_pad, codebook, codebook_len, parts, n_parts,
                                    out, out_stride, r_first, r_last);
 #endif
-    (void)codebook;
+    (void)v, (void)scale, (void)T, (void)in_pad, (void)storage_bits, (void)codebook;
+    (void)codebook_len, (void)cb, (void)parts, (void)n_parts, (void)out, (void)out_stride;
+    (void)r_first, (void)r_last;
     return NP_BADARG;
 }
