@@ -67,13 +67,18 @@ def section(runs: list[tuple[str, dict]], args: argparse.Namespace) -> str:
             L += _rows_table(runs, rows)
     L += ["", "The machine is shared (2 logical CPUs, other work running: see the load "
           "averages); ratios within one table are from runs minutes apart, so read them as "
-          "±30 %. Profile of the integer 2-bit kernel (perf, AVX-512 variant, decode): "
-          "after moving the group reductions to 8-group transposed sums and running the "
-          "float64 epilogue 4 rows per vector, the remaining time splits about evenly between "
-          "the multiply-adds, the reductions to per-group sums, and the pinned epilogue "
-          "chain. Next steps: the whole-step native call (issue 18) removes the per-call "
-          "Python/ctypes overhead (~7 µs × ~120 calls per token ≈ 0.8 ms in the engine); a "
-          "load-time interleaved layout of 4 rows would let one reduction serve 4 rows.", ""]
+          "±30 %. Profile (perf annotate, AVX-512 variant, decode), before: the float64 "
+          "kernel's time is the byte-indexed level loads feeding 32 FMAs per group and row "
+          "and a horizontal sum per group. After: per pair of "
+          "groups 24 vpdpbusd + 16 mask operations (about 60 % of the time), then the "
+          "reductions to per-group sums (8 groups at a time, transposed), the exact level "
+          "sums in float64 and the pinned epilogue (4 rows per vector): about 40 %. Gap to "
+          "the 2 ms target: about 1 ms at this load. Next steps: the whole-step native call "
+          "(issue 18) removes the per-call Python/ctypes overhead (~30 µs of Python and ~4 "
+          "µs of call per product, ~120 products per token, outside these figures except "
+          "the call); a load-time layout interleaving 4 rows would let one reduction serve "
+          "4 rows; the AVX2 prefill tile is at parity with the float64 kernel (vpmaddubsw "
+          "needs the 16-bit accumulators widened per group).", ""]
     return "\n".join(L)
 
 
