@@ -133,6 +133,12 @@ static inline void NP_NAME(np_i2_dots8)(const int32_t *f, int64_t fstride, const
     __m256i s0 = _mm256_sub_epi32(_mm256_loadu_si256((const __m256i *)tot),
                                   _mm256_add_epi32(_mm256_add_epi32(s1, s2), s3));
     const __m256i sj[4] = {s0, s1, s2, s3};
+#ifdef NP_SIMD_AVX512
+    __m512d d = _mm512_setzero_pd();
+    for (int j = 0; j < 4; j++)
+        d = _mm512_add_pd(d, _mm512_mul_pd(_mm512_cvtepi32_pd(sj[j]), _mm512_set1_pd(cb[j])));
+    _mm512_storeu_pd(dots, d);
+#else
     for (int half = 0; half < 2; half++) {
         __m256d d = _mm256_setzero_pd();
         for (int j = 0; j < 4; j++) {
@@ -141,6 +147,7 @@ static inline void NP_NAME(np_i2_dots8)(const int32_t *f, int64_t fstride, const
         }
         _mm256_storeu_pd(dots + 4 * half, d);
     }
+#endif
 }
 #endif
 
