@@ -63,6 +63,15 @@ TEXT = (
 )
 
 
+def _write(path: Path, text: str) -> None:
+    """Write the report, keeping the section `bench.products_i8` owns at the end (if any)."""
+    kept = "\n## int8 products: the kernel alone"
+    if path.exists() and kept in path.read_text():
+        old = path.read_text()
+        text = text.rstrip("\n") + "\n" + old[old.find(kept):]
+    path.write_text(text)
+
+
 def default_gguf() -> Path | None:
     from needlepoint.models.transformer.known import resolve_known
 
@@ -122,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="rewrite --out from the record in --json, measuring nothing")
     args = parser.parse_args(argv)
     if args.report_only:
-        args.out.write_text(write_report(json.loads(args.json.read_text())))
+        _write(args.out, write_report(json.loads(args.json.read_text())))
         return 0
     gguf = args.gguf or default_gguf()
     if gguf is None or not Path(gguf).is_file():
@@ -197,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
         record["machine"]["llama_cpp_python_version"] = None
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(record, indent=1) + "\n")
-    args.out.write_text(write_report(record))
+    _write(args.out, write_report(record))
     log(f"wrote {args.out} and {args.json}")
     return 0
 

@@ -19,7 +19,7 @@ F32 = np.float32
 def lib():
     assert i8_native.LIBRARY is not None, i8_native.UNAVAILABLE_REASON
     yield i8_native.LIBRARY
-    i8_native.LIBRARY.i8_force_variant(1)
+    i8_native.LIBRARY.i8_force_variant(2)  # back to the best this CPU runs
 
 
 def _rows(rng, rows, cols, zero_block=True):
@@ -47,7 +47,7 @@ def _weight(rng, n, k, kind):
 def test_quantize_native_equals_reference_and_the_definition(lib) -> None:
     rng = np.random.default_rng(0)
     x = _rows(rng, 7, 83)  # 83 is not a multiple of 32: the last block is zero-padded
-    for variant in (1, 0):
+    for variant in (2, 1, 0):  # AVX-512 VNNI (or the best below it), AVX2, baseline
         lib.i8_force_variant(variant)
         got = i8.quantize(x, 96)
         ref = i8.quantize_reference(x, 96)
@@ -95,16 +95,17 @@ def test_matmul_native_equals_reference_any_rows_threads_variant(lib, kind) -> N
     x = _rows(rng, 9, k)
     codes, scale, sums = i8.quantize(x, w.k_pad)
     ref = i8.matmul_reference(codes, scale, sums, w, bias)
-    for variant in (1, 0):
+    for variant in (2, 1, 0):  # AVX-512 VNNI (or the best below it), AVX2, baseline
         lib.i8_force_variant(variant)
         for threads in (1, 2, 3):
             w.threads = threads
             np.testing.assert_array_equal(i8.matmul(codes, scale, sums, w, bias), ref)
     w.threads = 1
-    lib.i8_force_variant(1)
-    for rows in (1, 2, 3, 4, 5):  # every row tile of the kernel, and each row on its own
-        part = i8.matmul(codes[:rows], scale[:rows], sums[:rows], w, bias)
-        np.testing.assert_array_equal(part, ref[:rows])
+    for variant in (2, 1):
+        lib.i8_force_variant(variant)
+        for rows in (1, 2, 3, 4, 5):  # every row tile of the kernel, and each row on its own
+            part = i8.matmul(codes[:rows], scale[:rows], sums[:rows], w, bias)
+            np.testing.assert_array_equal(part, ref[:rows])
     for t in range(9):
         np.testing.assert_array_equal(i8.matmul(codes[t : t + 1], scale[t : t + 1],
                                                 sums[t : t + 1], w, bias)[0], ref[t])
@@ -131,7 +132,7 @@ def test_float16_scales_are_stored_as_such_and_give_the_same_bits(lib) -> None:
     x = _rows(rng, 5, k)
     q = i8.quantize(x, k)
     ref = i8.matmul_reference(*q, full)
-    for variant in (1, 0):
+    for variant in (2, 1, 0):  # AVX-512 VNNI (or the best below it), AVX2, baseline
         lib.i8_force_variant(variant)
         np.testing.assert_array_equal(i8.matmul(*q, half), ref)
         np.testing.assert_array_equal(i8.matmul(*q, full), ref)
@@ -170,14 +171,14 @@ def test_integer_dots_are_exact_at_the_extremes(lib) -> None:
     ones = np.ones((2, k // 32), F32)
     sums = codes.reshape(2, -1, 32).astype(np.int32).sum(-1, dtype=np.int32)
     exact = codes.astype(np.int64) @ wcodes.astype(np.int64).T
-    for variant in (1, 0):
+    for variant in (2, 1, 0):  # AVX-512 VNNI (or the best below it), AVX2, baseline
         lib.i8_force_variant(variant)
         np.testing.assert_array_equal(i8.matmul(codes, ones, sums, w), exact.astype(F32))
     q4 = i8.pack_weight(np.full((8, k), 15, np.int8), np.ones((8, k // 32), F32),
                         np.zeros((8, k // 32), F32))
     assert q4.bits == 4
     expect = (codes.astype(np.int64) * 15).sum(1)
-    for variant in (1, 0):
+    for variant in (2, 1, 0):  # AVX-512 VNNI (or the best below it), AVX2, baseline
         lib.i8_force_variant(variant)
         np.testing.assert_array_equal(i8.matmul(codes, ones, sums, q4)[:, 0], expect)
 
@@ -189,7 +190,7 @@ def test_norm_native_equals_reference_and_is_accurate(lib, center) -> None:
     w = rng.uniform(0.5, 1.5, 100).astype(F32)
     b = rng.standard_normal(100).astype(F32) if center else None
     ref = i8_ops.norm_reference(x, w, b, 1e-5, center)
-    for variant in (1, 0):
+    for variant in (2, 1, 0):  # AVX-512 VNNI (or the best below it), AVX2, baseline
         lib.i8_force_variant(variant)
         np.testing.assert_array_equal(i8_ops.norm(x, w, b, 1e-5, center), ref)
     for t in range(6):
@@ -208,3 +209,13 @@ def test_tree_sum_is_the_halving_tree() -> None:
     # P = 8: [1e16+(-1e16... ] -> ((v0+v4)+(v2+v6)) + ((v1+v5)+(v3+v7))
     by_hand = ((1e16 + 3.0) + (-1e16 + 0.0)) + ((1.0 + 0.0) + (1.0 + 0.0))
     assert i8_ops.tree_sum(v)[0] == by_hand
+
+
+def test_force_variant_falls_back_to_what_the_cpu_runs(lib) -> None:
+    flags = open("/proc/cpuinfo").read().split()
+    vnni = all(f in flags for f in ("avx512f", "avx512bw", "avx512vl", "avx512_vnni"))
+    best = 2 if vnni else 1 if "avx2" in flags and "f16c" in flags else 0
+    assert lib.i8_force_variant(2) == best
+    assert i8_native.simd_variant() == i8_native.VARIANTS[best]
+    assert lib.i8_force_variant(1) == min(best, 1)
+    assert lib.i8_force_variant(0) == 0 and i8_native.simd_variant() == "baseline"

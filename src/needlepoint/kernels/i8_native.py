@@ -20,8 +20,12 @@ def library(use_native: bool | None = None):
     return LIBRARY if use_native is not False else None
 
 
+VARIANTS = ("baseline", "avx2", "avx512vnni")
+
+
 def simd_variant() -> str:
-    """Which compiled variant runs: "avx2", "baseline", or "none" (numpy reference)."""
+    """Which compiled variant runs: "avx512vnni", "avx2", "baseline", or "none" (numpy
+    reference)."""
     if LIBRARY is None:
         return "none"
-    return "avx2" if LIBRARY.np_simd_variant() else "baseline"
+    return VARIANTS[LIBRARY.i8_simd_variant()]

@@ -223,8 +223,12 @@ def library(use_native: bool | None = None) -> ctypes.CDLL | None:
     return LIBRARY if use_native is not False else None
 
 
+VARIANTS = ("baseline", "avx2+fma", "avx512vnni")
+
+
 def simd_variant() -> str:
-    """Which compiled variant runs: "avx2+fma", "baseline", or "none" (numpy reference)."""
+    """Which compiled variant runs: "avx512vnni", "avx2+fma", "baseline", or "none" (numpy
+    reference). NEEDLEPOINT_NATIVE_VARIANT=0 / 1 caps it at the baseline / AVX2 variant."""
     if LIBRARY is None:
         return "none"
-    return "avx2+fma" if LIBRARY.np_simd_variant() else "baseline"
+    return VARIANTS[LIBRARY.np_simd_variant()]

@@ -6,12 +6,14 @@
  * Built by the package's own setup.py as a plain shared library and called through ctypes
  * (ctypes releases the GIL during each call; kernels/native/__init__.py is the one binding
  * module). Compiled with -ffp-contract=off: every float operation below is one IEEE
- * operation, never fused, so numpy can reproduce it exactly. Every kernel is compiled twice
- * (np_body.h, np_v3_block.h, np_i8_body.h, np_i8_rows.h: AVX2 + FMA + F16C, and baseline
- * x86-64); the first call picks the variant by CPU features, one pick for all of them
- * (NEEDLEPOINT_NATIVE_VARIANT=0 forces the baseline). Exactness never depends on the
- * variant: the products are exact sums (any order gives the same result), and the
- * pinned-order kernels use no FMA and no reassociation in either variant.
+ * operation, never fused, so numpy can reproduce it exactly. Every kernel is compiled three
+ * times (np_body.h, np_v3_block.h, np_i8_body.h, np_i8_rows.h: AVX-512 VNNI, AVX2 + FMA +
+ * F16C, and baseline x86-64); the first call picks the variant by CPU features, one pick for
+ * all of them (NEEDLEPOINT_NATIVE_VARIANT=0 / 1, or the int8 kernels' older
+ * NEEDLEPOINT_I8_VARIANT, caps it at the baseline / AVX2 one). Exactness never depends on the
+ * variant: the products are exact sums (integer level sums in np_cq_int.h, any order gives
+ * the same float64), and the pinned-order kernels use no FMA and no reassociation in any
+ * variant.
  */
 #include <math.h>
 #include <pthread.h>
@@ -39,22 +41,43 @@ typedef struct {
 
 #if defined(__GNUC__) && defined(__x86_64__) && !defined(NP_BASELINE_ONLY)
 #define NP_HAVE_AVX2 1
-#define NP_NAME(name) name##_avx2
+#include <immintrin.h>
 #define NP_SIMD_AVX2 1
-#define I8_NAME(name) name##_avx2
 #define I8_SIMD_AVX2 1
+#define NP_NAME(name) name##_avx2
+#define I8_NAME(name) name##_avx2
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
-#include <immintrin.h>
 #include "np_body.h"
 #include "np_v3_block.h"
 #include "np_i8_body.h"
 #include "np_i8_rows.h"
 #pragma GCC pop_options
-#undef I8_SIMD_AVX2
 #undef I8_NAME
-#undef NP_SIMD_AVX2
 #undef NP_NAME
+/* AVX-512 (F, BW, VL, DQ) with VNNI: the integer CQ products and the int8 block dots use
+ * vpdpbusd (np_cq_int.h, np_i8_body.h); every other kernel is the AVX2 one recompiled (same
+ * bits: no fused or reassociated float operations). */
+#if defined(__clang__) || __GNUC__ >= 8
+#define NP_HAVE_AVX512 1
+#define NP_SIMD_AVX512 1
+#define I8_SIMD_VNNI 1
+#define NP_NAME(name) name##_avx512
+#define I8_NAME(name) name##_avx512
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")
+#include "np_body.h"
+#include "np_v3_block.h"
+#include "np_i8_body.h"
+#include "np_i8_rows.h"
+#pragma GCC pop_options
+#undef I8_NAME
+#undef NP_NAME
+#undef I8_SIMD_VNNI
+#undef NP_SIMD_AVX512
+#endif
+#undef I8_SIMD_AVX2
+#undef NP_SIMD_AVX2
 #endif
 
 #define NP_NAME(name) name##_base
@@ -66,41 +89,56 @@ typedef struct {
 #undef I8_NAME
 #undef NP_NAME
 
-static int np_variant = -1; /* 0 baseline, 1 AVX2 + FMA + F16C */
+static int np_variant = -1; /* 0 baseline, 1 AVX2 + FMA + F16C, 2 AVX-512 VNNI */
 
-static int np_cpu_has_avx2(void) {
+/* The best variant this CPU runs. */
+static int np_best(void) {
+    int v = 0;
 #ifdef NP_HAVE_AVX2
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-           __builtin_cpu_supports("f16c");
-#else
-    return 0;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+        __builtin_cpu_supports("f16c"))
+        v = 1;
 #endif
+#ifdef NP_HAVE_AVX512
+    if (v == 1 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+        __builtin_cpu_supports("avx512vnni"))
+        v = 2;
+#endif
+    return v;
 }
 
-/* The one CPU-feature pick of every kernel: AVX2 where the CPU has it, unless
- * NEEDLEPOINT_NATIVE_VARIANT=0 (or the int8 kernels' old NEEDLEPOINT_I8_VARIANT=0). */
+/* The one CPU-feature pick of every kernel: the best variant the CPU runs, capped by
+ * NEEDLEPOINT_NATIVE_VARIANT (or the int8 kernels' older NEEDLEPOINT_I8_VARIANT) = 0 / 1. */
 static int np_pick(void) {
     if (np_variant < 0) {
-        int v = np_cpu_has_avx2();
-        const char *force = getenv("NEEDLEPOINT_NATIVE_VARIANT");
-        if (force && force[0] == '0') v = 0;
-        force = getenv("NEEDLEPOINT_I8_VARIANT");
-        if (force && force[0] == '0') v = 0;
+        int v = np_best();
+        const char *names[2] = {"NEEDLEPOINT_NATIVE_VARIANT", "NEEDLEPOINT_I8_VARIANT"};
+        for (int i = 0; i < 2; i++) {
+            const char *force = getenv(names[i]);
+            if (force && force[0] >= '0' && force[0] < '0' + v) v = force[0] - '0';
+        }
         np_variant = v;
     }
     return np_variant;
 }
 
-/* Run the baseline (0) or, where the CPU has it, the AVX2 variant (1) from now on (tests);
- * returns the variant that runs. */
+/* Run the baseline (0), the AVX2 (1) or the AVX-512 VNNI (2) variant from now on (tests), or
+ * the best one below it that this CPU has; returns the variant that runs. */
 int np_force_variant(int v) {
     np_pick();
-    if (v == 0 || np_cpu_has_avx2()) np_variant = v ? 1 : 0;
+    int best = np_best();
+    np_variant = v < 0 ? 0 : v > best ? best : v;
     return np_variant;
 }
 
-#ifdef NP_HAVE_AVX2
+#if defined(NP_HAVE_AVX512)
+#define NP_DISPATCH(name, ...)                                                                 \
+    (np_pick() == 2   ? name##_avx512(__VA_ARGS__)                                            \
+     : np_pick() == 1 ? name##_avx2(__VA_ARGS__)                                              \
+                      : name##_base(__VA_ARGS__))
+#elif defined(NP_HAVE_AVX2)
 #define NP_DISPATCH(name, ...) (np_pick() ? name##_avx2(__VA_ARGS__) : name##_base(__VA_ARGS__))
 #else
 #define NP_DISPATCH(name, ...) name##_base(__VA_ARGS__)
@@ -108,7 +146,7 @@ int np_force_variant(int v) {
 
 int np_abi_version(void) { return 10; }
 
-/* 1 when the AVX2 + FMA variant runs, 0 for the baseline one. */
+/* 2 when the AVX-512 VNNI variant runs, 1 for AVX2 + FMA, 0 for the baseline one. */
 int np_simd_variant(void) { return np_pick(); }
 
 int np_a8_rotate(const float *x, int64_t T, int64_t cols, int64_t x_stride, int64_t in_pad,

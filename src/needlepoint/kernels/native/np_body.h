@@ -293,6 +293,8 @@ static void NP_NAME(np_cq_simd)(const int32_t *v, const float *scale, int64_t T,
 }
 #endif
 
+#include "np_cq_int.h"
+
 static int NP_NAME(np_cq_matmul)(const int32_t *v, const float *scale, int64_t T, int64_t in_pad,
                  int storage_bits, const float *codebook, int64_t codebook_len,
                  const np_cq_part *parts, int64_t n_parts, float *out, int64_t out_stride,
@@ -307,6 +309,12 @@ static int NP_NAME(np_cq_matmul)(const int32_t *v, const float *scale, int64_t T
     for (int64_t p = 0; p < n_parts; p++) total += parts[p].rows;
     if (r_last > total) r_last = total;
     int64_t span = r_last - r_first;
+    { /* the integer kernels (np_cq_int.h) where they cover the product */
+        int status = NP_NAME(np_cq_int)(v, scale, T, in_pad, storage_bits, codebook,
+                                        codebook_len, cb, parts, n_parts, out, out_stride,
+                                        r_first, r_last);
+        if (status != NP_BADARG) return status;
+    }
 #ifdef NP_SIMD_AVX2
     if ((storage_bits == 2 || storage_bits == 4) && codebook_len <= 16) {
         double *vd = (double *)malloc(sizeof(double) * (size_t)(NP_RB * in_pad));

@@ -86,6 +86,7 @@ static inline void I8_NAME(i8_group)(const int8_t *codes, const float *xscale,
 #if defined(I8_SIMD_AVX2)
         __m256i iacc[4];
         const __m256i ones = _mm256_set1_epi16(1);
+        (void)ones;
         for (int r = 0; r < R; r++) iacc[r] = _mm256_setzero_si256();
         if (bits == 8) {
             const uint8_t *wb = wg + b * 256;
@@ -95,8 +96,15 @@ static inline void I8_NAME(i8_group)(const int8_t *codes, const float *xscale,
                     int32_t four;
                     memcpy(&four, codes + (t0 + r) * k_pad + b * 32 + 4 * q, 4);
                     __m256i xv = _mm256_set1_epi32(four);
+#if defined(I8_SIMD_VNNI)
+                    /* |x| (u8) times w signed like x, four products into each 32-bit lane:
+                     * the same exact dot without a 16-bit intermediate */
+                    iacc[r] = _mm256_dpbusd_epi32(iacc[r], _mm256_abs_epi8(xv),
+                                                  _mm256_sign_epi8(w, xv));
+#else
                     __m256i p = _mm256_maddubs_epi16(_mm256_abs_epi8(xv), _mm256_sign_epi8(w, xv));
                     iacc[r] = _mm256_add_epi32(iacc[r], _mm256_madd_epi16(p, ones));
+#endif
                 }
             }
         } else {
@@ -116,12 +124,20 @@ static inline void I8_NAME(i8_group)(const int8_t *codes, const float *xscale,
                     const int8_t *xr = codes + (t0 + r) * k_pad + b * 32;
                     memcpy(&four_lo, xr + 4 * q, 4);
                     memcpy(&four_hi, xr + 4 * q + 16, 4);
+#if defined(I8_SIMD_VNNI)
+                    (void)acc16;
+                    iacc[r] = _mm256_dpbusd_epi32(iacc[r], wlo, _mm256_set1_epi32(four_lo));
+                    iacc[r] = _mm256_dpbusd_epi32(iacc[r], whi, _mm256_set1_epi32(four_hi));
+#else
                     __m256i p0 = _mm256_maddubs_epi16(wlo, _mm256_set1_epi32(four_lo));
                     __m256i p1 = _mm256_maddubs_epi16(whi, _mm256_set1_epi32(four_hi));
                     acc16[r] = _mm256_add_epi16(acc16[r], _mm256_add_epi16(p0, p1));
+#endif
                 }
             }
+#if !defined(I8_SIMD_VNNI)
             for (int r = 0; r < R; r++) iacc[r] = _mm256_madd_epi16(acc16[r], ones);
+#endif
         }
         /* the epilogue, four outputs per float64 vector: the same operations per lane as
          * the scalar code below */
