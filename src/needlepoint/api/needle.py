@@ -10,13 +10,10 @@ Each `Needle` owns its conversation (session, history); instances never share st
 the read-only weights, through the explicit `hub.ModelCache`). `complete`/`stream` start a
 fresh conversation, `chat` continues the current one, `reset` forgets it.
 
-`auto_date` defaults to False, unlike upstream's packaged API: the bundled demo model was
-trained without a system turn and answers worse with one. Pass `auto_date=True` to add
-upstream's `date: YYYY-MM-DD Ddd HH:MM` fact.
-
-`extract(text, schema)` is one forced tool call whose parameters are the schema (the
-Needle 3 vocabulary has `<extract>`/`<schema>` markers, but upstream documents no wire
-format for them, so we do not guess one).
+`auto_date` defaults to False, unlike upstream's packaged API (the bundled demo model was
+trained without a system turn). `extract(text, schema)` is one forced tool call whose
+parameters are the schema. Any model works: Needle's wire format, or a chat template model
+(`model.chat_format`; history rendered whole, one grammar per answer: `template_chat.py`).
 
 Tool retrieval (`retrieval`): on a model with a contrastive embedding head (Needle 2), a
 conversation whose tool list is longer than `retrieve_threshold` shows the model, and
@@ -57,10 +54,12 @@ from ..generation.sampling import SamplingConfig
 from ..generation.turn import GenerationConfig, TurnVocab
 from ..models.hub import MODEL_CACHE, ModelCache, load_model
 from .conversation import Conversation
-from .grammars import GRAMMAR_VOCABS, GrammarCache, content_schema
+from .grammars import GRAMMAR_VOCABS, GrammarCache, chat_format_of, content_schema, text_markers
 from .history import Turn, answer_room, fitting_replay
 from .many import complete_many
+from .plan import Plan as _Plan
 from .results import annotated, call_key, final, jsonable, summary
+from .template_chat import answer_plan, assistant_message, template_turn, tool_messages, turn_vocab
 from .tools import ToolSpec, from_dict, from_pydantic, tool, tool_specs
 
 __all__ = ["ExtractionError", "GRAMMAR_VOCABS", "Needle", "RetrievalUnavailableError",
@@ -90,18 +89,6 @@ def check_query(text: Any) -> str:
     return text
 
 
-@dataclasses.dataclass
-class _Plan:
-    """How one turn decodes: its config and constraints, and what to add to its envelope."""
-
-    config: GenerationConfig
-    grammar: ToolCallGrammar | None
-    content: Any = None
-    check_tools: list[dict[str, Any]] | None = None
-    parallel: bool = True
-    notes: dict[str, Any] = dataclasses.field(default_factory=dict)
-
-
 class Needle:
     """A tool-calling assistant over one Needle model."""
 
@@ -129,6 +116,8 @@ class Needle:
     ) -> None:
         self.model = load_model(model, cache, threads)
         self.tokenizer = self.model.tokenizer
+        self.format = chat_format_of(self.model)
+        self.whole_answer = text_markers(self.format)  # a template model (answer_grammar.py)
         self.tools: list[ToolSpec] = tool_specs(tools)
         self.system = system
         self.auto_date = auto_date
@@ -146,10 +135,12 @@ class Needle:
         self.retrieve_threshold = retrieve_threshold
         self._index = ToolIndex(self.model, [spec.schema() for spec in self.tools])
         self._offer_memo: tuple[str, list[ToolSpec]] | None = None
-        self._vocab = TurnVocab.from_tokenizer(self.tokenizer)
-        self._grammars = GrammarCache(self.tokenizer, tool_grammar=grammar)
+        self._vocab = turn_vocab(self.format) if self.whole_answer else \
+            TurnVocab.from_tokenizer(self.tokenizer)
+        self._grammars = GrammarCache(self.tokenizer, tool_grammar=grammar,
+                                      chat_format=self.format)
         if grammar:
-            GRAMMAR_VOCABS.get(self.tokenizer)  # built now, not at the first query
+            GRAMMAR_VOCABS.get(self.tokenizer, self.format)  # built now, not at the first query
         if self.retrieval_active and len(self.tools) > MAX_TOOLS:
             # Only subsets are ever compiled, so the full list may exceed the grammar's tool
             # limit; still check every schema now, not at the first query.
@@ -162,6 +153,7 @@ class Needle:
         self._turn_specs: list[ToolSpec] = self.tools  # the tools the conversation offers
         self._turn_grammar: ToolCallGrammar | None = self._grammar  # the conversation's
         self._history: list[Turn] = []  # finished turns, for dropping the oldest
+        self._messages: list[dict[str, Any]] = []  # a template model's history (OpenAI shape)
 
     # ------------------------------------------------------------------ configuration
     def config(self, **overrides: Any) -> GenerationConfig:
@@ -197,6 +189,8 @@ class Needle:
             raise InvalidOptionError(f"parallel_tool_calls must be true or false, got "
                                      f"{parallel!r}")
         schema = content_schema(extra.get("response_format"))
+        if self.whole_answer:
+            return answer_plan(self, specs, options, schema, parallel)
         notes: dict[str, Any] = {}
         if not specs and options.get("allow_call", True) and schema is None:
             if options.get("require_call"):
@@ -255,6 +249,8 @@ class Needle:
         query = check_query(query)
         tools = [spec.schema() for spec in (self.offered_tools(query) if specs is None
                                             else specs)]
+        if self.whole_answer:
+            return self.format.first_ids(tools, query, self.system_text())
         return prompt_ids(self.tokenizer, render_prompt(tools, query, self.system_text()))
 
     # ------------------------------------------------------------------ turns
@@ -267,7 +263,10 @@ class Needle:
               ) -> Iterator[DeltaEvent | Done]:
         events = conversation.turn(ids, plan.config, plan.grammar, content=plan.content,
                                    check_tools=plan.check_tools, parallel_calls=plan.parallel)
-        yield from annotated(events, plan.notes)
+        for event in annotated(events, plan.notes):
+            if self.whole_answer and isinstance(event, Done):
+                self._messages.append(assistant_message(event.envelope))
+            yield event
         self._history.append(Turn(user, list(conversation.last_answer)))
 
     def stream(self, text: str, **options: Any) -> Iterator[DeltaEvent | Done]:
@@ -280,6 +279,7 @@ class Needle:
         self._turn_grammar = self._grammar_for(specs)
         self._conversation = Conversation(self.model, self._vocab, kv_window=self.kv_window)
         self._history = []
+        self._messages = [{"role": "user", "content": text}]
         yield from self._turn(self._conversation, self.prompt_ids(text, specs), plan, text)
 
     def stream_ids(self, ids: Sequence[int], query: str, **options: Any
@@ -308,6 +308,9 @@ class Needle:
         if self._conversation is None:
             yield from self.stream(text, **options)
             return
+        if self.whole_answer:
+            yield from template_turn(self, [{"role": "user", "content": text}], options)
+            return
         plan = self._plan(self._turn_specs, options)
         conversation = self._conversation
         ids = conversation.user_turn_ids(text, self.tokenizer)
@@ -333,6 +336,8 @@ class Needle:
         """Give tool results back as the next user turn (`<tool_result>...</tool_result>`)."""
         if self._conversation is None:
             raise NeedlepointError("no conversation to send tool results to")
+        if self.whole_answer:
+            return final(template_turn(self, tool_messages(results), options))
         return self.chat(render_tool_results(results), **options)
 
     # ------------------------------------------------------------------ agent loop
@@ -381,12 +386,13 @@ class Needle:
         else:
             spec = from_dict({"name": EXTRACT_TOOL, "description": EXTRACT_DESCRIPTION,
                               "parameters": schema})
-        grammar = self._compile([spec])
+        grammar, content = (None, self._grammars.compile([spec.schema()], require_call=True)) \
+            if self.whole_answer else (self._compile([spec]), None)
         options = {"reasoning_budget": 0, "require_call": True, **options}
         # A conversation of its own: extraction leaves the chat conversation untouched.
         conversation = Conversation(self.model, self._vocab, kv_window=self.kv_window)
         envelope = final(conversation.turn(self.prompt_ids(text, [spec]),
-                                            self.config(**options), grammar))
+                                            self.config(**options), grammar, content=content))
         calls = envelope["function_calls"]
         if envelope["type"] != "call" or calls[0]["name"] != EXTRACT_TOOL:
             raise ExtractionError(f"the model did not extract (answer type {envelope['type']})")

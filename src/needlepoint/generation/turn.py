@@ -48,6 +48,7 @@ from .sampling import SamplingConfig, choose_token, resolve_seed, softmax
 from .segments import ANSWER, CALL, THINK, MarkerIds, SegmentParser
 from .speculate import stepper
 from .stops import check_stops
+from .text_markers import TextMarkerParser
 
 NORMAL_TYPE, BYTE_TYPE = 0, 4  # tokenizer piece types that carry ordinary text
 
@@ -134,6 +135,17 @@ class TurnVocab:
     think_close_ids: tuple[int, ...]  # `\n</think>\n` as continuation ids
     match_keys: np.ndarray | None = None  # prompt-lookup match key per id (drafts.py)
     call_opening: tuple[int, ...] = ()  # `▁<tool_call>[{"name":"`: the opening draft
+    # (open, close) when the call markers are text, not single tokens (`text_markers.py`):
+    # the markers' ids above are then -1 and a whole-answer grammar decides calls
+    text_markers: tuple[str, str] | None = None
+
+    def parser(self, stops: tuple[str, ...]) -> SegmentParser:
+        """A fresh splitter of one answer's tokens."""
+        if self.text_markers is None:
+            return SegmentParser(self.token_bytes, self.markers, stops=stops)
+        return TextMarkerParser(self.token_bytes, self.markers, strip_dummy_space=False,
+                                stops=stops, call_open=self.text_markers[0],
+                                call_close=self.text_markers[1])
 
     @classmethod
     def from_tokenizer(cls, tokenizer: Any) -> TurnVocab:
@@ -188,12 +200,13 @@ class TurnResult:
 def _free_mask(vocab: TurnVocab, parser: SegmentParser, config: GenerationConfig) -> np.ndarray:
     mask = vocab.free_mask.copy()
     m = vocab.markers
-    mask[m.think_open] = parser.mode != THINK and not parser.reasoning and not parser.text
-    mask[m.think_close] = parser.mode == THINK
+    if vocab.text_markers is None:
+        mask[m.think_open] = parser.mode != THINK and not parser.reasoning and not parser.text
+        mask[m.think_close] = parser.mode == THINK
+        if not config.allow_call:
+            mask[m.tool_call_open] = False
     if config.require_call:
         mask[m.im_end] = mask[m.eos] = False
-    if not config.allow_call:
-        mask[m.tool_call_open] = False
     return mask
 
 
@@ -236,7 +249,7 @@ def generate_turn(
     the call after `<tool_call>`; `content` (if given) masks the answer from its first token."""
     seed = resolve_seed(config.sampling.seed)
     m = vocab.markers
-    parser = SegmentParser(vocab.token_bytes, m, stops=config.stop)
+    parser = vocab.parser(config.stop)
     tokens: list[int] = []
     probs_in_call: list[float] = []
     logprobs: list[dict[str, Any]] | None = [] if config.logprobs is not None else None

@@ -1,0 +1,113 @@
+"""Grammars and vocabularies for a chat format whose call markers are text (`TemplateFormat`).
+
+The whole answer is one grammar, from its first token (the `content` constraint of
+`turn.generate_turn`), so the choice between answering and calling is explicit: for
+`tool_choice="auto"` the first token either starts the call marker or starts plain text:
+
+    start: "<tool_call>" calls "</tool_call>" <end>      a call (names limited to the
+         | TEXT <end>                                   declared tools, arguments per schema)
+
+where `calls` is the tool-call grammar's JSON list (`grammar.ToolCallGrammar._lark`: one
+call or several, each tool at most once; `[]` only when a call is not required) and TEXT is
+any text that does not start with `<` or whitespace and never contains the call marker.
+`<end>` is the format's end-of-turn token unless that is EOS (which the engine allows
+whenever the answer is complete). `required`
+and a named tool keep only the call; a `response_format` schema replaces TEXT with the JSON.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import llguidance
+import numpy as np
+
+from ..errors import ToolSchemaError
+from .content import _OPTIONS, ContentSchemaError
+from .grammar import MAX_TOOLS, TokenVocab, ToolCallGrammar, ToolCallMatcher, tool_parts
+from .segments import MarkerIds
+from .turn import BYTE_TYPE, NORMAL_TYPE, TurnVocab
+
+USER_DEFINED, CONTROL, UNKNOWN = 3, 2, 1
+TEXT_RULE = r"TEXT: /[^<\s](?s:.)*/ & ~/(?s:.*)<tool_call>(?s:.*)/"
+
+
+def token_vocab(chat_format: Any) -> TokenVocab:
+    """The grammar engine's view of a template model's tokenizer: control tokens are
+    special, the turn ends at the format's end ids; text is encoded as the tokenizer does."""
+    tokenizer = chat_format.tokenizer
+    types = np.asarray(tokenizer.types)
+    special = np.flatnonzero((types == UNKNOWN) | (types == CONTROL)).tolist()
+
+    def encode(text: str) -> list[int]:
+        return list(tokenizer.encode(text, add_special_tokens=False))
+
+    return TokenVocab(tokenizer.all_token_bytes(), special, tokenizer.eos_id,
+                      chat_format.end_ids, encode)
+
+
+def turn_vocab(chat_format: Any) -> TurnVocab:
+    """The turn loop's view of a template model: markers as text, the format's end ids."""
+    tokenizer = chat_format.tokenizer
+    ends = chat_format.end_ids
+    markers = MarkerIds(think_open=-1, think_close=-1, tool_call_open=-1, tool_call_close=-1,
+                        im_end=ends[0], eos=ends[-1])
+    types = np.asarray(tokenizer.types)
+    free = (types == NORMAL_TYPE) | (types == BYTE_TYPE) | (types == USER_DEFINED)
+    free[list(ends)] = True
+    token_bytes = tokenizer.all_token_bytes()
+    from .drafts import match_keys
+
+    return TurnVocab(token_bytes=token_bytes, markers=markers, free_mask=free, call_prefix=(),
+                     think_close_ids=(), match_keys=match_keys(token_bytes),
+                     text_markers=(chat_format.call_open, chat_format.call_close))
+
+
+class AnswerGrammar:
+    """The whole-answer grammar of one request; `start()` gives a fresh matcher."""
+
+    def __init__(self, vocab: TokenVocab, chat_format: Any, tools: Sequence[Mapping[str, Any]],
+                 *, call: bool = True, text: bool = True, require_call: bool = False,
+                 parallel_calls: bool = True, schema: Mapping[str, Any] | None = None,
+                 strict_formats: bool = False) -> None:
+        if len(tools) > MAX_TOOLS:
+            raise ToolSchemaError(f"{len(tools)} tools: at most {MAX_TOOLS} are supported")
+        self.vocab = vocab
+        # EOS is never a grammar token: the engine allows it once the answer is complete
+        ends = " ".join(f"<[{i}]>" for i in dict.fromkeys(vocab.end_ids) if i != vocab.eos_id)
+        alternatives, rules = [], []
+        if call:
+            parts = [tool_parts(tool, i, strict_formats) for i, tool in enumerate(tools)]
+            names = [name for name, _ in parts]
+            if len(set(names)) != len(names):
+                raise ToolSchemaError("a tool name is declared twice")
+            if require_call and not parts:
+                raise ToolSchemaError("a call is required, but no tools are declared")
+            body = ToolCallGrammar._lark(parts, (), require_call, parallel_calls)
+            rules.append(body.replace("start:", "calls_list:", 1))
+            alternatives.append(f"{json.dumps(chat_format.call_open)} calls_list "
+                                f"{json.dumps(chat_format.call_close)} {ends}")
+        if schema is not None:
+            body_schema = json.loads(json.dumps(dict(schema), allow_nan=False))
+            body_schema.setdefault("x-guidance", _OPTIONS)
+            rules.append(f"content: %json {json.dumps(body_schema, ensure_ascii=False)}")
+            alternatives.append(f"content {ends}")
+        elif text:
+            rules.append(TEXT_RULE.replace("<tool_call>", chat_format.call_open))
+            alternatives.append(f"TEXT {ends}")
+        if not alternatives:
+            raise ToolSchemaError("an answer must allow a call or text")
+        self.lark = "start: " + "\n    | ".join(alternatives) + "\n" + "\n".join(rules) + "\n"
+        grammar = llguidance.LLMatcher.grammar_from_lark(self.lark)
+        prototype = llguidance.LLMatcher(vocab._llg, grammar, log_level=0)
+        if prototype.is_error():
+            message = (prototype.get_error().strip().splitlines() or ["unknown error"])[0]
+            error = ContentSchemaError if schema is not None else ToolSchemaError
+            raise error(f"answer grammar rejected: {message}")
+        prototype.compute_bitmask()
+        self._prototype = prototype
+
+    def start(self) -> ToolCallMatcher:
+        return ToolCallMatcher(self, self._prototype.deep_copy())  # type: ignore[arg-type]

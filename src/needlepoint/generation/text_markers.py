@@ -1,0 +1,67 @@
+"""Splitting an assistant turn whose call markers are text, not single tokens.
+
+A chat template's `<tool_call>`/`</tool_call>` (SmolLM2's tokenizer spells `<tool_call>` in five
+pieces) is found in the decoded text, as vLLM's tool parsers find it: text that could still
+become a marker is held back until it does (or cannot), so a streamed answer never shows half
+a marker and the call JSON between the markers is reported byte-exact as `ToolCallDelta`s.
+Same interface and events as `segments.SegmentParser` (there is no think block).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .events import DeltaEvent
+from .segments import AFTER_CALL, ANSWER, CALL, SegmentParser
+
+
+def held_prefix(text: str, marker: str) -> int:
+    """Length of the longest end of `text` that is a proper prefix of `marker`."""
+    for size in range(min(len(marker) - 1, len(text)), 0, -1):
+        if text.endswith(marker[:size]):
+            return size
+    return 0
+
+
+@dataclass
+class TextMarkerParser(SegmentParser):
+    """`SegmentParser` for markers matched as text (`call_open`, `call_close`)."""
+
+    call_open: str = "<tool_call>"
+    call_close: str = "</tool_call>"
+    _held: str = ""
+
+    def feed(self, token: int) -> list[DeltaEvent]:
+        self._first = False
+        if token in self.markers.stops:
+            return self._flush_held() + self._switch(AFTER_CALL)
+        return self._scan(self._utf8.decode(self.token_bytes[token]))
+
+    def _scan(self, text: str) -> list[DeltaEvent]:
+        events: list[DeltaEvent] = []
+        buffer = self._held + text
+        self._held = ""
+        while self.mode in (ANSWER, CALL):
+            marker = self.call_open if self.mode == ANSWER else self.call_close
+            index = buffer.find(marker)
+            if index < 0:
+                keep = held_prefix(buffer, marker)
+                events += self._emit(buffer[: len(buffer) - keep])
+                self._held = buffer[len(buffer) - keep :]
+                return events
+            events += self._emit(buffer[:index])
+            buffer = buffer[index + len(marker) :]
+            if self.mode == ANSWER:
+                events += self._switch(CALL)
+                self.call = []
+            else:
+                self.call_closed = True
+                events += self._switch(AFTER_CALL)
+        return events
+
+    def _flush_held(self) -> list[DeltaEvent]:
+        held, self._held = self._held, ""
+        return self._emit(held) if held else []
+
+    def finish(self) -> list[DeltaEvent]:
+        return self._flush_held() + super().finish()
