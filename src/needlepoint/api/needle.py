@@ -69,7 +69,7 @@ EXTRACT_TOOL = "extract"
 EXTRACT_DESCRIPTION = "Extract the requested fields from the text."
 SAMPLING_OPTIONS = ("temperature", "top_k", "top_p", "seed")
 TURN_OPTIONS = ("max_new_tokens", "reasoning_budget", "require_call", "allow_call", "stop",
-                "logprobs", "speculate")
+                "logprobs", "speculate", "call_threshold")
 GRAMMAR_OPTIONS = ("parallel_tool_calls", "response_format")
 NO_TOOLS_NOTE = ("no tools were declared, so there is nothing to call: the turn refused at "
                  "once (pass allow_call=False for a plain text answer)")

@@ -14,7 +14,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from ..errors import InvalidOptionError
-from ..generation.answer_grammar import turn_vocab
+from ..generation.answer_grammar import AUTO_CALL_THRESHOLD, turn_vocab
 from ..generation.events import DeltaEvent, Done
 from .plan import Plan
 from .results import annotated
@@ -27,7 +27,7 @@ def answer_plan(needle: Any, specs: Sequence[Any], options: dict[str, Any],
     """A template model's turn plan: one grammar over the whole answer, so answering vs
     calling is the grammar's first choice; no tools, or `allow_call=False`, is a plain text
     answer (with a `response_format`, JSON)."""
-    options = {"reasoning_budget": None, **options}
+    options = {"reasoning_budget": None, "call_threshold": AUTO_CALL_THRESHOLD, **options}
     if not specs and options.get("require_call"):
         raise InvalidOptionError("require_call needs at least one tool to call")
     if not specs:

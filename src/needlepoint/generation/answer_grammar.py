@@ -28,9 +28,15 @@ from ..errors import ToolSchemaError
 from .content import _OPTIONS, ContentSchemaError
 from .grammar import MAX_TOOLS, TokenVocab, ToolCallGrammar, ToolCallMatcher, tool_parts
 from .segments import MarkerIds
+from .text_markers import call_start_mask
 from .turn import BYTE_TYPE, NORMAL_TYPE, TurnVocab
 
 USER_DEFINED, CONTROL, UNKNOWN = 3, 2, 1
+# `tool_choice="auto"` on a template model: call when the call marker's first tokens get at
+# least this probability at the answer's first position (`text_markers.explicit_choice`).
+# SmolLM2-135M answers in prose when left to itself (its top token is text even for plain
+# tool requests, where the marker gets 1-4%; 0.1-1.3% on chit-chat): docs/benchmarks_bfcl.md
+AUTO_CALL_THRESHOLD = 0.01
 TEXT_RULE = r"TEXT: /[^<\s](?s:.)*/ & ~/(?s:.*)<tool_call>(?s:.*)/"
 
 
@@ -62,7 +68,8 @@ def turn_vocab(chat_format: Any) -> TurnVocab:
 
     return TurnVocab(token_bytes=token_bytes, markers=markers, free_mask=free, call_prefix=(),
                      think_close_ids=(), match_keys=match_keys(token_bytes),
-                     text_markers=(chat_format.call_open, chat_format.call_close))
+                     text_markers=(chat_format.call_open, chat_format.call_close),
+                     call_start=call_start_mask(token_bytes, chat_format.call_open))
 
 
 class AnswerGrammar:

@@ -11,8 +11,30 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from .events import DeltaEvent
 from .segments import AFTER_CALL, ANSWER, CALL, SegmentParser
+
+
+def call_start_mask(token_bytes: list[bytes], marker: str) -> np.ndarray:
+    """bool[vocab]: the tokens that begin `marker` (their bytes are a prefix of it)."""
+    data = marker.encode("utf-8")
+    return np.array([bool(b) and data.startswith(b) for b in token_bytes], bool)
+
+
+def explicit_choice(allowed: np.ndarray, logits: np.ndarray, call_start: np.ndarray,
+                    threshold: float) -> np.ndarray:
+    """`tool_choice="auto"`'s first token, decided explicitly: a call when the model gives
+    the tokens that begin the call marker at least `threshold` probability (of all its
+    unmasked mass), else text. `allowed` is returned unchanged when only one is possible."""
+    starts = allowed & call_start
+    text = allowed & ~call_start
+    if not starts.any() or not text.any():
+        return allowed
+    shifted = np.exp(logits - logits.max())
+    p_call = float(shifted[starts].sum() / shifted.sum())
+    return starts if p_call >= threshold else text
 
 
 def held_prefix(text: str, marker: str) -> int:

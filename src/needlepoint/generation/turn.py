@@ -48,7 +48,7 @@ from .sampling import SamplingConfig, choose_token, resolve_seed, softmax
 from .segments import ANSWER, CALL, THINK, MarkerIds, SegmentParser
 from .speculate import stepper
 from .stops import check_stops
-from .text_markers import TextMarkerParser
+from .text_markers import TextMarkerParser, explicit_choice
 
 NORMAL_TYPE, BYTE_TYPE = 0, 4  # tokenizer piece types that carry ordinary text
 
@@ -102,6 +102,7 @@ class GenerationConfig:
     stop: tuple[str, ...] = ()
     logprobs: int | None = None
     speculate: bool = True
+    call_threshold: float | None = None  # text-marker formats: `text_markers.explicit_choice`
 
     def __post_init__(self) -> None:
         if not isinstance(self.speculate, bool):
@@ -115,6 +116,11 @@ class GenerationConfig:
                    "token), or None (off)", high=MAX_TOP_LOGPROBS)
         if self.require_call and not self.allow_call:
             raise InvalidOptionError("require_call and allow_call=False contradict each other")
+        t = self.call_threshold
+        if t is not None and (isinstance(t, bool) or not isinstance(t, numbers.Real)
+                              or not 0.0 <= t <= 1.0):
+            raise InvalidOptionError(f"call_threshold must be a probability in [0, 1] or None, "
+                                     f"got {t!r}")
 
 
 def _count(name: str, value: Any, low: int, more: str = "", high: int | None = None) -> None:
@@ -138,6 +144,7 @@ class TurnVocab:
     # (open, close) when the call markers are text, not single tokens (`text_markers.py`):
     # the markers' ids above are then -1 and a whole-answer grammar decides calls
     text_markers: tuple[str, str] | None = None
+    call_start: np.ndarray | None = None  # bool[vocab]: tokens that begin the text marker
 
     def parser(self, stops: tuple[str, ...]) -> SegmentParser:
         """A fresh splitter of one answer's tokens."""
@@ -314,6 +321,10 @@ def generate_turn(
                     allowed = matcher.allowed_mask()
                 elif answer is not None:
                     allowed = answer.allowed_mask()
+                    if not tokens and config.call_threshold is not None and \
+                            vocab.call_start is not None:
+                        allowed = explicit_choice(allowed, logits, vocab.call_start,
+                                                  config.call_threshold)
                 elif parser.call is None:
                     allowed = _free_mask(vocab, parser, config)
                 else:
