@@ -63,9 +63,9 @@ def chat_format_of(model: Any) -> Any:
 
 
 def text_markers(chat_format: Any) -> bool:
-    """Whether a chat format's call markers are text (a template model: whole-answer
-    grammars, `generation/answer_grammar.py`) rather than Needle's single tokens."""
-    return chat_format is not None and not getattr(chat_format, "marker_tokens", True)
+    """Whether a chat format is a chat template's (whole-answer grammars with call markers
+    matched as text, `generation/answer_grammar.py`) rather than Needle's wire format."""
+    return chat_format is not None and getattr(chat_format, "name", "needle") == "template"
 
 
 def content_schema(response_format: Any) -> dict[str, Any] | None:

@@ -131,7 +131,6 @@ class TemplateFormat:
 
     name = "template"
     call_open, call_close = "<tool_call>", "</tool_call>"
-    call_body = "list"
 
     def __init__(self, tokenizer: Any) -> None:
         if not getattr(tokenizer, "chat_template", None):
@@ -139,6 +138,9 @@ class TemplateFormat:
         self.tokenizer = tokenizer
         self.template = tokenizer.chat_template
         self.renders_tools = self._renders_tools()
+        # templates that render tools ask for one call object per marker pair (Hermes / Qwen
+        # style); the Hermes-style prompt of this module asks for one list
+        self.call_body = "object" if self.renders_tools else "list"
         markers = getattr(tokenizer, "markers", {})
         self.marker_tokens = self.call_open in markers and self.call_close in markers
         ends = [markers[m] for m in END_MARKERS if m in markers]

@@ -7,9 +7,10 @@ The whole answer is one grammar, from its first token (the `content` constraint 
     start: "<tool_call>" calls "</tool_call>" <end>      a call (names limited to the
          | TEXT <end>                                   declared tools, arguments per schema)
 
-where `calls` is the tool-call grammar's JSON list (`grammar.ToolCallGrammar._lark`: one
+where `calls` is (list body) the tool-call grammar's JSON list (`grammar.ToolCallGrammar._lark`: one
 call or several, each tool at most once; `[]` only when a call is not required) and TEXT is
-any text that does not start with `<` or whitespace and never contains the call marker.
+(object body: one call object per marker pair, pairs separated by a newline, at least
+one) and TEXT is any text that does not start with `<` or whitespace and never contains the call marker.
 `<end>` is the format's end-of-turn token unless that is EOS (which the engine allows
 whenever the answer is complete). `required`
 and a named tool keep only the call; a `response_format` schema replaces TEXT with the JSON.
@@ -40,18 +41,32 @@ AUTO_CALL_THRESHOLD = 0.01
 TEXT_RULE = r"TEXT: /[^<\s](?s:.)*/ & ~/(?s:.*)<tool_call>(?s:.*)/"
 
 
+def marker_bytes(chat_format: Any) -> tuple[list[bytes], set[int]]:
+    """Every token's bytes, the call markers spelled out even when they are special added
+    tokens (so they match as text), and the ids that stay special."""
+    tokenizer = chat_format.tokenizer
+    token_bytes = tokenizer.all_token_bytes()
+    types = np.asarray(tokenizer.types)
+    special = set(np.flatnonzero((types == UNKNOWN) | (types == CONTROL)).tolist())
+    markers = getattr(tokenizer, "markers", {})
+    for text in (chat_format.call_open, chat_format.call_close):
+        if text in markers:
+            token_bytes[markers[text]] = text.encode("utf-8")
+            special.discard(markers[text])
+    return token_bytes, special
+
+
 def token_vocab(chat_format: Any) -> TokenVocab:
     """The grammar engine's view of a template model's tokenizer: control tokens are
     special, the turn ends at the format's end ids; text is encoded as the tokenizer does."""
     tokenizer = chat_format.tokenizer
-    types = np.asarray(tokenizer.types)
-    special = np.flatnonzero((types == UNKNOWN) | (types == CONTROL)).tolist()
+    token_bytes, special = marker_bytes(chat_format)
 
     def encode(text: str) -> list[int]:
         return list(tokenizer.encode(text, add_special_tokens=False))
 
-    return TokenVocab(tokenizer.all_token_bytes(), special, tokenizer.eos_id,
-                      chat_format.end_ids, encode)
+    return TokenVocab(token_bytes, sorted(special), tokenizer.eos_id, chat_format.end_ids,
+                      encode)
 
 
 def turn_vocab(chat_format: Any) -> TurnVocab:
@@ -61,15 +76,20 @@ def turn_vocab(chat_format: Any) -> TurnVocab:
     markers = MarkerIds(think_open=-1, think_close=-1, tool_call_open=-1, tool_call_close=-1,
                         im_end=ends[0], eos=ends[-1])
     types = np.asarray(tokenizer.types)
+    token_bytes, special = marker_bytes(chat_format)
     free = (types == NORMAL_TYPE) | (types == BYTE_TYPE) | (types == USER_DEFINED)
+    for text in (chat_format.call_open, chat_format.call_close):
+        marker = getattr(tokenizer, "markers", {}).get(text)
+        if marker is not None:
+            free[marker] = True  # a call marker that is one added token
     free[list(ends)] = True
-    token_bytes = tokenizer.all_token_bytes()
     from .drafts import match_keys
 
     return TurnVocab(token_bytes=token_bytes, markers=markers, free_mask=free, call_prefix=(),
                      think_close_ids=(), match_keys=match_keys(token_bytes),
                      text_markers=(chat_format.call_open, chat_format.call_close),
-                     call_start=call_start_mask(token_bytes, chat_format.call_open))
+                     call_start=call_start_mask(token_bytes, chat_format.call_open),
+                     call_body=chat_format.call_body)
 
 
 class AnswerGrammar:
@@ -92,10 +112,17 @@ class AnswerGrammar:
                 raise ToolSchemaError("a tool name is declared twice")
             if require_call and not parts:
                 raise ToolSchemaError("a call is required, but no tools are declared")
-            body = ToolCallGrammar._lark(parts, (), require_call, parallel_calls)
-            rules.append(body.replace("start:", "calls_list:", 1))
             alternatives.append(f"{json.dumps(chat_format.call_open)} calls_list "
                                 f"{json.dumps(chat_format.call_close)} {ends}")
+            if chat_format.call_body == "object":  # `{call}</tool_call>\n<tool_call>{call}`
+                body = ToolCallGrammar._lark(parts, (), True, parallel_calls)
+                between = json.dumps(f"{chat_format.call_close}\n{chat_format.call_open}")
+                body = body.replace('"[" calls::0x0 "]"', "calls::0x0", 1)
+                body = body.replace('"[" calls "]"', "calls", 1)
+                body = body.replace('| "," call', f"| {between} call")
+            else:
+                body = ToolCallGrammar._lark(parts, (), require_call, parallel_calls)
+            rules.append(body.replace("start:", "calls_list:", 1))
         if schema is not None:
             body_schema = json.loads(json.dumps(dict(schema), allow_nan=False))
             body_schema.setdefault("x-guidance", _OPTIONS)

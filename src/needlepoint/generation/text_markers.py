@@ -5,6 +5,11 @@ pieces) is found in the decoded text, as vLLM's tool parsers find it: text that 
 become a marker is held back until it does (or cannot), so a streamed answer never shows half
 a marker and the call JSON between the markers is reported byte-exact as `ToolCallDelta`s.
 Same interface and events as `segments.SegmentParser` (there is no think block).
+
+`body="list"`: one `<tool_call>[...]</tool_call>` block holds the JSON list of calls (the
+Hermes-style prompt's). `body="object"`: one call object per block, blocks one after another
+(what templates that render tools ask for); the parser reports them as one JSON list (`[`
+before the first, `,` between, `]` at the end), so `call_text` is a list either way.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .events import DeltaEvent
+from .events import DeltaEvent, ToolCallDelta
 from .segments import AFTER_CALL, ANSWER, CALL, SegmentParser
 
 
@@ -51,7 +56,12 @@ class TextMarkerParser(SegmentParser):
 
     call_open: str = "<tool_call>"
     call_close: str = "</tool_call>"
+    body: str = "list"
     _held: str = ""
+
+    def _searching(self) -> bool:
+        return self.mode in (ANSWER, CALL) or (self.mode == AFTER_CALL and self.body ==
+                                                "object" and self.call is not None)
 
     def feed(self, token: int) -> list[DeltaEvent]:
         self._first = False
@@ -63,8 +73,8 @@ class TextMarkerParser(SegmentParser):
         events: list[DeltaEvent] = []
         buffer = self._held + text
         self._held = ""
-        while self.mode in (ANSWER, CALL):
-            marker = self.call_open if self.mode == ANSWER else self.call_close
+        while self._searching():
+            marker = self.call_close if self.mode == CALL else self.call_open
             index = buffer.find(marker)
             if index < 0:
                 keep = held_prefix(buffer, marker)
@@ -73,9 +83,13 @@ class TextMarkerParser(SegmentParser):
                 return events
             events += self._emit(buffer[:index])
             buffer = buffer[index + len(marker) :]
-            if self.mode == ANSWER:
+            if self.mode != CALL:
+                again = self.call is not None
                 events += self._switch(CALL)
-                self.call = []
+                self.call = self.call if again else []
+                self.call_closed = False
+                if self.body == "object":
+                    events += self._emit("," if again else "[")
             else:
                 self.call_closed = True
                 events += self._switch(AFTER_CALL)
@@ -86,4 +100,8 @@ class TextMarkerParser(SegmentParser):
         return self._emit(held) if held else []
 
     def finish(self) -> list[DeltaEvent]:
-        return self._flush_held() + super().finish()
+        events = self._flush_held() + super().finish()
+        if self.body == "object" and self.call is not None:
+            self.call.append("]")
+            events.append(ToolCallDelta("]"))
+        return events

@@ -144,6 +144,7 @@ class TurnVocab:
     # (open, close) when the call markers are text, not single tokens (`text_markers.py`):
     # the markers' ids above are then -1 and a whole-answer grammar decides calls
     text_markers: tuple[str, str] | None = None
+    call_body: str = "list"  # "object": one call per marker pair (`text_markers.py`)
     call_start: np.ndarray | None = None  # bool[vocab]: tokens that begin the text marker
 
     def parser(self, stops: tuple[str, ...]) -> SegmentParser:
@@ -152,7 +153,7 @@ class TurnVocab:
             return SegmentParser(self.token_bytes, self.markers, stops=stops)
         return TextMarkerParser(self.token_bytes, self.markers, strip_dummy_space=False,
                                 stops=stops, call_open=self.text_markers[0],
-                                call_close=self.text_markers[1])
+                                call_close=self.text_markers[1], body=self.call_body)
 
     @classmethod
     def from_tokenizer(cls, tokenizer: Any) -> TurnVocab:
