@@ -8,9 +8,9 @@ The whole answer is one grammar, from its first token (the `content` constraint 
          | TEXT <end>                                   declared tools, arguments per schema)
 
 where `calls` is (list body) the tool-call grammar's JSON list (`grammar.ToolCallGrammar._lark`: one
-call or several, each tool at most once; `[]` only when a call is not required) and TEXT is
-(object body: one call object per marker pair, pairs separated by a newline, at least
-one) and TEXT is any text that does not start with `<` or whitespace and never contains the call marker.
+call or several, each tool at most once; `[]` only when a call is not required), or (object
+body) one call object per marker pair, pairs separated by a newline, at least one. TEXT is
+any text that does not start with `<` or whitespace and never contains the call marker.
 `<end>` is the format's end-of-turn token unless that is EOS (which the engine allows
 whenever the answer is complete). `required`
 and a named tool keep only the call; a `response_format` schema replaces TEXT with the JSON.

@@ -19,6 +19,7 @@ from ...errors import ModelInputError, NeedlepointError
 from ...formats.cact import CactArchive
 from ...formats.chat_format import NeedleFormat
 from ...formats.needle2_geometry import V2Config
+from ..token_ids import check_token_ids
 from .forward import Core, Trace, forward_chunk
 from .heads import confidence_logit, contrastive_embedding
 from .ladder import ladder_config, ladder_layer_indices
@@ -87,6 +88,10 @@ class V2Model:
     def chat_format(self) -> NeedleFormat:
         """Needle's wire format (`formats/chat_format.py`)."""
         return NeedleFormat(self.tokenizer)
+
+    def check_ids(self, ids: object, position: int = 0) -> np.ndarray:
+        """Token ids as int64, or a ModelInputError naming what is wrong (`token_ids`)."""
+        return check_token_ids(ids, self.config.vocab, self.config.max_seq_len, position)
 
     def run_batch(self, requests: Sequence[tuple[V2Session, object, bool]]
                   ) -> list[np.ndarray | None]:

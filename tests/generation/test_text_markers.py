@@ -1,0 +1,131 @@
+"""Call markers matched as text (`generation/text_markers.py`), the explicit first-token
+choice of `tool_choice="auto"`, and the whole-answer grammar of a template model
+(`generation/answer_grammar.py`) over SmolLM2's real tokenizer."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from hf_helpers import SmolLM2Reference
+
+from needlepoint.formats.chat_format import TemplateFormat
+from needlepoint.formats.checkpoints import open_checkpoint
+from needlepoint.generation.answer_grammar import AnswerGrammar, token_vocab, turn_vocab
+from needlepoint.generation.events import TextDelta, ToolCallDelta
+from needlepoint.generation.grammar import GrammarError
+from needlepoint.generation.segments import MarkerIds
+from needlepoint.generation.text_markers import TextMarkerParser, explicit_choice
+
+PIECES = [b"<", b"tool", b"_call", b">", b"[", b"{}", b"]", b"</", b"tool_call>", b"Hi", b" <",
+          b"x", b"", b"\n"]
+END = PIECES.index(b"")
+MARKERS = MarkerIds(-1, -1, -1, -1, im_end=END, eos=END)
+TOOLS = [{"name": "get_weather", "parameters": {"type": "object", "properties": {
+    "city": {"type": "string"}}, "required": ["city"]}},
+         {"name": "set_alarm", "parameters": {"type": "object", "properties": {
+             "time": {"type": "string"}}, "required": ["time"]}}]
+
+
+def feed(parser: TextMarkerParser, pieces: list[bytes]) -> list:
+    events = []
+    for piece in pieces:
+        events += parser.feed(PIECES.index(piece))
+    return events + parser.finish()
+
+
+def test_text_with_a_partial_marker_is_held_then_released() -> None:
+    parser = TextMarkerParser(PIECES, MARKERS, strip_dummy_space=False)
+    events = feed(parser, [b"Hi", b" <", b"x"])
+    assert "".join(e.text for e in events) == "Hi <x" and parser.call_text is None
+    assert all(isinstance(e, TextDelta) for e in events)
+
+
+def test_a_marker_split_over_tokens_opens_and_closes_the_call() -> None:
+    parser = TextMarkerParser(PIECES, MARKERS, strip_dummy_space=False)
+    events = feed(parser, [b"<", b"tool", b"_call", b">", b"[", b"{}", b"]", b"</",
+                           b"tool_call>", b""])
+    assert parser.call_text == "[{}]" and parser.call_closed and not parser.text
+    assert "".join(e.text for e in events if isinstance(e, ToolCallDelta)) == "[{}]"
+
+
+def test_object_body_blocks_are_reported_as_one_list() -> None:
+    parser = TextMarkerParser(PIECES, MARKERS, strip_dummy_space=False, body="object")
+    block = [b"<", b"tool", b"_call", b">", b"{}", b"</", b"tool_call>"]
+    feed(parser, [*block, b"\n", *block, b""])
+    assert json.loads(parser.call_text) == [{}, {}] and parser.call_closed
+
+
+def test_explicit_choice_picks_call_or_text_by_the_marker_probability() -> None:
+    allowed = np.array([True, True, True, False])
+    call_start = np.array([True, False, False, True])
+    logits = np.log(np.array([0.05, 0.6, 0.3, 0.05]))
+    assert explicit_choice(allowed, logits, call_start, 0.01).tolist() == \
+        [True, False, False, False]
+    assert explicit_choice(allowed, logits, call_start, 0.1).tolist() == \
+        [False, True, True, False]
+    only_call = np.array([True, False, False, False])  # required: nothing to choose
+    assert explicit_choice(only_call, logits, call_start, 0.5) is only_call
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    fmt = TemplateFormat(open_checkpoint(SmolLM2Reference().path).tokenizer)
+    return fmt, token_vocab(fmt)
+
+
+def accept(grammar: AnswerGrammar, tokenizer, text: str):
+    matcher = grammar.start()
+    for token in tokenizer.encode(text, add_special_tokens=False):
+        matcher.advance(token)
+    return matcher
+
+
+def test_auto_grammar_allows_a_call_or_text_then_the_end(smollm2) -> None:
+    fmt, vocab = smollm2
+    tok = fmt.tokenizer
+    grammar = AnswerGrammar(vocab, fmt, TOOLS)
+    call = accept(grammar, tok, '<tool_call>[{"name":"get_weather","arguments":'
+                  '{"city":"Oslo"}},{"name":"set_alarm","arguments":{"time":"7"}}]</tool_call>')
+    assert call.allowed_mask()[tok.eos_id]
+    text = accept(grammar, tok, "It is sunny.")
+    assert text.allowed_mask()[tok.eos_id]
+    with pytest.raises(GrammarError):  # text never turns into a call later
+        accept(grammar, tok, "Sure <tool_call>[")
+    with pytest.raises(GrammarError):  # names are the declared tools only
+        accept(grammar, tok, '<tool_call>[{"name":"get_time"')
+    with pytest.raises(GrammarError):  # arguments follow the schema
+        accept(grammar, tok, '<tool_call>[{"name":"get_weather","arguments":{"town"')
+    with pytest.raises(GrammarError):  # each tool at most once
+        accept(grammar, tok, '<tool_call>[{"name":"get_weather","arguments":{"city":"A"}},'
+               '{"name":"get_weather"')
+
+
+def test_required_single_and_schema_answers(smollm2) -> None:
+    fmt, vocab = smollm2
+    tok = fmt.tokenizer
+    required = AnswerGrammar(vocab, fmt, TOOLS, text=False, require_call=True)
+    first = required.start().allowed_mask()
+    assert first[tok.encode("<")[0]] and not first[tok.encode("It")[0]]
+    with pytest.raises(GrammarError):  # a required call is not `[]`
+        accept(required, tok, "<tool_call>[]")
+    single = AnswerGrammar(vocab, fmt, TOOLS, parallel_calls=False)
+    with pytest.raises(GrammarError):
+        accept(single, tok, '<tool_call>[{"name":"get_weather","arguments":{"city":"A"}},')
+    schema = AnswerGrammar(vocab, fmt, TOOLS, call=False,
+                           schema={"type": "object", "properties": {"n": {"type": "integer"}},
+                                   "required": ["n"]})
+    assert accept(schema, tok, '{"n":3}').allowed_mask()[tok.eos_id]
+    with pytest.raises(GrammarError):
+        accept(schema, tok, "It is")
+
+
+def test_turn_vocab_of_a_template_model(smollm2) -> None:
+    fmt, _ = smollm2
+    vocab = turn_vocab(fmt)
+    assert vocab.text_markers == ("<tool_call>", "</tool_call>")
+    assert vocab.markers.im_end == vocab.markers.eos == fmt.tokenizer.eos_id
+    assert vocab.call_start[fmt.tokenizer.encode("<")[0]]
+    assert not vocab.call_start[fmt.tokenizer.encode("It")[0]]
+    assert not vocab.free_mask[fmt.tokenizer.marker_id("<|im_start|>")]
