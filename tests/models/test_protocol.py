@@ -36,7 +36,7 @@ def test_every_family_implements_the_protocol(tiny_int8) -> None:
     gpt2 = needlepoint.load(hf_fixture_dir("gpt2-tiny"))  # a base model: no chat template
     assert isinstance(gpt2.session(), SessionProtocol)
     with pytest.raises(TokenizerError, match="no chat template"):
-        gpt2.chat_format
+        _ = gpt2.chat_format
     staged = needlepoint.load(toy_model_path(), stages=2)
     try:
         assert isinstance(staged, ModelProtocol) and staged.chat_format.name == "needle"
