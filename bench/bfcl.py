@@ -19,7 +19,8 @@ each from an empty cache (seconds per case include the prefill), `--threads` thr
   the JSON schema of the call list (llama.cpp's `json_schema_to_gbnf`), between the markers.
 
 An answer is unparseable when it holds no well-formed `<tool_call>[...]</tool_call>` list
-(prose included); irrelevance cases want no call. `--agreement` instead compares greedy,
+(prose included; `malformed` counts only the answers that began a call and did not finish a
+well-formed one); irrelevance cases want no call. `--agreement` instead compares greedy,
 unconstrained tokens of needlepoint (float and int8 numerics) with llama.cpp's.
 Develop and tune only on live_simple, live_multiple, live_parallel (the issue's rule).
 """
@@ -62,6 +63,13 @@ def parse_answer(text: str) -> list[dict[str, Any]] | None:
             and isinstance(c.get("arguments", {}), dict) for c in value):
         return None
     return [{"name": c["name"], "arguments": c.get("arguments", {})} for c in value]
+
+
+def malformed(answer: dict[str, Any]) -> bool:
+    """A call was begun but is not a well-formed call list (cut off, bad JSON, refused
+    schema), as opposed to a plain text answer."""
+    return answer["calls"] is None and (answer["error"] is not None
+                                        or "<tool_call>" in answer["text"])
 
 
 class Needlepoint:
@@ -169,7 +177,7 @@ class LlamaCpp:
 def run_category(category: str, limit: int | None, ours: Needlepoint, peer: LlamaCpp,
                  engines: tuple[str, ...], log: Any = print) -> dict[str, Any]:
     cases = bfcl_data.load_cases(category, limit)
-    tallies = {e: {"correct": 0, "unparseable": 0, "errors": 0, "seconds": 0.0}
+    tallies = {e: {"correct": 0, "unparseable": 0, "malformed": 0, "errors": 0, "seconds": 0.0}
                for e in engines}
     rows = []
     for k, case in enumerate(cases):
@@ -185,6 +193,7 @@ def run_category(category: str, limit: int | None, ours: Needlepoint, peer: Llam
             tally = tallies[engine]
             tally["correct"] += right
             tally["unparseable"] += answer["calls"] is None and "irrelevance" not in category
+            tally["malformed"] += malformed(answer)
             tally["errors"] += answer["error"] is not None and answer["calls"] is None
             tally["seconds"] += answer["seconds"]
             row[engine] = {"right": right, "calls": answer["calls"],
