@@ -75,12 +75,15 @@ def malformed(answer: dict[str, Any]) -> bool:
 class Needlepoint:
     """needlepoint on one model: the whole-answer grammar, auto and required."""
 
-    def __init__(self, model: str, numerics: str, threads: int) -> None:
+    def __init__(self, model: str, numerics: str, threads: int,
+                 json_style: str | None = None) -> None:
         import needlepoint
         from needlepoint.generation import answer_grammar
 
         self.model = needlepoint.load(model, numerics=numerics, threads=threads)
         self.format = self.model.chat_format
+        if json_style is not None:  # the calls' JSON separators (`answer_grammar.spaced`)
+            self.format.json_style = json_style
         self.grammar_vocab = answer_grammar.token_vocab(self.format)
         self.turn_vocab = answer_grammar.turn_vocab(self.format)
 
@@ -246,6 +249,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--agreement", action="store_true",
                         help="greedy token agreement with llama.cpp (float and int8)")
     parser.add_argument("--steps", type=int, default=24, help="tokens for --agreement")
+    parser.add_argument("--json-style", choices=("spaced", "compact"), default=None,
+                        help="needlepoint's call JSON separators (default: the format's)")
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON")
     args = parser.parse_args(argv)
     from needlepoint.models.protocol import resolve_model_name
@@ -254,13 +259,14 @@ def main(argv: list[str] | None = None) -> None:
     peer = LlamaCpp(gguf, args.threads)
     load = os.getloadavg()
     report: dict[str, Any] = {"model": str(gguf), "threads": args.threads,
-                              "numerics": args.numerics, "machine": platform.processor()
+                              "numerics": args.numerics, "json_style": args.json_style,
+                              "machine": platform.processor()
                               or platform.machine(), "load_before": load, "categories": []}
     if args.agreement:
         report["agreement"] = {c: agreement(c, args.limit, args.model, peer, args.threads,
                                             args.steps) for c in args.category.split(",")}
     else:
-        ours = Needlepoint(args.model, args.numerics, args.threads)
+        ours = Needlepoint(args.model, args.numerics, args.threads, args.json_style)
         engines = tuple(e for e in args.engines.split(",") if e)
         for category in args.category.split(","):
             result = run_category(category, args.limit, ours, peer, engines)
