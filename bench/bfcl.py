@@ -14,8 +14,8 @@ each from an empty cache (seconds per case include the prefill), `--threads` thr
 * `needlepoint-auto`: the whole-answer grammar, answering vs calling decided at the first
   token (`tool_choice="auto"`, `call_threshold` default); `needlepoint-required`: a call is
   required (`tool_choice="required"`);
-* `llama.cpp-free`: llama-cpp-python greedy, no grammar (at most 128 new tokens, the others
-  256); `llama.cpp-grammar`: its GBNF from
+* `llama.cpp-free`: llama-cpp-python greedy, no grammar (at most 64 new tokens, the others
+  256: it answers in prose from its first token); `llama.cpp-grammar`: its GBNF from
   the JSON schema of the call list (llama.cpp's `json_schema_to_gbnf`), between the markers.
 
 An answer is unparseable when it holds no well-formed `<tool_call>[...]</tool_call>` list
@@ -41,7 +41,7 @@ from bench import bfcl_data
 
 ENGINES = ("needlepoint-auto", "needlepoint-required", "llama.cpp-free", "llama.cpp-grammar")
 MAX_NEW_TOKENS = 256
-FREE_MAX_NEW_TOKENS = 128  # llama.cpp without a grammar writes prose: a call starts early or never
+FREE_MAX_NEW_TOKENS = 64  # llama.cpp without a grammar writes prose: a call starts early or never
 
 
 def parse_answer(text: str) -> list[dict[str, Any]] | None:
@@ -271,6 +271,9 @@ def main(argv: list[str] | None = None) -> None:
         for category in args.category.split(","):
             result = run_category(category, args.limit, ours, peer, engines)
             report["categories"].append(result)
+            if args.out is not None:  # after every category: a long run keeps what it did
+                args.out.parent.mkdir(parents=True, exist_ok=True)
+                args.out.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
             for engine, s in result["summary"].items():
                 print(f"| {category} | {engine} | {s['correct']}/{result['cases']} | "
                       f"{s['accuracy']:.1%} | {s['unparseable']:.1%} | {s['s_per_case']:.2f} |")

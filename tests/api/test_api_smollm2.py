@@ -87,3 +87,16 @@ def test_needle_by_name(model, tmp_path, monkeypatch) -> None:
     monkeypatch.syspath_prepend(str(tmp_path))
     needle = needlepoint.Needle(tools=TOOLS, model="smollm2", threads=1)
     assert needle.format.name == "template" and needle.model.config.vocab == 49152
+
+
+def test_speculative_decoding_gives_the_same_answer(model) -> None:
+    """int8 `extend` is the bits of single steps and `rewind` cuts the KV cache, so grammar
+    drafts are verified in one pass each: same call, fewer forward passes."""
+    query = "set an alarm for 7am called gym"
+    plain = needlepoint.Needle(tools=TOOLS, model=model, cache=None, speculate=False)
+    fast = needlepoint.Needle(tools=TOOLS, model=model, cache=None)
+    a = plain.complete(query, require_call=True)
+    b = fast.complete(query, require_call=True)
+    assert a["function_calls"] == b["function_calls"] and a["type"] == "call"
+    assert b["timings"]["decode_passes"] < a["timings"]["decode_passes"]
+    assert b["timings"]["grammar_accepted"] > 0

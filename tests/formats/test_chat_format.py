@@ -80,7 +80,8 @@ def test_smollm2_history_with_a_tool_result(smollm2) -> None:
     text = tok.decode(fmt.conversation_ids(messages, [WEATHER]))
     assert text.startswith("<|im_start|>system\nBe brief.\n\nYou are a function calling")
     assert text.endswith(
-        '<|im_start|>assistant\n<tool_call>[{"name":"get_weather","arguments":{"city":"Oslo"}}]'
+        '<|im_start|>assistant\n<tool_call>[{"name": "get_weather", "arguments": {"city": '
+        '"Oslo"}}]'
         '</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>{"name": "get_weather", '
         '"result": {"rain": true}}</tool_response><|im_end|>\n<|im_start|>assistant\n')
     # the rendered history's ids are the tokenizer's ids of that text (no extra BOS)

@@ -86,20 +86,21 @@ def test_auto_grammar_allows_a_call_or_text_then_the_end(smollm2) -> None:
     fmt, vocab = smollm2
     tok = fmt.tokenizer
     grammar = AnswerGrammar(vocab, fmt, TOOLS)
-    call = accept(grammar, tok, '<tool_call>[{"name":"get_weather","arguments":'
-                  '{"city":"Oslo"}},{"name":"set_alarm","arguments":{"time":"7"}}]</tool_call>')
+    call = accept(grammar, tok, '<tool_call>[{"name": "get_weather", "arguments": '
+                  '{"city": "Oslo"}}, {"name": "set_alarm", "arguments": {"time": "7"}}]'
+                  '</tool_call>')
     assert call.allowed_mask()[tok.eos_id]
     text = accept(grammar, tok, "It is sunny.")
     assert text.allowed_mask()[tok.eos_id]
     with pytest.raises(GrammarError):  # text never turns into a call later
         accept(grammar, tok, "Sure <tool_call>[")
     with pytest.raises(GrammarError):  # names are the declared tools only
-        accept(grammar, tok, '<tool_call>[{"name":"get_time"')
+        accept(grammar, tok, '<tool_call>[{"name": "get_time"')
     with pytest.raises(GrammarError):  # arguments follow the schema
-        accept(grammar, tok, '<tool_call>[{"name":"get_weather","arguments":{"town"')
+        accept(grammar, tok, '<tool_call>[{"name": "get_weather", "arguments": {"town"')
     with pytest.raises(GrammarError):  # each tool at most once
-        accept(grammar, tok, '<tool_call>[{"name":"get_weather","arguments":{"city":"A"}},'
-               '{"name":"get_weather"')
+        accept(grammar, tok, '<tool_call>[{"name": "get_weather", "arguments": {"city": "A"}}, '
+               '{"name": "get_weather"')
 
 
 def test_required_single_and_schema_answers(smollm2) -> None:
@@ -112,13 +113,21 @@ def test_required_single_and_schema_answers(smollm2) -> None:
         accept(required, tok, "<tool_call>[]")
     single = AnswerGrammar(vocab, fmt, TOOLS, parallel_calls=False)
     with pytest.raises(GrammarError):
-        accept(single, tok, '<tool_call>[{"name":"get_weather","arguments":{"city":"A"}},')
+        accept(single, tok, '<tool_call>[{"name": "get_weather", "arguments": {"city": "A"}},')
     schema = AnswerGrammar(vocab, fmt, TOOLS, call=False,
                            schema={"type": "object", "properties": {"n": {"type": "integer"}},
                                    "required": ["n"]})
-    assert accept(schema, tok, '{"n":3}').allowed_mask()[tok.eos_id]
+    assert accept(schema, tok, '{"n":3}').allowed_mask()[tok.eos_id]  # response_format: compact
     with pytest.raises(GrammarError):
         accept(schema, tok, "It is")
+
+
+def test_calls_are_written_as_json_dumps_writes_them(smollm2) -> None:
+    """`{"name": ..., "arguments": ...}` with `", "` and `": "`, the style of the prompt's
+    example and of templates' `tojson`: the compact style is not offered."""
+    fmt, vocab = smollm2
+    with pytest.raises(GrammarError):
+        accept(AnswerGrammar(vocab, fmt, TOOLS), fmt.tokenizer, '<tool_call>[{"name":"')
 
 
 def test_turn_vocab_of_a_template_model(smollm2) -> None:
@@ -129,3 +138,19 @@ def test_turn_vocab_of_a_template_model(smollm2) -> None:
     assert vocab.call_start[fmt.tokenizer.encode("<")[0]]
     assert not vocab.call_start[fmt.tokenizer.encode("It")[0]]
     assert not vocab.free_mask[fmt.tokenizer.marker_id("<|im_start|>")]
+
+
+def test_a_call_near_the_token_budget_is_closed_not_cut() -> None:
+    from needlepoint.generation.text_markers import CLOSE_RESERVE, close_when_short, closing_mask
+
+    pieces = [b"abc", b'"', b"}]", b"</", b"tool_call>", b"x"]
+    closing = closing_mask(pieces)
+    allowed = np.array([True, True, True, False, False, True])
+    assert close_when_short(allowed, closing, CLOSE_RESERVE + 1) is allowed  # plenty left
+    assert close_when_short(allowed, closing, 3).tolist() == [False, True, True, False,
+                                                               False, False]
+    marker = np.array([False, False, False, True, False, True])  # only the marker may come
+    assert close_when_short(marker, closing, 3).tolist() == [False, False, False, True,
+                                                              False, False]
+    key = np.array([True, False, False, False, False, False])  # a forced key: left alone
+    assert close_when_short(key, closing, 3) is key

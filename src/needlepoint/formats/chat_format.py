@@ -131,6 +131,7 @@ class TemplateFormat:
 
     name = "template"
     call_open, call_close = "<tool_call>", "</tool_call>"
+    json_style = "spaced"  # calls as json.dumps writes them: `{"name": ..., "arguments": ...}`
 
     def __init__(self, tokenizer: Any) -> None:
         if not getattr(tokenizer, "chat_template", None):
@@ -177,7 +178,7 @@ class TemplateFormat:
 
     def answer_text(self, text: str, calls: Sequence[Mapping[str, Any]] | None) -> str:
         if calls:
-            body = json.dumps(_call_list(calls), ensure_ascii=False, separators=(",", ":"))
+            body = json.dumps(_call_list(calls), ensure_ascii=False)
             return f"{self.call_open}{body}{self.call_close}"
         return text
 

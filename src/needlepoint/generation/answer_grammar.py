@@ -29,7 +29,7 @@ from ..errors import ToolSchemaError
 from .content import _OPTIONS, ContentSchemaError
 from .grammar import MAX_TOOLS, TokenVocab, ToolCallGrammar, ToolCallMatcher, tool_parts
 from .segments import MarkerIds
-from .text_markers import call_start_mask
+from .text_markers import call_start_mask, closing_mask
 from .turn import BYTE_TYPE, NORMAL_TYPE, TurnVocab
 
 USER_DEFINED, CONTROL, UNKNOWN = 3, 2, 1
@@ -89,7 +89,18 @@ def turn_vocab(chat_format: Any) -> TurnVocab:
                      think_close_ids=(), match_keys=match_keys(token_bytes),
                      text_markers=(chat_format.call_open, chat_format.call_close),
                      call_start=call_start_mask(token_bytes, chat_format.call_open),
-                     call_body=chat_format.call_body)
+                     call_body=chat_format.call_body, closing=closing_mask(token_bytes))
+
+
+def spaced(lark: str) -> str:
+    """A call grammar's JSON with `", "` and `": "` separators (`json.dumps`' default, the
+    style chat templates render calls in and the Hermes-style prompt shows) instead of the
+    compact style of Needle's wire format."""
+    return (lark.replace('{\\"name\\":', '{\\"name\\": ')
+            .replace(',\\"arguments\\":', ', \\"arguments\\": ')
+            .replace('| "," call', '| ", " call')
+            .replace('"item_separator": ","', '"item_separator": ", "')
+            .replace('"key_separator": ":"', '"key_separator": ": "'))
 
 
 class AnswerGrammar:
@@ -122,6 +133,8 @@ class AnswerGrammar:
                 body = body.replace('| "," call', f"| {between} call")
             else:
                 body = ToolCallGrammar._lark(parts, (), require_call, parallel_calls)
+            if getattr(chat_format, "json_style", "compact") == "spaced":
+                body = spaced(body)
             rules.append(body.replace("start:", "calls_list:", 1))
         if schema is not None:
             body_schema = json.loads(json.dumps(dict(schema), allow_nan=False))

@@ -48,7 +48,7 @@ from .sampling import SamplingConfig, choose_token, resolve_seed, softmax
 from .segments import ANSWER, CALL, THINK, MarkerIds, SegmentParser
 from .speculate import stepper
 from .stops import check_stops
-from .text_markers import TextMarkerParser, explicit_choice
+from .text_markers import TextMarkerParser, close_when_short, explicit_choice
 
 NORMAL_TYPE, BYTE_TYPE = 0, 4  # tokenizer piece types that carry ordinary text
 
@@ -146,6 +146,7 @@ class TurnVocab:
     text_markers: tuple[str, str] | None = None
     call_body: str = "list"  # "object": one call per marker pair (`text_markers.py`)
     call_start: np.ndarray | None = None  # bool[vocab]: tokens that begin the text marker
+    closing: np.ndarray | None = None  # bool[vocab]: tokens that close a call (text_markers)
 
     def parser(self, stops: tuple[str, ...]) -> SegmentParser:
         """A fresh splitter of one answer's tokens."""
@@ -326,6 +327,9 @@ def generate_turn(
                             vocab.call_start is not None:
                         allowed = explicit_choice(allowed, logits, vocab.call_start,
                                                   config.call_threshold)
+                    if vocab.closing is not None and parser.mode == CALL:
+                        allowed = close_when_short(allowed, vocab.closing,
+                                                   config.max_new_tokens - len(tokens))
                 elif parser.call is None:
                     allowed = _free_mask(vocab, parser, config)
                 else:
