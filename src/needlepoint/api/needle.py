@@ -15,17 +15,11 @@ trained without a system turn). `extract(text, schema)` is one forced tool call 
 parameters are the schema. Any model works: Needle's wire format, or a chat template model
 (`model.chat_format`; history rendered whole, one grammar per answer: `template_chat.py`).
 
-Tool retrieval (`retrieval`): on a model with a contrastive embedding head (Needle 2), a
-conversation whose tool list is longer than `retrieve_threshold` shows the model, and
-compiles the grammar for, only the `retrieve_k` tools closest to the first query;
-`rank_tools`/`retrieve_tools` expose the ranking.
-
-Per-call options beside sampling: `require_call` (the grammar leaves out `[]`),
-`parallel_tool_calls=False` (at most one call), `allow_call=False` (a text answer),
-`response_format` (the answer text is JSON matching a schema), `stop`, `logprobs`. With no
-tools (and calls allowed) there is nothing to call: the turn refuses at once (reasoning
-budget 0) and the envelope's `note` says why. A chat that outgrows the context drops its
-oldest turns (`dropped_turns` in the envelope).
+Tool retrieval (Needle 2's contrastive head): past `retrieve_threshold` tools a conversation
+shows, and constrains to, only the `retrieve_k` tools closest to its first query. Per-call
+options beside sampling: `require_call`, `parallel_tool_calls=False`, `allow_call=False`,
+`response_format`, `stop`, `logprobs`. With no tools (and calls allowed) the turn refuses at
+once (the envelope's `note` says why); a chat outgrowing the context drops its oldest turns.
 """
 
 from __future__ import annotations
@@ -35,15 +29,9 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from ..errors import InvalidOptionError, InvalidQueryError, NeedlepointError
+from ..generation import prompt as wire
 from ..generation.events import DeltaEvent, Done
 from ..generation.grammar import MAX_TOOLS, ToolCallGrammar
-from ..generation.prompt import (
-    prompt_ids,
-    render_prompt,
-    render_system,
-    render_tool_results,
-    with_date,
-)
 from ..generation.retrieval import (
     DEFAULT_RETRIEVE_K,
     DEFAULT_RETRIEVE_THRESHOLD,
@@ -54,12 +42,19 @@ from ..generation.sampling import SamplingConfig
 from ..generation.turn import GenerationConfig, TurnVocab
 from ..models.hub import MODEL_CACHE, ModelCache, load_model
 from .conversation import Conversation
-from .grammars import GRAMMAR_VOCABS, GrammarCache, chat_format_of, content_schema, text_markers
+from .grammars import (
+    GRAMMAR_VOCABS,
+    TURN_VOCABS,
+    GrammarCache,
+    chat_format_of,
+    content_schema,
+    text_markers,
+)
 from .history import Turn, answer_room, fitting_replay
 from .many import complete_many
 from .plan import Plan as _Plan
 from .results import annotated, call_key, final, jsonable, summary
-from .template_chat import answer_plan, assistant_message, template_turn, tool_messages, turn_vocab
+from .template_chat import answer_plan, assistant_message, template_turn, tool_messages
 from .tools import ToolSpec, from_dict, from_pydantic, tool, tool_specs
 
 __all__ = ["ExtractionError", "GRAMMAR_VOCABS", "Needle", "RetrievalUnavailableError",
@@ -135,7 +130,7 @@ class Needle:
         self.retrieve_threshold = retrieve_threshold
         self._index = ToolIndex(self.model, [spec.schema() for spec in self.tools])
         self._offer_memo: tuple[str, list[ToolSpec]] | None = None
-        self._vocab = turn_vocab(self.format) if self.whole_answer else \
+        self._vocab = TURN_VOCABS.get(self.format) if self.whole_answer else \
             TurnVocab.from_tokenizer(self.tokenizer)
         self._grammars = GrammarCache(self.tokenizer, tool_grammar=grammar,
                                       chat_format=self.format)
@@ -241,7 +236,8 @@ class Needle:
         return self._offer_memo[1]
 
     def system_text(self) -> str:
-        return with_date(self.system) if self.auto_date else render_system(self.system)
+        system = self.system
+        return wire.with_date(system) if self.auto_date else wire.render_system(system)
 
     def prompt_ids(self, query: str, specs: list[ToolSpec] | None = None) -> list[int]:
         """The first turn's token ids for `query` (BOS, system facts, tools, query); the
@@ -251,7 +247,8 @@ class Needle:
                                             else specs)]
         if self.whole_answer:
             return self.format.first_ids(tools, query, self.system_text())
-        return prompt_ids(self.tokenizer, render_prompt(tools, query, self.system_text()))
+        text = wire.render_prompt(tools, query, self.system_text())
+        return wire.prompt_ids(self.tokenizer, text)
 
     # ------------------------------------------------------------------ turns
     def reset(self) -> None:
@@ -338,7 +335,7 @@ class Needle:
             raise NeedlepointError("no conversation to send tool results to")
         if self.whole_answer:
             return final(template_turn(self, tool_messages(results), options))
-        return self.chat(render_tool_results(results), **options)
+        return self.chat(wire.render_tool_results(results), **options)
 
     # ------------------------------------------------------------------ agent loop
     def execute(self, call: Mapping[str, Any]) -> dict[str, Any]:

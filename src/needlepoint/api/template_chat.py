@@ -14,12 +14,12 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from ..errors import InvalidOptionError
-from ..generation.answer_grammar import AUTO_CALL_THRESHOLD, turn_vocab
+from ..generation.answer_grammar import AUTO_CALL_THRESHOLD
 from ..generation.events import DeltaEvent, Done
 from .plan import Plan
 from .results import annotated
 
-__all__ = ["answer_plan", "assistant_message", "template_turn", "tool_messages", "turn_vocab"]
+__all__ = ["answer_plan", "assistant_message", "template_turn", "tool_messages"]
 
 
 def answer_plan(needle: Any, specs: Sequence[Any], options: dict[str, Any],
