@@ -35,3 +35,15 @@ def test_chat_continues_with_a_second_turn(monkeypatch, capsys) -> None:
     assert len(envelopes) == 2 and envelopes[0]["type"] == "call"
     # the second turn prefilled only its own tail: the first turn's ids stayed cached
     assert envelopes[1]["timings"]["prefill_tokens"] < envelopes[0]["timings"]["prefill_tokens"]
+
+
+def test_eval_scores_smollm2_with_its_grammar(tmp_path, capsys) -> None:
+    data = tmp_path / "weather.jsonl"
+    tools = json.loads(TOOLS.read_text())
+    data.write_text(json.dumps({"query": "what is the weather in Paris", "tools": tools,
+                                "answers": [{"name": "get_weather",
+                                             "arguments": {"city": "Paris"}}]}) + "\n")
+    path = str(SmolLM2Reference().path)
+    assert main(["eval", path, str(data), "--grammar", "on", "--json", "--no-progress"]) == 0
+    scores = json.loads(capsys.readouterr().out)
+    assert scores["grammar"]["total"] == 1 and scores["grammar"]["malformed"] == 0
