@@ -98,9 +98,10 @@ def test_auto_grammar_allows_a_call_or_text_then_the_end(smollm2) -> None:
         accept(grammar, tok, '<tool_call>[{"name": "get_time"')
     with pytest.raises(GrammarError):  # arguments follow the schema
         accept(grammar, tok, '<tool_call>[{"name": "get_weather", "arguments": {"town"')
-    with pytest.raises(GrammarError):  # each tool at most once
-        accept(grammar, tok, '<tool_call>[{"name": "get_weather", "arguments": {"city": "A"}}, '
-               '{"name": "get_weather"')
+    # the same tool twice (OpenAI parallel calls: the weather of two cities)
+    twice = accept(grammar, tok, '<tool_call>[{"name": "get_weather", "arguments": {"city": '
+                   '"A"}}, {"name": "get_weather", "arguments": {"city": "B"}}]</tool_call>')
+    assert twice.allowed_mask()[tok.eos_id]
 
 
 def test_required_single_and_schema_answers(smollm2) -> None:
@@ -154,3 +155,18 @@ def test_a_call_near_the_token_budget_is_closed_not_cut() -> None:
                                                               False, False]
     key = np.array([True, False, False, False, False, False])  # a forced key: left alone
     assert close_when_short(key, closing, 3) is key
+
+
+def test_object_body_grammar_of_a_template_with_tools() -> None:
+    from hf_helpers import hf_fixture_dir
+
+    fmt = TemplateFormat(open_checkpoint(hf_fixture_dir("llama-tiny")).tokenizer)
+    assert fmt.call_body == "object"
+    grammar = AnswerGrammar(token_vocab(fmt), fmt, TOOLS)
+    tok = fmt.tokenizer
+    done = accept(grammar, tok, '<tool_call>{"name": "get_weather", "arguments": {"city": "A"}}'
+                  '</tool_call>\n<tool_call>{"name": "set_alarm", "arguments": {"time": "7"}}'
+                  "</tool_call>")
+    assert done.allowed_mask()[fmt.end_ids[0]]  # then the template's <|im_end|>
+    with pytest.raises(GrammarError):  # one object per block, not a list
+        accept(grammar, tok, "<tool_call>[")

@@ -7,9 +7,9 @@ The whole answer is one grammar, from its first token (the `content` constraint 
     start: "<tool_call>" calls "</tool_call>" <end>      a call (names limited to the
          | TEXT <end>                                   declared tools, arguments per schema)
 
-where `calls` is (list body) the tool-call grammar's JSON list (`grammar.ToolCallGrammar._lark`: one
-call or several, each tool at most once; `[]` only when a call is not required), or (object
-body) one call object per marker pair, pairs separated by a newline, at least one. TEXT is
+where `calls` is (list body) a JSON list of calls (`calls_lark`: one or several, a tool
+possibly more than once; `[]` only when a call is not required), or (object body) one call
+object per marker pair, pairs separated by a newline, at least one. TEXT is
 any text that does not start with `<` or whitespace and never contains the call marker.
 `<end>` is the format's end-of-turn token unless that is EOS (which the engine allows
 whenever the answer is complete). `required`
@@ -92,13 +92,31 @@ def turn_vocab(chat_format: Any) -> TurnVocab:
                      call_body=chat_format.call_body, closing=closing_mask(token_bytes))
 
 
+def calls_lark(parts: list[tuple[str, dict]], chat_format: Any, require: bool,
+               parallel: bool) -> str:
+    """`calls_list`: the calls between the markers. List body: `[call, call, ...]`; object
+    body: `call</tool_call>\n<tool_call>call...`. Unlike Needle's grammar a tool may be
+    called more than once (OpenAI parallel calls: the same function for two cities); one
+    call only without `parallel`; `[]` only when a call is not required (list body)."""
+    per_tool = [line for line in ToolCallGrammar._lark(parts, (), True, True).splitlines()
+                if line.startswith(("call", "args")) and not line.startswith("calls")]
+    choice = "call: " + " | ".join(f"call{i}" for i in range(len(parts)))
+    if chat_format.call_body == "object":
+        between = json.dumps(f"{chat_format.call_close}\n{chat_format.call_open}")
+        head = "calls_list: call" + (f" ({between} call)*" if parallel else "")
+    else:
+        some = 'call ("," call)*' if parallel else "call"
+        head = f'calls_list: "[" {some} "]"' + ("" if require else ' | "[]"')
+    return "\n".join([head, choice, *per_tool]) + "\n"
+
+
 def spaced(lark: str) -> str:
     """A call grammar's JSON with `", "` and `": "` separators (`json.dumps`' default, the
     style chat templates render calls in and the Hermes-style prompt shows) instead of the
     compact style of Needle's wire format."""
     return (lark.replace('{\\"name\\":', '{\\"name\\": ')
             .replace(',\\"arguments\\":', ', \\"arguments\\": ')
-            .replace('| "," call', '| ", " call')
+            .replace('("," call)*', '(", " call)*')
             .replace('"item_separator": ","', '"item_separator": ", "')
             .replace('"key_separator": ":"', '"key_separator": ": "'))
 
@@ -125,17 +143,10 @@ class AnswerGrammar:
                 raise ToolSchemaError("a call is required, but no tools are declared")
             alternatives.append(f"{json.dumps(chat_format.call_open)} calls_list "
                                 f"{json.dumps(chat_format.call_close)} {ends}")
-            if chat_format.call_body == "object":  # `{call}</tool_call>\n<tool_call>{call}`
-                body = ToolCallGrammar._lark(parts, (), True, parallel_calls)
-                between = json.dumps(f"{chat_format.call_close}\n{chat_format.call_open}")
-                body = body.replace('"[" calls::0x0 "]"', "calls::0x0", 1)
-                body = body.replace('"[" calls "]"', "calls", 1)
-                body = body.replace('| "," call', f"| {between} call")
-            else:
-                body = ToolCallGrammar._lark(parts, (), require_call, parallel_calls)
+            body = calls_lark(parts, chat_format, require_call, parallel_calls)
             if getattr(chat_format, "json_style", "compact") == "spaced":
                 body = spaced(body)
-            rules.append(body.replace("start:", "calls_list:", 1))
+            rules.append(body)
         if schema is not None:
             body_schema = json.loads(json.dumps(dict(schema), allow_nan=False))
             body_schema.setdefault("x-guidance", _OPTIONS)
