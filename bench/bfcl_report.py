@@ -35,5 +35,5 @@ def table(report: dict[str, Any]) -> str:
 if __name__ == "__main__":
     for name in sys.argv[1:]:
         data = json.loads(Path(name).read_text(encoding="utf-8"))
-        print(f"{name}: load {data['load_before']} -> {data['load_after']}")
+        print(f"{name}: load {data['load_before']} -> {data.get('load_after')}")
         print(table(data))
