@@ -144,16 +144,18 @@ def test_turn_vocab_of_a_template_model(smollm2) -> None:
 def test_a_call_near_the_token_budget_is_closed_not_cut() -> None:
     from needlepoint.generation.text_markers import CLOSE_RESERVE, close_when_short, closing_mask
 
-    pieces = [b"abc", b'"', b"}]", b"</", b"tool_call>", b"x"]
+    pieces = [b"abc", b'"', b"}]", b"</", b"tool_call>", b"x", b", "]
     closing = closing_mask(pieces)
-    allowed = np.array([True, True, True, False, False, True])
+    allowed = np.array([True, True, True, False, False, True, True])
     assert close_when_short(allowed, closing, CLOSE_RESERVE + 1) is allowed  # plenty left
     assert close_when_short(allowed, closing, 3).tolist() == [False, True, True, False,
-                                                               False, False]
-    marker = np.array([False, False, False, True, False, True])  # only the marker may come
+                                                               False, False, False]
+    comma = np.array([True, False, False, False, False, True, True])  # a key must follow
+    assert close_when_short(comma, closing, 3).tolist() == [False] * 6 + [True]
+    marker = np.array([False, False, False, True, False, True, False])  # the marker next
     assert close_when_short(marker, closing, 3).tolist() == [False, False, False, True,
-                                                              False, False]
-    key = np.array([True, False, False, False, False, False])  # a forced key: left alone
+                                                              False, False, False]
+    key = np.array([True, False, False, False, False, False, False])  # a forced key
     assert close_when_short(key, closing, 3) is key
 
 

@@ -43,22 +43,24 @@ def explicit_choice(allowed: np.ndarray, logits: np.ndarray, call_start: np.ndar
 
 
 CLOSE_RESERVE = 24  # tokens kept to close a call the token budget would otherwise cut off
-JSON_CLOSERS = b'"}],'  # what ends a JSON value (a string, an object, a list)
-MARKER_CLOSERS = b'"}],</> '  # ... and the closing marker's characters
+# What closes a call, most closing first: the end of a string, object or list; a comma (only
+# when a required key must still come); the closing marker's characters.
+CLOSING_TIERS = (b'"}]', b'"}],', b'"}],</> ')
 
 
 def closing_mask(token_bytes: list[bytes]) -> np.ndarray:
-    """bool[2, vocab]: tokens made only of characters that end JSON values; tokens made
-    only of those and the closing marker's characters."""
+    """bool[tiers, vocab]: per tier of `CLOSING_TIERS`, the tokens made only of its
+    characters."""
     return np.array([[bool(b) and all(c in chars for c in b) for b in token_bytes]
-                     for chars in (JSON_CLOSERS, MARKER_CLOSERS)], bool)
+                     for chars in CLOSING_TIERS], bool)
 
 
 def close_when_short(allowed: np.ndarray, closing: np.ndarray, remaining: int) -> np.ndarray:
     """Near the end of the token budget inside a call, only what closes it: a token that
-    ends a JSON value when the grammar allows one, else one that spells the closing marker,
-    else whatever the grammar allows (a forced key). So a call running away (a string that
-    never ends) is closed instead of being cut off unparseable."""
+    ends a JSON value when the grammar allows one (so a list of calls ends rather than taking
+    one more), else a comma, else one that spells the closing marker, else whatever the
+    grammar allows (a forced key). So a call running away (a string that never ends, the
+    same call again and again) is closed instead of being cut off unparseable."""
     if remaining > CLOSE_RESERVE:
         return allowed
     for tier in closing:
