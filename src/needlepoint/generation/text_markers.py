@@ -42,7 +42,7 @@ def explicit_choice(allowed: np.ndarray, logits: np.ndarray, call_start: np.ndar
     return starts if p_call >= threshold else text
 
 
-CLOSE_RESERVE = 24  # tokens kept to close a call the token budget would otherwise cut off
+CLOSE_RESERVE = 64  # tokens kept to close a call the token budget would otherwise cut off
 # What closes a call, most closing first: the end of a string, object or list; a comma (only
 # when a required key must still come); the closing marker's characters.
 CLOSING_TIERS = (b'"}]', b'"}],', b'"}],</> ')
