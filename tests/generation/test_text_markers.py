@@ -157,6 +157,9 @@ def test_a_call_near_the_token_budget_is_closed_not_cut() -> None:
                                                               False, False, False]
     key = np.array([True, False, False, False, False, False, False])  # a forced key
     assert close_when_short(key, closing, 3) is key
+    # a small budget keeps a quarter of itself, not the whole reserve
+    assert close_when_short(allowed, closing, 13, budget=48) is allowed
+    assert not close_when_short(allowed, closing, 12, budget=48)[0]
 
 
 def test_object_body_grammar_of_a_template_with_tools() -> None:

@@ -55,13 +55,16 @@ def closing_mask(token_bytes: list[bytes]) -> np.ndarray:
                      for chars in CLOSING_TIERS], bool)
 
 
-def close_when_short(allowed: np.ndarray, closing: np.ndarray, remaining: int) -> np.ndarray:
+def close_when_short(allowed: np.ndarray, closing: np.ndarray, remaining: int,
+                     budget: int | None = None) -> np.ndarray:
     """Near the end of the token budget inside a call, only what closes it: a token that
     ends a JSON value when the grammar allows one (so a list of calls ends rather than taking
     one more), else a comma, else one that spells the closing marker, else whatever the
     grammar allows (a forced key). So a call running away (a string that never ends, the
-    same call again and again) is closed instead of being cut off unparseable."""
-    if remaining > CLOSE_RESERVE:
+    same call again and again) is closed instead of being cut off unparseable. The reserve is
+    `CLOSE_RESERVE` tokens, at most a quarter of a small `budget` (max_new_tokens)."""
+    reserve = CLOSE_RESERVE if budget is None else min(CLOSE_RESERVE, budget // 4)
+    if remaining > reserve:
         return allowed
     for tier in closing:
         narrowed = allowed & tier

@@ -328,8 +328,8 @@ def generate_turn(
                         allowed = explicit_choice(allowed, logits, vocab.call_start,
                                                   config.call_threshold)
                     if vocab.closing is not None and parser.mode == CALL:
-                        allowed = close_when_short(allowed, vocab.closing,
-                                                   config.max_new_tokens - len(tokens))
+                        allowed = close_when_short(allowed, vocab.closing, config.max_new_tokens
+                                                   - len(tokens), config.max_new_tokens)
                 elif parser.call is None:
                     allowed = _free_mask(vocab, parser, config)
                 else:
