@@ -300,12 +300,13 @@ def test_complete_many_matches_complete(models: dict[str, Any]) -> None:
 
 
 def test_complete_many_on_a_model_without_run_batch() -> None:
-    """Needle 2 has no batched call: the scheduler runs each item alone, same answers."""
+    """Unbatched (`batched=False`, as for a model without `run_batch`): the scheduler runs
+    each item alone, same answers (Needle 2's `run_batch` runs its sessions one by one)."""
     model = needlepoint.load(get_fixture("needle2", "tiny").cact)
-    assert not hasattr(model, "run_batch")
+    assert callable(model.run_batch)  # the model Protocol (models/protocol.py)
     needle = needlepoint.Needle(tools=EXAMPLES[0]["tools"][:1], model=model, cache=None)
     queries = [e["query"] for e in EXAMPLES[:4]]  # prompts within its 256 positions
-    scheduler = Scheduler(model, max_sessions=4)
+    scheduler = Scheduler(model, max_sessions=4, batched=False)
     try:
         together = needle.complete_many(queries, max_new_tokens=12, scheduler=scheduler)
         assert scheduler.stats()["batched"] is False and scheduler.stats()["max_batch"] > 0

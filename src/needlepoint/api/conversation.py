@@ -28,6 +28,7 @@ class Conversation:
     def __init__(self, model: Any, vocab: TurnVocab, *, kv_window: int | None = None) -> None:
         self.model = model
         self.vocab = vocab
+        self.kv_window = kv_window
         self.session = model.session(kv_window=kv_window)
         self.ids: list[int] = []  # every token of the conversation, fed or pending
         self.pending: list[int] = []  # generated but not yet fed to the session
@@ -52,6 +53,27 @@ class Conversation:
         if not tokens or tokens[-1] != m.im_end:
             tokens.append(m.im_end)
         return tokens
+
+    def resume(self, ids: Sequence[int]) -> list[int]:
+        """Continue with the whole conversation `ids` (a re-rendered history): keep the
+        longest prefix the session already consumed (rewinding past it where the session
+        can, else starting a fresh session) and return the ids still to feed, at least one."""
+        fed = self.ids[: len(self.ids) - len(self.pending)]
+        ids = list(ids)
+        common = 0
+        for a, b in zip(fed, ids, strict=False):
+            if a != b:
+                break
+            common += 1
+        common = min(common, len(ids) - 1)
+        if common < len(fed):
+            if callable(getattr(self.session, "rewind", None)):
+                self.session.rewind(len(fed) - common)
+            else:
+                self.session = self.model.session(kv_window=self.kv_window)
+                common = 0
+        self.ids, self.pending = ids[:common], []
+        return ids[common:]
 
     def user_turn_ids(self, content: str, tokenizer: Any) -> list[int]:
         """Ids that close the previous turn and open a user turn with `content`."""

@@ -3,7 +3,9 @@
 A prediction is right when its parsed calls equal `answers`: same calls, same order, same
 argument values (a malformed or missing call block is wrong; `[]` matches `[]`). Decoding is
 greedy, stops at `<|im_end|>`/EOS or `max_new_tokens`, with no system turn (as the toy model
-was trained). Each example's prompt is prefilled once; every decoding mode (grammar on, off)
+was trained). The prompt is the model's chat format's (`formats/chat_format.py`); a template
+model decodes under its whole-answer grammar (`generation/answer_grammar.py`). Each example's
+prompt is prefilled once; every decoding mode (grammar on, off)
 continues from a fork of that state when the session can fork.
 """
 
@@ -16,10 +18,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import NeedlepointError
+from ..generation import answer_grammar
 from ..generation.grammar import TokenVocab, ToolCallGrammar
-from ..generation.prompt import prompt_ids, render_prompt
 from ..generation.turn import GenerationConfig, TurnVocab, run_turn
 from .envelope import turn_envelope
+from .grammars import chat_format_of, text_markers
 
 MODES = ("grammar", "free")
 
@@ -112,17 +115,24 @@ class Evaluator:
             raise ValueError(f"unknown eval modes {sorted(unknown)}; choose from {MODES}")
         tokenizer = model.tokenizer
         self.tokenizer = tokenizer
-        self.vocab = TurnVocab.from_tokenizer(tokenizer)
-        self.grammar_vocab = TokenVocab.from_tokenizer(tokenizer) if "grammar" in self.modes \
-            else None
-        self.config = GenerationConfig(max_new_tokens=max_new_tokens, reasoning_budget=None,
-                                       speculate=speculate)
+        self.format = chat_format_of(model)
+        self.whole_answer = text_markers(self.format)  # a template model: answer_grammar.py
+        if self.whole_answer:
+            self.vocab = answer_grammar.turn_vocab(self.format)
+            self.grammar_vocab = answer_grammar.token_vocab(self.format)
+        else:
+            self.vocab = TurnVocab.from_tokenizer(tokenizer)
+            self.grammar_vocab = TokenVocab.from_tokenizer(tokenizer) \
+                if "grammar" in self.modes else None
+        self.config = GenerationConfig(
+            max_new_tokens=max_new_tokens, reasoning_budget=None, speculate=speculate,
+            call_threshold=answer_grammar.AUTO_CALL_THRESHOLD if self.whole_answer else None)
         self.scores = {mode: ModeScore() for mode in self.modes}
         self.limit = getattr(getattr(model, "config", None), "max_seq_len", None)
 
     def predict(self, example: dict[str, Any]) -> dict[str, dict[str, Any]]:
         """Each mode's envelope for one example."""
-        ids = prompt_ids(self.tokenizer, render_prompt(example["tools"], example["query"]))
+        ids = self.format.first_ids(example["tools"], example["query"])
         base = self.model.session()
         can_fork = hasattr(base, "fork")
         if can_fork:
@@ -133,11 +143,14 @@ class Evaluator:
                 session, feed = base.fork(), ids[-1:]
             else:
                 session, feed = self.model.session(), ids
-            grammar = None
-            if mode == "grammar":
+            grammar = content = None
+            if mode == "grammar" and self.whole_answer:
+                content = answer_grammar.AnswerGrammar(self.grammar_vocab, self.format,
+                                                       example["tools"])
+            elif mode == "grammar":
                 grammar = ToolCallGrammar(self.grammar_vocab, example["tools"])
             result = run_turn(session, self.vocab, feed, self.config, grammar,
-                              context_limit=self.limit)
+                              context_limit=self.limit, content=content)
             envelope = turn_envelope(result)
             envelope["timings"]["prefill_tokens"] = len(ids)
             envelopes[mode] = envelope

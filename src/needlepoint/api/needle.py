@@ -10,25 +10,14 @@ Each `Needle` owns its conversation (session, history); instances never share st
 the read-only weights, through the explicit `hub.ModelCache`). `complete`/`stream` start a
 fresh conversation, `chat` continues the current one, `reset` forgets it.
 
-`auto_date` defaults to False, unlike upstream's packaged API: the bundled demo model was
-trained without a system turn and answers worse with one. Pass `auto_date=True` to add
-upstream's `date: YYYY-MM-DD Ddd HH:MM` fact.
+`auto_date` defaults to False, unlike upstream's packaged API (the bundled demo model was
+trained without a system turn). `extract(text, schema)` is one forced tool call whose
+parameters are the schema. Any model works: Needle's wire format, or a chat template model
+(`model.chat_format`; history rendered whole, one grammar per answer: `template_chat.py`).
 
-`extract(text, schema)` is one forced tool call whose parameters are the schema (the
-Needle 3 vocabulary has `<extract>`/`<schema>` markers, but upstream documents no wire
-format for them, so we do not guess one).
-
-Tool retrieval (`retrieval`): on a model with a contrastive embedding head (Needle 2), a
-conversation whose tool list is longer than `retrieve_threshold` shows the model, and
-compiles the grammar for, only the `retrieve_k` tools closest to the first query;
-`rank_tools`/`retrieve_tools` expose the ranking.
-
-Per-call options beside sampling: `require_call` (the grammar leaves out `[]`),
-`parallel_tool_calls=False` (at most one call), `allow_call=False` (a text answer),
-`response_format` (the answer text is JSON matching a schema), `stop`, `logprobs`. With no
-tools (and calls allowed) there is nothing to call: the turn refuses at once (reasoning
-budget 0) and the envelope's `note` says why. A chat that outgrows the context drops its
-oldest turns (`dropped_turns` in the envelope).
+Tool retrieval (Needle 2's contrastive head): past `retrieve_threshold` tools, only the
+`retrieve_k` closest to the first query. Per-call options: docs/api.md. With no tools (and
+calls allowed) a turn refuses at once (`note`); a chat outgrowing the context drops old turns.
 """
 
 from __future__ import annotations
@@ -38,15 +27,9 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from ..errors import InvalidOptionError, InvalidQueryError, NeedlepointError
+from ..generation import prompt as wire
 from ..generation.events import DeltaEvent, Done
 from ..generation.grammar import MAX_TOOLS, ToolCallGrammar
-from ..generation.prompt import (
-    prompt_ids,
-    render_prompt,
-    render_system,
-    render_tool_results,
-    with_date,
-)
 from ..generation.retrieval import (
     DEFAULT_RETRIEVE_K,
     DEFAULT_RETRIEVE_THRESHOLD,
@@ -57,10 +40,19 @@ from ..generation.sampling import SamplingConfig
 from ..generation.turn import GenerationConfig, TurnVocab
 from ..models.hub import MODEL_CACHE, ModelCache, load_model
 from .conversation import Conversation
-from .grammars import GRAMMAR_VOCABS, GrammarCache, content_schema
+from .grammars import (
+    GRAMMAR_VOCABS,
+    TURN_VOCABS,
+    GrammarCache,
+    chat_format_of,
+    content_schema,
+    text_markers,
+)
 from .history import Turn, answer_room, fitting_replay
 from .many import complete_many
+from .plan import Plan as _Plan
 from .results import annotated, call_key, check_rounds, final, jsonable, summary
+from .template_chat import answer_plan, assistant_message, template_turn, tool_messages
 from .tools import ToolSpec, from_dict, from_pydantic, tool, tool_specs
 
 __all__ = ["ExtractionError", "GRAMMAR_VOCABS", "Needle", "RetrievalUnavailableError",
@@ -70,7 +62,7 @@ EXTRACT_TOOL = "extract"
 EXTRACT_DESCRIPTION = "Extract the requested fields from the text."
 SAMPLING_OPTIONS = ("temperature", "top_k", "top_p", "seed")
 TURN_OPTIONS = ("max_new_tokens", "reasoning_budget", "require_call", "allow_call", "stop",
-                "logprobs", "speculate")
+                "logprobs", "speculate", "call_threshold")
 GRAMMAR_OPTIONS = ("parallel_tool_calls", "response_format")
 NO_TOOLS_NOTE = ("no tools were declared, so there is nothing to call: the turn refused at "
                  "once (pass allow_call=False for a plain text answer)")
@@ -88,18 +80,6 @@ def check_query(text: Any) -> str:
     if not text.strip():
         raise InvalidQueryError("the query is empty: there is nothing to answer")
     return text
-
-
-@dataclasses.dataclass
-class _Plan:
-    """How one turn decodes: its config and constraints, and what to add to its envelope."""
-
-    config: GenerationConfig
-    grammar: ToolCallGrammar | None
-    content: Any = None
-    check_tools: list[dict[str, Any]] | None = None
-    parallel: bool = True
-    notes: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 class Needle:
@@ -129,6 +109,8 @@ class Needle:
     ) -> None:
         self.model = load_model(model, cache, threads)
         self.tokenizer = self.model.tokenizer
+        self.format = chat_format_of(self.model)
+        self.whole_answer = text_markers(self.format)  # a template model (answer_grammar.py)
         self.tools: list[ToolSpec] = tool_specs(tools)
         self.system = system
         self.auto_date = auto_date
@@ -146,10 +128,12 @@ class Needle:
         self.retrieve_threshold = retrieve_threshold
         self._index = ToolIndex(self.model, [spec.schema() for spec in self.tools])
         self._offer_memo: tuple[str, list[ToolSpec]] | None = None
-        self._vocab = TurnVocab.from_tokenizer(self.tokenizer)
-        self._grammars = GrammarCache(self.tokenizer, tool_grammar=grammar)
+        self._vocab = TURN_VOCABS.get(self.format) if self.whole_answer else \
+            TurnVocab.from_tokenizer(self.tokenizer)
+        self._grammars = GrammarCache(self.tokenizer, tool_grammar=grammar,
+                                      chat_format=self.format)
         if grammar:
-            GRAMMAR_VOCABS.get(self.tokenizer)  # built now, not at the first query
+            GRAMMAR_VOCABS.get(self.tokenizer, self.format)  # built now, not at the first query
         if self.retrieval_active and len(self.tools) > MAX_TOOLS:
             # Only subsets are ever compiled, so the full list may exceed the grammar's tool
             # limit; still check every schema now, not at the first query.
@@ -162,6 +146,7 @@ class Needle:
         self._turn_specs: list[ToolSpec] = self.tools  # the tools the conversation offers
         self._turn_grammar: ToolCallGrammar | None = self._grammar  # the conversation's
         self._history: list[Turn] = []  # finished turns, for dropping the oldest
+        self._messages: list[dict[str, Any]] = []  # a template model's history (OpenAI shape)
 
     # ------------------------------------------------------------------ configuration
     def config(self, **overrides: Any) -> GenerationConfig:
@@ -197,6 +182,8 @@ class Needle:
             raise InvalidOptionError(f"parallel_tool_calls must be true or false, got "
                                      f"{parallel!r}")
         schema = content_schema(extra.get("response_format"))
+        if self.whole_answer:
+            return answer_plan(self, specs, options, schema, parallel)
         notes: dict[str, Any] = {}
         if not specs and options.get("allow_call", True) and schema is None:
             if options.get("require_call"):
@@ -247,7 +234,8 @@ class Needle:
         return self._offer_memo[1]
 
     def system_text(self) -> str:
-        return with_date(self.system) if self.auto_date else render_system(self.system)
+        system = self.system
+        return wire.with_date(system) if self.auto_date else wire.render_system(system)
 
     def prompt_ids(self, query: str, specs: list[ToolSpec] | None = None) -> list[int]:
         """The first turn's token ids for `query` (BOS, system facts, tools, query); the
@@ -255,7 +243,10 @@ class Needle:
         query = check_query(query)
         tools = [spec.schema() for spec in (self.offered_tools(query) if specs is None
                                             else specs)]
-        return prompt_ids(self.tokenizer, render_prompt(tools, query, self.system_text()))
+        if self.whole_answer:
+            return self.format.first_ids(tools, query, self.system_text())
+        text = wire.render_prompt(tools, query, self.system_text())
+        return wire.prompt_ids(self.tokenizer, text)
 
     # ------------------------------------------------------------------ turns
     def reset(self) -> None:
@@ -267,7 +258,10 @@ class Needle:
               ) -> Iterator[DeltaEvent | Done]:
         events = conversation.turn(ids, plan.config, plan.grammar, content=plan.content,
                                    check_tools=plan.check_tools, parallel_calls=plan.parallel)
-        yield from annotated(events, plan.notes)
+        for event in annotated(events, plan.notes):
+            if self.whole_answer and isinstance(event, Done):
+                self._messages.append(assistant_message(event.envelope))
+            yield event
         self._history.append(Turn(user, list(conversation.last_answer)))
 
     def stream(self, text: str, **options: Any) -> Iterator[DeltaEvent | Done]:
@@ -280,6 +274,7 @@ class Needle:
         self._turn_grammar = self._grammar_for(specs)
         self._conversation = Conversation(self.model, self._vocab, kv_window=self.kv_window)
         self._history = []
+        self._messages = [{"role": "user", "content": text}]
         yield from self._turn(self._conversation, self.prompt_ids(text, specs), plan, text)
 
     def stream_ids(self, ids: Sequence[int], query: str, **options: Any
@@ -308,6 +303,9 @@ class Needle:
         if self._conversation is None:
             yield from self.stream(text, **options)
             return
+        if self.whole_answer:
+            yield from template_turn(self, [{"role": "user", "content": text}], options)
+            return
         plan = self._plan(self._turn_specs, options)
         conversation = self._conversation
         ids = conversation.user_turn_ids(text, self.tokenizer)
@@ -333,7 +331,9 @@ class Needle:
         """Give tool results back as the next user turn (`<tool_result>...</tool_result>`)."""
         if self._conversation is None:
             raise NeedlepointError("no conversation to send tool results to")
-        return self.chat(render_tool_results(results), **options)
+        if self.whole_answer:
+            return final(template_turn(self, tool_messages(results), options))
+        return self.chat(wire.render_tool_results(results), **options)
 
     # ------------------------------------------------------------------ agent loop
     def execute(self, call: Mapping[str, Any]) -> dict[str, Any]:
@@ -387,12 +387,13 @@ class Needle:
         else:
             spec = from_dict({"name": EXTRACT_TOOL, "description": EXTRACT_DESCRIPTION,
                               "parameters": schema})
-        grammar = self._compile([spec])
+        grammar, content = (None, self._grammars.compile([spec.schema()], require_call=True)) \
+            if self.whole_answer else (self._compile([spec]), None)
         options = {"reasoning_budget": 0, "require_call": True, **options}
         # A conversation of its own: extraction leaves the chat conversation untouched.
         conversation = Conversation(self.model, self._vocab, kv_window=self.kv_window)
         envelope = final(conversation.turn(self.prompt_ids(text, [spec]),
-                                            self.config(**options), grammar))
+                                            self.config(**options), grammar, content=content))
         calls = envelope["function_calls"]
         if envelope["type"] != "call" or calls[0]["name"] != EXTRACT_TOOL:
             raise ExtractionError(f"the model did not extract (answer type {envelope['type']})")

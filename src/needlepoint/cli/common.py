@@ -16,8 +16,8 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     """--tools/--model/--system and the generation options shared by `run` and `chat`."""
     parser.add_argument("--tools", type=Path, help="JSON file: a list of tool schemas "
                         '({"name", "description", "parameters"} or OpenAI form)')
-    parser.add_argument("--model", help="a .cact file (default: $NEEDLEPOINT_MODEL, else the "
-                        "bundled demo model)")
+    parser.add_argument("--model", help="a .cact or .gguf file, a Hugging Face model directory, or "
+                        "smollm2 (default: $NEEDLEPOINT_MODEL, else the bundled demo model)")
     parser.add_argument("--system", help="system facts, e.g. 'locale: en-US'")
     parser.add_argument("--auto-date", action="store_true", help="add a 'date:' system fact")
     parser.add_argument("--json", action="store_true", help="print the raw envelope as JSON")

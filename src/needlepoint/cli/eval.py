@@ -20,7 +20,8 @@ HELP = "exact-match accuracy of greedy tool calls on a JSONL of {query, tools, a
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("model", help="a .cact file")
+    parser.add_argument("model", help="a .cact or .gguf file, a Hugging Face model directory, "
+                        "or smollm2")
     parser.add_argument("data", type=Path, help="JSONL, one {query, tools, answers} a line")
     parser.add_argument("--grammar", choices=("both", "on", "off"), default="both",
                         help="decode with the tool-call grammar, without, or both (default)")

@@ -48,6 +48,7 @@ from .sampling import SamplingConfig, choose_token, resolve_seed, softmax
 from .segments import ANSWER, CALL, THINK, MarkerIds, SegmentParser
 from .speculate import stepper
 from .stops import check_stops
+from .text_markers import TextMarkerParser, close_when_short, explicit_choice
 
 NORMAL_TYPE, BYTE_TYPE = 0, 4  # tokenizer piece types that carry ordinary text
 
@@ -101,6 +102,7 @@ class GenerationConfig:
     stop: tuple[str, ...] = ()
     logprobs: int | None = None
     speculate: bool = True
+    call_threshold: float | None = None  # text-marker formats: `text_markers.explicit_choice`
 
     def __post_init__(self) -> None:
         if not isinstance(self.speculate, bool):
@@ -114,6 +116,11 @@ class GenerationConfig:
                    "token), or None (off)", high=MAX_TOP_LOGPROBS)
         if self.require_call and not self.allow_call:
             raise InvalidOptionError("require_call and allow_call=False contradict each other")
+        t = self.call_threshold
+        if t is not None and (isinstance(t, bool) or not isinstance(t, numbers.Real)
+                              or not 0.0 <= t <= 1.0):
+            raise InvalidOptionError(f"call_threshold must be a probability in [0, 1] or None, "
+                                     f"got {t!r}")
 
 
 def _count(name: str, value: Any, low: int, more: str = "", high: int | None = None) -> None:
@@ -134,6 +141,20 @@ class TurnVocab:
     think_close_ids: tuple[int, ...]  # `\n</think>\n` as continuation ids
     match_keys: np.ndarray | None = None  # prompt-lookup match key per id (drafts.py)
     call_opening: tuple[int, ...] = ()  # `▁<tool_call>[{"name":"`: the opening draft
+    # (open, close) when the call markers are text, not single tokens (`text_markers.py`):
+    # the markers' ids above are then -1 and a whole-answer grammar decides calls
+    text_markers: tuple[str, str] | None = None
+    call_body: str = "list"  # "object": one call per marker pair (`text_markers.py`)
+    call_start: np.ndarray | None = None  # bool[vocab]: tokens that begin the text marker
+    closing: np.ndarray | None = None  # bool[vocab]: tokens that close a call (text_markers)
+
+    def parser(self, stops: tuple[str, ...]) -> SegmentParser:
+        """A fresh splitter of one answer's tokens."""
+        if self.text_markers is None:
+            return SegmentParser(self.token_bytes, self.markers, stops=stops)
+        return TextMarkerParser(self.token_bytes, self.markers, strip_dummy_space=False,
+                                stops=stops, call_open=self.text_markers[0],
+                                call_close=self.text_markers[1], body=self.call_body)
 
     @classmethod
     def from_tokenizer(cls, tokenizer: Any) -> TurnVocab:
@@ -188,12 +209,13 @@ class TurnResult:
 def _free_mask(vocab: TurnVocab, parser: SegmentParser, config: GenerationConfig) -> np.ndarray:
     mask = vocab.free_mask.copy()
     m = vocab.markers
-    mask[m.think_open] = parser.mode != THINK and not parser.reasoning and not parser.text
-    mask[m.think_close] = parser.mode == THINK
+    if vocab.text_markers is None:
+        mask[m.think_open] = parser.mode != THINK and not parser.reasoning and not parser.text
+        mask[m.think_close] = parser.mode == THINK
+        if not config.allow_call:
+            mask[m.tool_call_open] = False
     if config.require_call:
         mask[m.im_end] = mask[m.eos] = False
-    if not config.allow_call:
-        mask[m.tool_call_open] = False
     return mask
 
 
@@ -236,7 +258,7 @@ def generate_turn(
     the call after `<tool_call>`; `content` (if given) masks the answer from its first token."""
     seed = resolve_seed(config.sampling.seed)
     m = vocab.markers
-    parser = SegmentParser(vocab.token_bytes, m, stops=config.stop)
+    parser = vocab.parser(config.stop)
     tokens: list[int] = []
     probs_in_call: list[float] = []
     logprobs: list[dict[str, Any]] | None = [] if config.logprobs is not None else None
@@ -301,6 +323,13 @@ def generate_turn(
                     allowed = matcher.allowed_mask()
                 elif answer is not None:
                     allowed = answer.allowed_mask()
+                    if not tokens and config.call_threshold is not None and \
+                            vocab.call_start is not None:
+                        allowed = explicit_choice(allowed, logits, vocab.call_start,
+                                                  config.call_threshold)
+                    if vocab.closing is not None and parser.mode == CALL:
+                        allowed = close_when_short(allowed, vocab.closing, config.max_new_tokens
+                                                   - len(tokens), config.max_new_tokens)
                 elif parser.call is None:
                     allowed = _free_mask(vocab, parser, config)
                 else:

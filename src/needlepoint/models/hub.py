@@ -17,15 +17,14 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import NeedlepointError
+from .protocol import ModelNotFoundError, resolve_model_name
+
+__all__ = ["ModelNotFoundError", "resolve_model_name"]
 
 MODEL_ENV = "NEEDLEPOINT_MODEL"
 BUNDLED_MODEL = "needle3-toy.cact"
 DEFAULT_REPO = "Cactus-Compute/needle3"
 DOWNLOAD_PATTERNS = ["*.cact", "*.json", "*.md"]
-
-
-class ModelNotFoundError(NeedlepointError, FileNotFoundError):
-    """No model file where one was asked for."""
 
 
 class DownloadError(NeedlepointError, RuntimeError):
@@ -42,7 +41,9 @@ def bundled_model_path() -> Path:
 
 
 def resolve_model_path(model: str | os.PathLike[str] | None = None) -> Path:
-    """`model` if given, else `$NEEDLEPOINT_MODEL`, else the bundled demo model."""
+    """`model` if given, else `$NEEDLEPOINT_MODEL`, else the bundled demo model; a name is
+    resolved by `protocol.resolve_model_name` (a .cact / .gguf path, a Hugging Face model
+    directory, or a known name such as "smollm2")."""
     if model is None:
         model = os.environ.get(MODEL_ENV) or None
         if model is None:
@@ -50,10 +51,7 @@ def resolve_model_path(model: str | os.PathLike[str] | None = None) -> Path:
         source = f"${MODEL_ENV}"
     else:
         source = "model"
-    path = Path(model).expanduser()
-    if not path.is_file():
-        raise ModelNotFoundError(f"{source}: no model file at {path}")
-    return path
+    return resolve_model_name(model, source)
 
 
 class ModelCache:
@@ -66,7 +64,7 @@ class ModelCache:
 
     def load(self, path: str | os.PathLike[str], threads: int | None = None) -> Any:
         resolved = Path(path).resolve()
-        stat = resolved.stat()
+        stat = (resolved / "config.json").stat() if resolved.is_dir() else resolved.stat()
         key = (str(resolved), stat.st_size, stat.st_mtime_ns, threads)
         with self._lock:  # held while loading, so two threads never load the same file twice
             model = self._models.get(key)

@@ -70,10 +70,12 @@ def load(
         raise ValueError(f"numerics must be one of {NUMERICS} (or \"int8\" for Hugging Face / "
                          f"GGUF transformer models), got {numerics!r}")
     threads = resolve_threads(threads)
-    from .transformer.known import is_known_name, resolve_known
+    from .transformer.known import is_known_name
 
     if is_known_name(path):  # a model shipped in a package, e.g. "smollm2"
-        path = resolve_known(str(path))
+        from .protocol import resolve_model_name
+
+        path = resolve_model_name(path)
     if is_checkpoint(path):  # a Hugging Face model directory or a GGUF file
         from .transformer.model import load_transformer
 

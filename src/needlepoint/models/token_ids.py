@@ -37,3 +37,17 @@ def check_token_ids(
             f"sequence of {position + tokens.size} tokens exceeds max_seq_len {max_seq_len}"
         )
     return tokens.astype(np.int64)
+
+
+def check_kv_window(kv_window: int | None, max_seq_len: int) -> None:
+    """A model with full causal attention only: `kv_window` must be None (the model's own
+    span) or at least `max_seq_len` (a window that never bounds anything); else a
+    ModelInputError (`models.protocol.ModelProtocol.session`)."""
+    if kv_window is None:
+        return
+    if isinstance(kv_window, bool) or not isinstance(kv_window, int | np.integer) or \
+            kv_window <= 0:
+        raise ModelInputError(f"kv_window must be a positive integer or None, got {kv_window!r}")
+    if kv_window < max_seq_len:
+        raise ModelInputError(f"kv_window={kv_window}: this model attends to its whole context "
+                              f"(max_seq_len {max_seq_len}); a shorter window is not supported")

@@ -105,7 +105,8 @@ def _log_config(level: str) -> dict[str, Any]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--model", help="a .cact file (default: $NEEDLEPOINT_MODEL, else the bundled demo model)"
+        "--model", help="a .cact or .gguf file, a Hugging Face model directory, or "
+                        "smollm2 (default: $NEEDLEPOINT_MODEL, else the bundled demo model)"
     )
     parser.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000, help="port (default 8000)")

@@ -45,8 +45,30 @@ def _user_content(turn: Turn) -> str:
     return f"{results}\n{turn.user}" if turn.user else results
 
 
+def history_messages(conversation: Conversation) -> list[dict[str, Any]]:
+    """The turns as chat messages (`formats.chat_format`): user text, earlier answers (calls
+    or text), tool results as `tool` messages."""
+    messages: list[dict[str, Any]] = []
+    for turn in conversation.turns:
+        for result in turn.tool_results or []:
+            messages.append({"role": "tool", "name": result["name"],
+                             "content": result["result"]})
+        if turn.user:
+            messages.append({"role": "user", "content": turn.user})
+        if turn.answer is not None:
+            messages.append({"role": "assistant", "content": turn.answer.text,
+                             "tool_calls": turn.answer.calls})
+    return messages
+
+
 def history_ids(needle: Any, conversation: Conversation) -> list[int]:
-    """Token ids of the whole conversation up to the assistant turn to be generated."""
+    """Token ids of the whole conversation up to the assistant turn to be generated: a
+    template model's chat template renders it whole; Needle's format as described above."""
+    if needle.whole_answer:
+        system = needle.system_text()
+        head = [{"role": "system", "content": system}] if system else []
+        tools = [spec.schema() for spec in needle.offered_tools(conversation.query)]
+        return needle.format.conversation_ids(head + history_messages(conversation), tools)
     tokenizer = needle.tokenizer
     im_end = tokenizer.marker_id(IM_END)
     turns = conversation.turns

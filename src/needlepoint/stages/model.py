@@ -59,6 +59,13 @@ class StagedModel:
         return self.part.tokenizer
 
     @property
+    def chat_format(self) -> Any:
+        """Needle's wire format (`formats/chat_format.py`), as the whole model's."""
+        from ..formats.chat_format import NeedleFormat
+
+        return NeedleFormat(self.tokenizer)
+
+    @property
     def has_confidence_head(self) -> bool:
         return self.part.has_confidence_head
 

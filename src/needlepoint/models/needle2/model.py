@@ -10,13 +10,16 @@ and that is float. The requested value is kept on `model.numerics` for the recor
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ...errors import ModelInputError, NeedlepointError
 from ...formats.cact import CactArchive
+from ...formats.chat_format import NeedleFormat
 from ...formats.needle2_geometry import V2Config
+from ..token_ids import check_token_ids
 from .forward import Core, Trace, forward_chunk
 from .heads import confidence_logit, contrastive_embedding
 from .ladder import ladder_config, ladder_layer_indices
@@ -80,6 +83,22 @@ class V2Model:
     def tokenizer(self) -> Tokenizer:
         """The archive's own tokenizer (built on first use)."""
         return self.archive.tokenizer
+
+    @property
+    def chat_format(self) -> NeedleFormat:
+        """Needle's wire format (`formats/chat_format.py`)."""
+        return NeedleFormat(self.tokenizer)
+
+    def check_ids(self, ids: object, position: int = 0) -> np.ndarray:
+        """Token ids as int64, or a ModelInputError naming what is wrong (`token_ids`)."""
+        return check_token_ids(ids, self.config.vocab, self.config.max_seq_len, position)
+
+    def run_batch(self, requests: Sequence[tuple[V2Session, object, bool]]
+                  ) -> list[np.ndarray | None]:
+        """Per request (session, ids, all_logits): append ids to that session; its logits
+        ([len(ids), vocab] if all_logits, else the last row), each session run on its own."""
+        return [session.extend(ids) if every else session.prefill(ids)
+                for session, ids, every in requests]
 
     def session(
         self,

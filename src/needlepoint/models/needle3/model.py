@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from ...formats.cact import CactArchive
+from ...formats.chat_format import NeedleFormat
 from ...formats.needle3_geometry import V3Config
 from ..ops import rope_tables, rope_tables_pinned
 from ..token_ids import check_token_ids
@@ -86,6 +87,11 @@ class V3Model:
     def tokenizer(self) -> Any:
         """The archive's own tokenizer (built on first use)."""
         return self.archive.tokenizer
+
+    @cached_property
+    def chat_format(self) -> NeedleFormat:
+        """Needle's wire format (`formats/chat_format.py`)."""
+        return NeedleFormat(self.tokenizer)
 
     @property
     def has_confidence_head(self) -> bool:

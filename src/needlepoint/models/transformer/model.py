@@ -19,9 +19,10 @@ from typing import Any
 
 import numpy as np
 
+from ...formats.chat_format import TemplateFormat
 from ...formats.checkpoints import open_checkpoint
 from ...kernels import i8_native
-from ..token_ids import check_token_ids
+from ..token_ids import check_kv_window, check_token_ids
 from .block import block_forward
 from .int8 import RopeTable
 from .int8_fused import FusedBlock, fused_blocks
@@ -121,9 +122,31 @@ class TransformerModel:
                 states.append(h)
         return h
 
-    def session(self, chunk: int = CHUNK) -> TransformerSession:
-        """An independent decode state; prefill runs in chunks of `chunk` positions."""
+    def session(self, kv_window: int | None = None, *, chunk: int = CHUNK
+                ) -> TransformerSession:
+        """An independent decode state; prefill runs in chunks of `chunk` positions.
+        `kv_window` as `models.protocol.ModelProtocol.session`: None or 0 is the model's own
+        attention span (full causal, up to `max_seq_len`); a window shorter than that is
+        not supported by these models (ModelInputError)."""
+        check_kv_window(kv_window, self.config.max_seq_len)
         return TransformerSession(self, chunk)
+
+    def run_batch(self, requests: Sequence[tuple[TransformerSession, Sequence[int], bool]]
+                  ) -> list[np.ndarray | None]:
+        """Per request (session, ids, all_logits): append ids to that session; its logits
+        ([len(ids), vocab] if all_logits, else the last row). Each runs on its own session
+        (rows are independent in int8 numerics, so the bits equal running it alone)."""
+        out: list[np.ndarray | None] = []
+        for session, ids, all_logits in requests:
+            logits = session.run(ids, "all" if all_logits else "last")
+            out.append(logits if all_logits or logits is None else logits[-1])
+        return out
+
+    @cached_property
+    def chat_format(self) -> Any:
+        """The model's chat format: its chat template, with a Hermes-style tool prompt when
+        the template renders no tools (`formats/chat_format.py`)."""
+        return TemplateFormat(self.tokenizer)
 
     def forward(self, ids: Sequence[int] | np.ndarray) -> np.ndarray:
         """Logits [len(ids), vocab] at every position (full causal attention)."""

@@ -31,6 +31,9 @@ class TransformerSession:
         if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
             raise ValueError(f"chunk must be a positive integer, got {chunk!r}")
         self.model = model
+        # int8 rows are computed one by one: `extend` gives the bits of single steps, so
+        # speculative decoding may verify drafts (generation/speculate.py)
+        self.exact_extend = model.numerics == "int8"
         self.chunk = chunk
         self.caches = self._new_caches()
         self.tokens: list[int] = []
@@ -61,6 +64,23 @@ class TransformerSession:
         return other
 
     __copy__ = fork
+
+    def extend(self, ids: Sequence[int] | np.ndarray) -> np.ndarray:
+        """Consume `ids`; the logits [len(ids), vocab] after each of them."""
+        return self.run(ids, "all")
+
+    def rewind(self, count: int) -> None:
+        """Forget the last `count` tokens: every layer's KV cache is cut back to the shorter
+        length (the rows beyond it are overwritten by the next tokens). Exact: the cache holds
+        the same values it held before those tokens were consumed."""
+        if isinstance(count, bool) or not isinstance(count, int) or not \
+                0 <= count <= len(self.tokens):
+            raise ValueError(f"rewind count must be in 0..{len(self.tokens)}, got {count!r}")
+        if count == 0:
+            return
+        for cache in self.caches:
+            cache.rewind_to(cache.length - count)
+        del self.tokens[len(self.tokens) - count :]
 
     def prefill(self, ids: Sequence[int] | np.ndarray, logits: bool = True) -> np.ndarray | None:
         """Consume `ids` (after anything already consumed); the logits [vocab] at the last of

@@ -1,0 +1,39 @@
+"""Markdown tables of `python -m bench.bfcl --out FILE` results (docs/benchmarks_bfcl.md).
+
+    python -m bench.bfcl_report bench/results/bfcl.json
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def is_malformed(answer: dict[str, Any]) -> bool:
+    return answer["calls"] is None and (answer["error"] is not None
+                                        or "<tool_call>" in answer["text"])
+
+
+def table(report: dict[str, Any]) -> str:
+    lines = ["| category | cases | engine | correct | accuracy | unparseable | malformed | "
+             "s/case |", "|---|---|---|---|---|---|---|---|"]
+    for result in report["categories"]:
+        n, category = result["cases"], result["category"]
+        for engine, s in result["summary"].items():
+            rows = [row[engine] for row in result["rows"]]
+            unparseable = 0 if "irrelevance" in category else sum(
+                r["calls"] is None for r in rows)
+            bad = sum(is_malformed(r) for r in rows)
+            lines.append(f"| {category} | {n} | {engine} | {s['correct']} | "
+                         f"{s['correct'] / n:.0%} | {unparseable / n:.0%} | {bad / n:.0%} | "
+                         f"{s['seconds'] / n:.2f} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    for name in sys.argv[1:]:
+        data = json.loads(Path(name).read_text(encoding="utf-8"))
+        print(f"{name}: load {data['load_before']} -> {data.get('load_after')}")
+        print(table(data))

