@@ -86,11 +86,8 @@ class Needle:
     """A tool-calling assistant over one Needle model."""
 
     def __init__(
-        self,
-        tools: Iterable[Any] = (),
-        model: Any = None,
-        system: str | Mapping[str, Any] | None = None,
-        *,
+        self, tools: Iterable[Any] = (), model: Any = None,
+        system: str | Mapping[str, Any] | None = None, *,
         temperature: float = 0.0,
         top_k: int | None = None,
         top_p: float = 1.0,
