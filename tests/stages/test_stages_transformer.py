@@ -154,3 +154,25 @@ def test_every_family_implements_the_layer_range_protocol():
         assert isinstance(stage.range_state(), SequenceState)
     with pytest.raises(ValueError, match="either head=True or blocks"):
         load_part(hf_fixture_dir("llama-tiny"))
+
+
+def test_staged_smollm2_answers_a_tool_call_as_one_process_does():
+    """A staged SmolLM2 speaks its own chat format (its template with the Hermes tool prompt,
+    from the head's part), so `Needle` on 2 stages writes the single-process model's call
+    with the same tokens."""
+    import json
+    from pathlib import Path
+
+    from hf_helpers import SmolLM2Reference
+
+    path = SmolLM2Reference().path
+    tools = json.loads((Path(__file__).parents[2] / "examples" / "tools.json").read_text())
+    query = "what is the weather in Paris"
+    alone = needlepoint.Needle(tools=tools, model=_smollm2(path), speculate=False)
+    expected = alone.complete(query)
+    with load_staged(path, 2, numerics="int8") as staged:
+        assert type(staged.chat_format) is type(_smollm2(path).chat_format)
+        answer = needlepoint.Needle(tools=tools, model=staged, speculate=False).complete(query)
+    assert expected["type"] == "call" and expected["function_calls"][0]["name"] == "get_weather"
+    assert answer["function_calls"] == expected["function_calls"]
+    assert answer["timings"]["decode_tokens"] == expected["timings"]["decode_tokens"]

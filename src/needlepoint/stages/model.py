@@ -60,10 +60,8 @@ class StagedModel:
 
     @property
     def chat_format(self) -> Any:
-        """Needle's wire format (`formats/chat_format.py`), as the whole model's."""
-        from ..formats.chat_format import NeedleFormat
-
-        return NeedleFormat(self.tokenizer)
+        """The whole model's chat format (the head's part knows its family's)."""
+        return self.part.chat_format
 
     @property
     def has_confidence_head(self) -> bool:

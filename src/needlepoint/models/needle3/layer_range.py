@@ -26,6 +26,7 @@ import numpy as np
 
 from ...errors import NonFiniteActivationError
 from ...formats.cact import CactArchive, open_archive
+from ...formats.chat_format import NeedleFormat
 from ...formats.needle3_geometry import V3Config
 from ..layer_range import Embedded
 from ..ops import rope_tables, rope_tables_pinned
@@ -150,6 +151,11 @@ class V3Part:
     @cached_property
     def tokenizer(self) -> Any:
         return self.archive.tokenizer
+
+    @property
+    def chat_format(self) -> NeedleFormat:
+        """Needle's wire format (`formats/chat_format.py`), as the whole model's."""
+        return NeedleFormat(self.tokenizer)
 
     def check_ids(self, ids: Sequence[int] | np.ndarray, position: int = 0) -> np.ndarray:
         return check_token_ids(ids, self.config.vocab, self.config.max_seq_len, position)

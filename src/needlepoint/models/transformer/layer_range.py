@@ -94,6 +94,11 @@ class TransformerPart:
         return self.model.tokenizer
 
     @property
+    def chat_format(self) -> Any:
+        """The whole model's chat format (its template; `TransformerModel.chat_format`)."""
+        return self.model.chat_format
+
+    @property
     def weight_bytes(self) -> int:
         return self.model.weights.nbytes
 
