@@ -56,9 +56,6 @@ class LayerRange(Protocol):
     @property
     def has_confidence_head(self) -> bool: ...
 
-    @property
-    def chat_format(self) -> Any: ...  # the whole model's (`formats/chat_format.py`)
-
     def check_ids(self, ids: Any, position: int = 0) -> np.ndarray: ...
 
     # -- the head ---------------------------------------------------------------------------

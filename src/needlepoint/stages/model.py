@@ -60,7 +60,9 @@ class StagedModel:
 
     @property
     def chat_format(self) -> Any:
-        """The whole model's chat format (the head's part knows its family's)."""
+        """The whole model's chat format: the head's part knows its family's (Needle's wire
+        format, or the model's chat template; not part of the `LayerRange` Protocol, whose
+        runtime check would evaluate it, and a template-less checkpoint cannot chat)."""
         return self.part.chat_format
 
     @property
