@@ -506,10 +506,45 @@ static void NP_NAME(np_dequant_rows)(const float *rotated, int64_t rows, int64_t
     }
 }
 
-/* exp32 / exp64 of every element of an array (the same polynomial as np_exp64). */
+/* exp32 of n floats (the same polynomial as np_exp64). The AVX2 variant runs four at a time through the same float64
+ * operations (round-to-nearest k, the two-part reduction, Horner without FMA) and scales by
+ * 2^k built from its bits, which is ldexp's single rounding whenever 2^k is a normal double;
+ * lanes outside [-700, 700] (and NaN) take the scalar path. */
 static void NP_NAME(np_exp32_array)(const float *x, int64_t n, float *out) {
-    for (int64_t i = 0; i < n; i++) out[i] = (float)NP_NAME(np_exp64)((double)x[i]);
+    int64_t i = 0;
+#if defined(NP_SIMD_AVX2)
+    const __m256d lo = _mm256_set1_pd(-700.0), hi = _mm256_set1_pd(700.0);
+    for (; i + 4 <= n; i += 4) {
+        __m256d v = _mm256_cvtps_pd(_mm_loadu_ps(x + i));
+        __m256d ok = _mm256_and_pd(_mm256_cmp_pd(v, lo, _CMP_GE_OQ),
+                                   _mm256_cmp_pd(v, hi, _CMP_LE_OQ));
+        if (_mm256_movemask_pd(ok) != 15) {
+            for (int j = 0; j < 4; j++) out[i + j] = NP_NAME(np_exp32)(x[i + j]);
+            continue;
+        }
+        __m256d k = _mm256_round_pd(_mm256_mul_pd(v, _mm256_set1_pd(1.4426950408889634)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        __m256d r = _mm256_sub_pd(v, _mm256_mul_pd(k, _mm256_set1_pd(0.6931471803691238)));
+        r = _mm256_sub_pd(r, _mm256_mul_pd(k, _mm256_set1_pd(1.9082149292705877e-10)));
+        static const double c[12] = {
+            2.505210838544172e-08, 2.755731922398589e-07, 2.7557319223985893e-06,
+            2.48015873015873e-05, 0.0001984126984126984, 0.001388888888888889,
+            0.008333333333333333, 0.041666666666666664, 0.16666666666666666, 0.5, 1.0, 1.0};
+        __m256d p = _mm256_set1_pd(c[0]);
+        for (int j = 1; j < 12; j++)
+            p = _mm256_add_pd(_mm256_mul_pd(p, r), _mm256_set1_pd(c[j]));
+        __m128i k32 = _mm256_cvtpd_epi32(k);
+        __m256i bits = _mm256_slli_epi64(
+            _mm256_add_epi64(_mm256_cvtepi32_epi64(k32), _mm256_set1_epi64x(1023)), 52);
+        __m256d y = _mm256_mul_pd(p, _mm256_castsi256_pd(bits));
+        _mm_storeu_ps(out + i, _mm256_cvtpd_ps(y));
+    }
+#endif
+    for (; i < n; i++) out[i] = NP_NAME(np_exp32)(x[i]);
 }
+
+
+/* exp64 of every element of an array (np_exp64). */
 
 static void NP_NAME(np_exp64_array)(const double *x, int64_t n, double *out) {
     for (int64_t i = 0; i < n; i++) out[i] = NP_NAME(np_exp64)(x[i]);

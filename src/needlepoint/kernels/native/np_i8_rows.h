@@ -3,98 +3,22 @@
  * references `kernels.pinned.exp32_reference`, `kernels.exact.a8_codes_reference` and
  * `kernels.pinned.attend_reference` (tests/kernels/test_i8_block.py checks the bits). */
 
-/* exp of a float32 as float32: Cody-Waite reduction by ln 2 and a degree-11 Taylor
- * polynomial in float64 (Horner, no FMA), rounded once (kernels/pinned.py). */
-static inline double I8_NAME(i8_exp64)(double x) {
-    if (x != x) return x;
-    if (x < -745.0) return 0.0;
-    if (x > 709.0) return INFINITY;
-    double k = nearbyint(x * 1.4426950408889634);
-    double r = x - k * 0.6931471803691238;
-    r = r - k * 1.9082149292705877e-10;
-    double p = 2.505210838544172e-08;
-    p = p * r + 2.755731922398589e-07;
-    p = p * r + 2.7557319223985893e-06;
-    p = p * r + 2.48015873015873e-05;
-    p = p * r + 0.0001984126984126984;
-    p = p * r + 0.001388888888888889;
-    p = p * r + 0.008333333333333333;
-    p = p * r + 0.041666666666666664;
-    p = p * r + 0.16666666666666666;
-    p = p * r + 0.5;
-    p = p * r + 1.0;
-    p = p * r + 1.0;
-    return ldexp(p, (int)k);
-}
+/* The pinned exp and the A8 row codes are the library's own (np_body.h: np_exp32,
+ * np_exp32_array, np_a8_codes, compiled in the same variant block); these names keep the
+ * int8 kernels' spelling. */
+static inline float I8_NAME(i8_exp32)(float x) { return NP_NAME(np_exp32)(x); }
 
-static inline float I8_NAME(i8_exp32)(float x) { return (float)I8_NAME(i8_exp64)((double)x); }
-
-/* exp32 of n floats. The AVX2 variant runs four at a time through the same float64
- * operations (round-to-nearest k, the two-part reduction, Horner without FMA) and scales by
- * 2^k built from its bits, which is ldexp's single rounding whenever 2^k is a normal double;
- * lanes outside [-700, 700] (and NaN) take the scalar path. */
 static void I8_NAME(i8_exp32_array)(const float *x, int64_t n, float *out) {
-    int64_t i = 0;
-#if defined(I8_SIMD_AVX2)
-    const __m256d lo = _mm256_set1_pd(-700.0), hi = _mm256_set1_pd(700.0);
-    for (; i + 4 <= n; i += 4) {
-        __m256d v = _mm256_cvtps_pd(_mm_loadu_ps(x + i));
-        __m256d ok = _mm256_and_pd(_mm256_cmp_pd(v, lo, _CMP_GE_OQ),
-                                   _mm256_cmp_pd(v, hi, _CMP_LE_OQ));
-        if (_mm256_movemask_pd(ok) != 15) {
-            for (int j = 0; j < 4; j++) out[i + j] = I8_NAME(i8_exp32)(x[i + j]);
-            continue;
-        }
-        __m256d k = _mm256_round_pd(_mm256_mul_pd(v, _mm256_set1_pd(1.4426950408889634)),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-        __m256d r = _mm256_sub_pd(v, _mm256_mul_pd(k, _mm256_set1_pd(0.6931471803691238)));
-        r = _mm256_sub_pd(r, _mm256_mul_pd(k, _mm256_set1_pd(1.9082149292705877e-10)));
-        static const double c[12] = {
-            2.505210838544172e-08, 2.755731922398589e-07, 2.7557319223985893e-06,
-            2.48015873015873e-05, 0.0001984126984126984, 0.001388888888888889,
-            0.008333333333333333, 0.041666666666666664, 0.16666666666666666, 0.5, 1.0, 1.0};
-        __m256d p = _mm256_set1_pd(c[0]);
-        for (int j = 1; j < 12; j++)
-            p = _mm256_add_pd(_mm256_mul_pd(p, r), _mm256_set1_pd(c[j]));
-        __m128i k32 = _mm256_cvtpd_epi32(k);
-        __m256i bits = _mm256_slli_epi64(
-            _mm256_add_epi64(_mm256_cvtepi32_epi64(k32), _mm256_set1_epi64x(1023)), 52);
-        __m256d y = _mm256_mul_pd(p, _mm256_castsi256_pd(bits));
-        _mm_storeu_ps(out + i, _mm256_cvtpd_ps(y));
-    }
-#endif
-    for (; i < n; i++) out[i] = I8_NAME(i8_exp32)(x[i]);
-}
-
-/* One row of `cols` floats -> int8 codes and one scale: s = max|x| / 127 (1 for an all-zero
- * row), q = clip(rint(x / s), -128, 127). Returns I8_NONFINITE on NaN or inf. */
-static int I8_NAME(i8_a8_row)(const float *row, int64_t cols, int8_t *codes, float *scale) {
-    float peak = 0.0f;
-    int finite = 1;
-    for (int64_t c = 0; c < cols; c++) {
-        float a = fabsf(row[c]);
-        if (!(a <= 3.4028234663852886e38f)) finite = 0;
-        if (a > peak) peak = a;
-    }
-    if (!finite) return I8_NONFINITE;
-    float s = peak > 0.0f ? peak / 127.0f : 1.0f;
-    *scale = s;
-    for (int64_t c = 0; c < cols; c++) {
-        float q = nearbyintf(row[c] / s);
-        if (q > 127.0f) q = 127.0f;
-        if (q < -128.0f) q = -128.0f;
-        codes[c] = (int8_t)q;
-    }
-    return I8_OK;
+    NP_NAME(np_exp32_array)(x, n, out);
 }
 
 static int I8_NAME(i8_a8_rows)(const float *x, int64_t T, int64_t cols, int8_t *codes,
                                float *scale) {
-    for (int64_t t = 0; t < T; t++) {
-        int st = I8_NAME(i8_a8_row)(x + t * cols, cols, codes + t * cols, scale + t);
-        if (st) return st;
-    }
-    return I8_OK;
+    return NP_NAME(np_a8_codes)(x, T, cols, codes, scale);
+}
+
+static int I8_NAME(i8_a8_row)(const float *row, int64_t cols, int8_t *codes, float *scale) {
+    return NP_NAME(np_a8_codes)(row, 1, cols, codes, scale);
 }
 
 /* Query row q (codes, scale sq) against keys p = 0 .. n-1 at rows p * stride + g of the
