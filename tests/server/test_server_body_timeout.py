@@ -36,7 +36,9 @@ def stalled_request(server: ServerThread, drip: bool) -> tuple[bytes, float]:
         received = b""
         sent = 5
         while True:
-            if drip and sent < len(body) - 1:  # one byte every 0.3 s: never completes in time
+            # one byte every 0.3 s (never completes in time), until the answer starts: a byte
+            # sent after the server closed would be answered by a reset
+            if drip and not received and sent < len(body) - 1:
                 sock.sendall(body[sent:sent + 1])
                 sent += 1
                 sock.settimeout(0.3)
@@ -46,6 +48,8 @@ def stalled_request(server: ServerThread, drip: bool) -> tuple[bytes, float]:
                 chunk = sock.recv(65536)
             except TimeoutError:
                 continue
+            except ConnectionResetError:  # closed with one of our bytes unread: closed
+                break
             if not chunk:  # the server closed the connection
                 break
             received += chunk
