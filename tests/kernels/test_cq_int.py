@@ -1,5 +1,6 @@
 """The integer CQ x A8 kernels (kernels/native/np_cq_int.h, 2-bit storage, AVX2 and AVX-512
-VNNI; np_cq_int4.h, 4-bit storage, AVX-512 VNNI; the float64 kernel elsewhere): the same bits as
+VNNI; np_cq_int4.h / np_cq_int4w.h, 4-bit storage, AVX-512 VNNI / AVX2; the float64 kernel
+in the baseline variant): the same bits as
 the numpy reference (`exact.cq_matmul_reference`) in every compiled variant (baseline, AVX2,
 AVX-512 VNNI where the CPU has it), on every Needle 3 fixture and the toy model, and on
 adversarial inputs: activations at the ends of the range the byte split covers (and outside
@@ -45,7 +46,7 @@ def _archive_matrices(name: str) -> list[exact.ExactMatrix]:
     for part in ARCHIVE_PARTS[name]:
         cq = archive.cq(part)
         out += exact.exact_matrices([(cq, 0, cq.rows)])
-    cq = archive.cq("embedding")  # 4-bit: the float64 kernel, unchanged
+    cq = archive.cq("embedding")  # 4-bit
     out += exact.exact_matrices([(cq, 0, min(cq.rows, 300))])
     return out
 
@@ -85,13 +86,18 @@ EDGE16 = [-1.0, -0.99999994, -0.5, -0.25, -0.0068359375, 0.0, 0.00390625, 0.0078
           0.2, 0.3, 0.4, 0.5, 0.75, 0.9, 0.99999994]
 TINY16 = [0.0] * 8 + [1e-45, 2e-45, 0.0, 3e-45, 0.0, 0.0, 4e-45, 0.0]
 FLAT16 = [0.0625] * 16
+# AVX2 4-bit cuts (k - min k) / gcd into 14-bit pieces: REAL16 takes three, EDGE16 two (gcd
+# 32), INT16 one (gcd 2^23); WIDE16 spreads 3 * 2^31 quanta (>= 2^32: the float64 kernel there)
+INT16 = [j / 64 for j in range(-8, 8)]
+WIDE16 = [-1.5, -1.0, -0.5, -0.25, -0.125, -0.0625, 0.0, 0.00390625, 0.0078125, 0.125, 0.25,
+          0.5, 0.75, 1.0, 1.25, 1.5]
 
 
 def _adversarial_cases():
     """(name, matrix, v int32 [T, in_pad], scale [T]) at and beyond the overflow bounds."""
     cases = []
     books = (("real", REAL), ("edge", EDGE), ("real16", REAL16), ("edge16", EDGE16),
-             ("tiny16", TINY16), ("flat16", FLAT16))
+             ("tiny16", TINY16), ("flat16", FLAT16), ("int16", INT16), ("wide16", WIDE16))
     for groups in (1, 3, 6, 9, 24):
         for codebook_name, codebook in books:
             m = _synthetic(13, groups, codebook, seed=groups)
@@ -216,3 +222,29 @@ def test_level_sums_are_what_the_reference_multiplies():
     for j, s in enumerate((s0, s1, s2, s3)):
         np.testing.assert_array_equal(s, (v * (idx == j)).sum(1))
     assert np.abs(np.stack([s0, s1, s2, s3])).max() < 2**21
+
+
+def test_avx2_4bit_pieces_are_exact():
+    """np_cq_int4w.h's regrouping in Python integers: sum_c k[idx_c] v_c == gc * W + kmin * tot
+    with W from the 14-bit pieces of (k - kmin) / gc, and an int32 lane (8 products of a piece
+    and v) stays below 2^31, at the extremes of v, for codebooks of one, two and three pieces."""
+    rng = np.random.default_rng(3)
+    for codebook in (INT16, EDGE16, REAL16):
+        cb = np.asarray(codebook, F32).astype(np.float64)
+        quantum = 2.0 ** (np.frexp(np.abs(cb[cb != 0]))[1].min() - 24)
+        k = [int(x) for x in cb / quantum]
+        assert all(float(x) * quantum == c for x, c in zip(k, cb, strict=True))
+        kmin = min(k)
+        gc = int(np.gcd.reduce([x - kmin for x in k])) or 1
+        assert max(k) - kmin < 2**32
+        pieces = [[((x - kmin) // gc >> (14 * p)) & 16383 for x in k] for p in range(3)]
+        for v in (np.full(128, -16384), np.full(128, 16383), rng.integers(-16384, 16384, 128)):
+            idx = rng.integers(0, 16, 128)
+            idx[:64] = int(np.argmax(k))
+            v = [int(x) for x in v]
+            w = sum(2 ** (14 * p) * sum(pieces[p][i] * x for i, x in zip(idx, v, strict=True))
+                    for p in range(3))
+            assert gc * w + kmin * sum(v) == sum(k[i] * x for i, x in zip(idx, v, strict=True))
+            lane = max(abs(sum(pieces[p][i] * x for i, x in zip(idx[:8], v[:8], strict=True)))
+                       for p in range(3))
+            assert lane <= 8 * 16383 * 16384 < 2**31

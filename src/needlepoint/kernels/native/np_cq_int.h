@@ -314,6 +314,7 @@ static int NP_NAME(np_cq_int2)(const int32_t *v, const float *scale, int64_t T, 
 #endif /* NP_SIMD_AVX2 */
 
 #include "np_cq_int4.h"
+#include "np_cq_int4w.h"
 
 /* The integer kernels' entry (np_body.h np_cq_matmul): NP_BADARG when none covers this
  * product (storage width, codebook, variant or v range), and the float64 kernel runs. */
@@ -325,6 +326,11 @@ static int NP_NAME(np_cq_int)(const int32_t *v, const float *scale, int64_t T, i
     if (storage_bits == 2 && codebook_len <= 4)
         return NP_NAME(np_cq_int2)(v, scale, T, in_pad, cb, parts, n_parts, out, out_stride,
                                    r_first, r_last);
+#endif
+#if defined(NP_SIMD_AVX2) && !defined(NP_SIMD_AVX512)
+    if (storage_bits == 4 && codebook_len <= 16)
+        return NP_NAME(np_cq_int4w)(v, scale, T, in_pad, codebook, codebook_len, parts, n_parts,
+                                    out, out_stride, r_first, r_last);
 #endif
 #ifdef NP_SIMD_AVX512
     if (storage_bits == 4 && codebook_len <= 16)

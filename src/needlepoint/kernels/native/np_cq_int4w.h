@@ -1,0 +1,255 @@
+/* Exact CQ x A8 products in integers, 4-bit storage, AVX2 variant: 16-bit level pieces times
+ * 16-bit activations (vpmaddwd), included by np_cq_int.h. docs/numerics.md "Exact CQ x A8
+ * products"; kernels/exact.py `cq_matmul_reference` is the numpy reference with the same bits.
+ *
+ * Every level is an integer multiple k_j of the codebook quantum qu (np_cq_int4.h). With
+ * kmin = min_j k_j, gc = gcd_j (k_j - kmin) and u_j = (k_j - kmin) / gc cut into P <= 3
+ * pieces of 14 bits u_j = sum_p 2^(14 p) u_jp (each u_jp in [0, 16383], a valid int16):
+ *   sum_c k[idx_c] v_c = gc * W + kmin * tot,  W = sum_p 2^(14 p) sum_c u_p[idx_c] v_c,
+ * tot = sum_c v_c. The inner sums are vpmaddwd products of the 16-bit pieces (two vpshufb
+ * byte lookups of the 4-bit code, interleaved) and v as int16 (|v| <= 2^14): an int32 lane
+ * adds 8 products of at most 16383 * 2^14, so |lane| < 2^31 with one accumulator per code
+ * register (two per group and piece); the lanes then go to float64, where every sum is an
+ * integer below 2^53 and so exact. gc * W + kmin * tot is exact in float64 when
+ * (kmax - kmin) < 2^32 (then |gc W| < 2^53, |kmin tot| < 2^53, and their sum is the exact
+ * sum_c k v, below 2^53 by check_codebook): D = that times qu, the value the float64
+ * reference computes, and the unchanged epilogue gives the same bits. Wider codebooks (and
+ * v outside [-2^14, 2^14)) return NP_BADARG: the float64 kernel, exact for them, runs.
+ * Activation layout: code byte k of register r (32 bytes) of a group holds columns
+ * 2 (32 r + k) + s (nibble s); the unpacked 16-bit pieces of field (r, s) come in two
+ * vectors u = 0, 1 whose element e is byte (e >> 3) * 16 + u * 8 + (e & 7), so v is stored
+ * as int16 at g * 128 + ((r * 2 + s) * 2 + u) * 16 + e. */
+
+#if defined(NP_SIMD_AVX2) && !defined(NP_SIMD_AVX512)
+#define NP_I4W_RB 2 /* activation rows per pass over the weights */
+
+typedef struct {
+    __m256i lo[3], hi[3]; /* low / high byte of piece p of u_j, j = 0..15, in both lanes */
+    int pieces;
+    double gc, kmin, quantum;
+} np_i4w_levels;
+
+static int64_t NP_NAME(np_i4w_gcd)(int64_t a, int64_t b) {
+    while (b) {
+        int64_t t = a % b;
+        a = b;
+        b = t;
+    }
+    return a;
+}
+
+/* The codebook as integer pieces; NP_BADARG when some level is not finite, the sums could
+ * reach 2^53 quanta or the spread is 2^32 quanta or more (module comment). */
+static int NP_NAME(np_i4w_levels_of)(const float *codebook, int64_t codebook_len,
+                                     np_i4w_levels *lv) {
+    float cb[16] = {0};
+    double quantum = 0.0;
+    for (int64_t j = 0; j < codebook_len && j < 16; j++) cb[j] = codebook[j];
+    for (int j = 0; j < 16; j++) {
+        float a = fabsf(cb[j]);
+        if (!(a <= 3.4028234663852886e38f)) return NP_BADARG;
+        if (a == 0.0f) continue;
+        int e;
+        frexpf(a, &e); /* a = m 2^e, m in [0.5, 1): ulp 2^(e - 24), at least 2^-149 */
+        double ulp = ldexp(1.0, e - 24 < -149 ? -149 : e - 24);
+        if (quantum == 0.0 || ulp < quantum) quantum = ulp;
+    }
+    if (quantum == 0.0) quantum = 1.0;
+    int64_t k[16], kmin = 0, kmax = 0, peak = 0, gc = 0;
+    for (int j = 0; j < 16; j++) {
+        double q = (double)cb[j] / quantum;
+        if (!(fabs(q) < 4294967296.0)) return NP_BADARG;
+        k[j] = (int64_t)q;
+        if (k[j] < kmin || j == 0) kmin = k[j];
+        if (k[j] > kmax || j == 0) kmax = k[j];
+        if (llabs(k[j]) > peak) peak = llabs(k[j]);
+    }
+    if (peak * 16384 * 128 >= (int64_t)1 << 53 || kmax - kmin >= (int64_t)1 << 32)
+        return NP_BADARG;
+    for (int j = 0; j < 16; j++) gc = NP_NAME(np_i4w_gcd)(k[j] - kmin, gc);
+    if (gc == 0) gc = 1;
+    int pieces = 1;
+    while (pieces < 3 && (((kmax - kmin) / gc) >> (14 * pieces)) != 0) pieces++;
+    for (int p = 0; p < 3; p++) {
+        uint8_t lo[16], hi[16];
+        for (int j = 0; j < 16; j++) {
+            int64_t piece = (((k[j] - kmin) / gc) >> (14 * p)) & 16383;
+            lo[j] = (uint8_t)(piece & 255);
+            hi[j] = (uint8_t)(piece >> 8);
+        }
+        lv->lo[p] = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)lo));
+        lv->hi[p] = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)hi));
+    }
+    lv->pieces = pieces;
+    lv->gc = (double)gc;
+    lv->kmin = (double)kmin;
+    lv->quantum = quantum;
+    return NP_OK;
+}
+
+/* v of rows [0, T) as int16 in the layout above (w [T, groups * 128]) and the group totals
+ * tot [T, g4] (g4 = groups rounded up to 4, padding zero); NP_BADARG when some v is outside
+ * [-2^14, 2^14). */
+static int NP_NAME(np_i4w_prepare)(const int32_t *v, int64_t T, int64_t in_pad, int16_t *w,
+                                   int32_t *tot, int64_t g4) {
+    int64_t groups = in_pad / 128;
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t g = 0; g < groups; g++) {
+            const int32_t *x = v + t * in_pad + g * 128;
+            int16_t *out = w + t * in_pad + g * 128;
+            int32_t sum = 0;
+            for (int c = 0; c < 128; c++) {
+                if (x[c] < -16384 || x[c] >= 16384) return NP_BADARG;
+                sum += x[c];
+                int byte = c >> 1, s = c & 1, r = byte >> 5, kb = byte & 31;
+                int e = ((kb >> 4) << 3) | (kb & 7), u = (kb >> 3) & 1;
+                out[((r * 2 + s) * 2 + u) * 16 + e] = (int16_t)x[c];
+            }
+            tot[t * g4 + g] = sum;
+        }
+    return NP_OK;
+}
+
+/* One group (64 code bytes) against nb activation rows: the four float64 lanes of
+ * sum_p 2^(14 p) (piece p's sum) to q[b * qstride + 0..3] (exact integers). */
+static inline __attribute__((always_inline)) void NP_NAME(np_i4w_group)(
+    const uint8_t *bytes, const int16_t *w, int64_t w_stride, const int nb, const int P,
+    const np_i4w_levels *lv, double *q, int64_t qstride) {
+    const __m256i low = _mm256_set1_epi8(15);
+    __m256i acc[NP_I4W_RB][3][2];
+    for (int b = 0; b < nb; b++)
+        for (int p = 0; p < P; p++) acc[b][p][0] = acc[b][p][1] = _mm256_setzero_si256();
+    for (int r = 0; r < 2; r++) {
+        const __m256i c = _mm256_loadu_si256((const __m256i *)(bytes + 32 * r));
+        const __m256i nib[2] = {_mm256_and_si256(c, low),
+                                _mm256_and_si256(_mm256_srli_epi16(c, 4), low)};
+        for (int s = 0; s < 2; s++)
+            for (int p = 0; p < P; p++) {
+                __m256i tl = _mm256_shuffle_epi8(lv->lo[p], nib[s]);
+                __m256i th = _mm256_shuffle_epi8(lv->hi[p], nib[s]);
+                __m256i w0 = _mm256_unpacklo_epi8(tl, th), w1 = _mm256_unpackhi_epi8(tl, th);
+                for (int b = 0; b < nb; b++) {
+                    const int16_t *a = w + b * w_stride + (r * 2 + s) * 32;
+                    __m256i m = _mm256_add_epi32(
+                        _mm256_madd_epi16(w0, _mm256_loadu_si256((const __m256i *)a)),
+                        _mm256_madd_epi16(w1, _mm256_loadu_si256((const __m256i *)(a + 16))));
+                    acc[b][p][r] = _mm256_add_epi32(acc[b][p][r], m);
+                }
+            }
+    }
+    for (int b = 0; b < nb; b++) {
+        __m256d sum = _mm256_setzero_pd();
+        for (int p = 0; p < P; p++) {
+            __m256d part = _mm256_setzero_pd();
+            for (int r = 0; r < 2; r++)
+                part = _mm256_add_pd(
+                    part, _mm256_add_pd(
+                              _mm256_cvtepi32_pd(_mm256_castsi256_si128(acc[b][p][r])),
+                              _mm256_cvtepi32_pd(_mm256_extracti128_si256(acc[b][p][r], 1))));
+            sum = _mm256_add_pd(sum, _mm256_mul_pd(part, _mm256_set1_pd((double)(1 << (14 * p)))));
+        }
+        _mm256_storeu_pd(q + b * qstride, sum);
+    }
+}
+
+/* D of 4 groups from their four lanes each (q[g][4]): W, then (gc W + kmin tot) qu. */
+static inline void NP_NAME(np_i4w_dots4)(const double *q, const int32_t *tot,
+                                         const np_i4w_levels *lv, double *dots) {
+    __m256d h01 = _mm256_hadd_pd(_mm256_loadu_pd(q), _mm256_loadu_pd(q + 4));
+    __m256d h23 = _mm256_hadd_pd(_mm256_loadu_pd(q + 8), _mm256_loadu_pd(q + 12));
+    __m256d w = _mm256_add_pd(_mm256_permute2f128_pd(h01, h23, 0x20),
+                              _mm256_permute2f128_pd(h01, h23, 0x31));
+    __m256d t = _mm256_cvtepi32_pd(_mm_loadu_si128((const __m128i *)tot));
+    __m256d k = _mm256_add_pd(_mm256_mul_pd(w, _mm256_set1_pd(lv->gc)),
+                              _mm256_mul_pd(t, _mm256_set1_pd(lv->kmin)));
+    _mm256_storeu_pd(dots, _mm256_mul_pd(k, _mm256_set1_pd(lv->quantum)));
+}
+
+static inline __attribute__((always_inline)) void NP_NAME(np_i4w_rows)(
+    const np_cq_part *part, int64_t groups, int64_t r0, int64_t r1, const int16_t *w,
+    int64_t w_stride, const int32_t *tot, const int nb, const int P, const np_i4w_levels *lv,
+    const double *s, float *out, int64_t out_stride, double *dots, double *q) {
+    int64_t g4 = (groups + 3) & ~(int64_t)3, dstride = NP_I4W_RB * g4, qstride = g4 * 4;
+    for (int64_t r4 = r0; r4 < r1; r4 += 4) {
+        int rows = (int)(r1 - r4 < 4 ? r1 - r4 : 4);
+        for (int i = 0; i < rows; i++) {
+            const uint8_t *p = part->packed + (r4 + i) * part->row_bytes;
+            for (int64_t g = 0; g < groups; g++)
+                NP_NAME(np_i4w_group)(p + g * 64, w + g * 128, w_stride, nb, P, lv, q + g * 4,
+                                      qstride);
+            for (int b = 0; b < nb; b++)
+                for (int64_t g = 0; g < groups; g += 4)
+                    NP_NAME(np_i4w_dots4)(q + b * qstride + g * 4, tot + b * g4 + g, lv,
+                                          dots + i * dstride + b * g4 + g);
+        }
+        const float *norms = part->norms + r4 * groups;
+        for (int b = 0; b < nb; b++) {
+            float *o = out + b * out_stride + part->out_col + r4;
+            if (rows == 4)
+                NP_NAME(np_i2_epilogue4)(dots + b * g4, dstride, norms, groups, s[b], o);
+            else
+                for (int i = 0; i < rows; i++)
+                    o[i] = NP_NAME(np_epilogue)(dots + i * dstride + b * g4,
+                                                norms + i * groups, groups, s[b]);
+        }
+    }
+}
+
+#define NP_I4W_CASE(nb, P)                                                                 \
+    NP_NAME(np_i4w_rows)(&parts[p], groups, a, z, W, in_pad, tt, nb, P, &lv, s, o,           \
+                         out_stride, dots, q)
+
+/* np_cq_matmul for 4-bit storage in integers (AVX2). NP_BADARG (nothing written) when the
+ * codebook or v is outside what the integer sums cover: the float64 kernel runs. */
+static int NP_NAME(np_cq_int4w)(const int32_t *v, const float *scale, int64_t T,
+                                int64_t in_pad, const float *codebook, int64_t codebook_len,
+                                const np_cq_part *parts, int64_t n_parts, float *out,
+                                int64_t out_stride, int64_t r_first, int64_t r_last) {
+    np_i4w_levels lv;
+    if (NP_NAME(np_i4w_levels_of)(codebook, codebook_len, &lv) != NP_OK) return NP_BADARG;
+    int64_t groups = in_pad / 128, g4 = (groups + 3) & ~(int64_t)3;
+    int16_t *w = (int16_t *)malloc(sizeof(int16_t) * (size_t)(T * in_pad + 32));
+    int32_t *tot = (int32_t *)calloc((size_t)(T * g4), sizeof(int32_t));
+    double *dots = (double *)malloc(sizeof(double) * (size_t)(4 * NP_I4W_RB * g4));
+    double *q = (double *)calloc((size_t)(NP_I4W_RB * g4 * 4), sizeof(double));
+    if (!w || !tot || !dots || !q) {
+        free(w);
+        free(tot);
+        free(dots);
+        free(q);
+        return NP_NOMEM;
+    }
+    int status = NP_NAME(np_i4w_prepare)(v, T, in_pad, w, tot, g4);
+    for (int64_t t0 = 0; status == NP_OK && t0 < T; t0 += NP_I4W_RB) {
+        int nb = (int)(T - t0 < NP_I4W_RB ? T - t0 : NP_I4W_RB);
+        double s[NP_I4W_RB];
+        for (int b = 0; b < nb; b++) s[b] = (double)scale[t0 + b];
+        const int16_t *W = w + t0 * in_pad;
+        const int32_t *tt = tot + t0 * g4;
+        float *o = out + t0 * out_stride;
+        int64_t base = 0;
+        for (int64_t p = 0; p < n_parts; p++) {
+            int64_t a = r_first > base ? r_first - base : 0;
+            int64_t z = r_last - base < parts[p].rows ? r_last - base : parts[p].rows;
+            if (a < z) {
+                switch (nb * 4 + lv.pieces) {
+                case 11: NP_I4W_CASE(2, 3); break;
+                case 10: NP_I4W_CASE(2, 2); break;
+                case 9: NP_I4W_CASE(2, 1); break;
+                case 7: NP_I4W_CASE(1, 3); break;
+                case 6: NP_I4W_CASE(1, 2); break;
+                default: NP_I4W_CASE(1, 1); break;
+                }
+            }
+            base += parts[p].rows;
+        }
+    }
+    free(w);
+    free(tot);
+    free(dots);
+    free(q);
+    return status;
+}
+#undef NP_I4W_CASE
+#undef NP_I4W_RB
+#endif
