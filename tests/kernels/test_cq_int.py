@@ -86,8 +86,8 @@ EDGE16 = [-1.0, -0.99999994, -0.5, -0.25, -0.0068359375, 0.0, 0.00390625, 0.0078
           0.2, 0.3, 0.4, 0.5, 0.75, 0.9, 0.99999994]
 TINY16 = [0.0] * 8 + [1e-45, 2e-45, 0.0, 3e-45, 0.0, 0.0, 4e-45, 0.0]
 FLAT16 = [0.0625] * 16
-# AVX2 4-bit cuts (k - min k) / gcd into 14-bit pieces: REAL16 takes three, EDGE16 two (gcd
-# 32), INT16 one (gcd 2^23); WIDE16 spreads 3 * 2^31 quanta (>= 2^32: the float64 kernel there)
+# AVX2 4-bit cuts (k - kc) / gcd into balanced base-2^14 digits (np_cq_int4w.h): INT16 and
+# WIDE16 (spread 3 * 2^31 quanta, gcd 2^23) take one, EDGE16 two, REAL16 three
 INT16 = [j / 64 for j in range(-8, 8)]
 WIDE16 = [-1.5, -1.0, -0.5, -0.25, -0.125, -0.0625, 0.0, 0.00390625, 0.0078125, 0.125, 0.25,
           0.5, 0.75, 1.0, 1.25, 1.5]
@@ -224,27 +224,43 @@ def test_level_sums_are_what_the_reference_multiplies():
     assert np.abs(np.stack([s0, s1, s2, s3])).max() < 2**21
 
 
-def test_avx2_4bit_pieces_are_exact():
-    """np_cq_int4w.h's regrouping in Python integers: sum_c k[idx_c] v_c == gc * W + kmin * tot
-    with W from the 14-bit pieces of (k - kmin) / gc, and an int32 lane (8 products of a piece
-    and v) stays below 2^31, at the extremes of v, for codebooks of one, two and three pieces."""
+def _balanced_digits(u: int) -> list[int]:
+    """np_cq_int4w.h's digits of u in base 2^14, each in [-8191, 8192] (three of them)."""
+    out = []
+    for _ in range(3):
+        d = ((u + 8191) & 16383) - 8191
+        out.append(d)
+        u = (u - d) >> 14
+    assert u == 0
+    return out
+
+
+def test_avx2_4bit_digits_are_exact():
+    """np_cq_int4w.h's regrouping in Python integers: sum_c k[idx_c] v_c == gc * W + kc * tot
+    with W from balanced base-2^14 digits of (k - kc) / gc, and an int32 lane (16 products of a
+    digit and v) stays in [-2^31, 2^31), at the extremes of v, for codebooks of one, two and
+    three digits and the widest spread (WIDE16)."""
     rng = np.random.default_rng(3)
-    for codebook in (INT16, EDGE16, REAL16):
+    for codebook in (INT16, EDGE16, REAL16, WIDE16):
         cb = np.asarray(codebook, F32).astype(np.float64)
         quantum = 2.0 ** (np.frexp(np.abs(cb[cb != 0]))[1].min() - 24)
         k = [int(x) for x in cb / quantum]
         assert all(float(x) * quantum == c for x, c in zip(k, cb, strict=True))
-        kmin = min(k)
+        kmin, kmax = min(k), max(k)
         gc = int(np.gcd.reduce([x - kmin for x in k])) or 1
-        assert max(k) - kmin < 2**32
-        pieces = [[((x - kmin) // gc >> (14 * p)) & 16383 for x in k] for p in range(3)]
+        kc = kmin + gc * ((kmax - kmin) // gc // 2)
+        digits = [_balanced_digits((x - kc) // gc) for x in k]
+        assert all(-8191 <= d <= 8192 for ds in digits for d in ds)
         for v in (np.full(128, -16384), np.full(128, 16383), rng.integers(-16384, 16384, 128)):
-            idx = rng.integers(0, 16, 128)
-            idx[:64] = int(np.argmax(k))
-            v = [int(x) for x in v]
-            w = sum(2 ** (14 * p) * sum(pieces[p][i] * x for i, x in zip(idx, v, strict=True))
-                    for p in range(3))
-            assert gc * w + kmin * sum(v) == sum(k[i] * x for i, x in zip(idx, v, strict=True))
-            lane = max(abs(sum(pieces[p][i] * x for i, x in zip(idx[:8], v[:8], strict=True)))
-                       for p in range(3))
-            assert lane <= 8 * 16383 * 16384 < 2**31
+            for idx in (rng.integers(0, 16, 128), np.full(128, int(np.argmin(k))),
+                        np.full(128, int(np.argmax(k)))):
+                vs = [int(x) for x in v]
+                parts = [sum(digits[i][p] * x for i, x in zip(idx, vs, strict=True))
+                         for p in range(3)]
+                w = sum(2 ** (14 * p) * parts[p] for p in range(3))
+                want = sum(k[i] * x for i, x in zip(idx, vs, strict=True))
+                assert gc * w + kc * sum(vs) == want
+                assert abs(gc * w) < 2**53 and abs(kc * sum(vs)) < 2**53
+                for p in range(3):  # one lane: 16 products of the group
+                    lane = sum(digits[i][p] * x for i, x in zip(idx[:16], vs[:16], strict=True))
+                    assert -(2**31) <= lane < 2**31

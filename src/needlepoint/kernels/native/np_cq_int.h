@@ -32,7 +32,7 @@
 #if defined(NP_SIMD_AVX512)
 #define NP_I2_RB 4
 #else
-#define NP_I2_RB 2
+#define NP_I2_RB 1
 #endif
 
 /* Activation bytes of rows t in [0, T) for codes of 8 / fields bits: lo/hi [T, act_bytes],
@@ -280,7 +280,7 @@ static int NP_NAME(np_cq_int2)(const int32_t *v, const float *scale, int64_t T, 
     int status = NP_NAME(np_int_prepare)(v, T, in_pad, 4, lo, hi, tot, act_bytes);
     for (int64_t t0 = 0; status == NP_OK && t0 < T; t0 += NP_I2_RB) {
         int nb = (int)(T - t0 < NP_I2_RB ? T - t0 : NP_I2_RB);
-        double s[NP_I2_RB];
+        double s[NP_I2_RB] = {0};
         for (int b = 0; b < nb; b++) s[b] = (double)scale[t0 + b];
         const int8_t *L = lo + t0 * act_bytes, *H = hi + t0 * act_bytes;
         const int32_t *tt = tot + t0 * g8;

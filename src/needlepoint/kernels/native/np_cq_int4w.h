@@ -3,30 +3,31 @@
  * products"; kernels/exact.py `cq_matmul_reference` is the numpy reference with the same bits.
  *
  * Every level is an integer multiple k_j of the codebook quantum qu (np_cq_int4.h). With
- * kmin = min_j k_j, gc = gcd_j (k_j - kmin) and u_j = (k_j - kmin) / gc cut into P <= 3
- * pieces of 14 bits u_j = sum_p 2^(14 p) u_jp (each u_jp in [0, 16383], a valid int16):
- *   sum_c k[idx_c] v_c = gc * W + kmin * tot,  W = sum_p 2^(14 p) sum_c u_p[idx_c] v_c,
- * tot = sum_c v_c. The inner sums are vpmaddwd products of the 16-bit pieces (two vpshufb
- * byte lookups of the 4-bit code, interleaved) and v as int16 (|v| <= 2^14): an int32 lane
- * adds 8 products of at most 16383 * 2^14, so |lane| < 2^31 with one accumulator per code
- * register (two per group and piece); the lanes then go to float64, where every sum is an
- * integer below 2^53 and so exact. gc * W + kmin * tot is exact in float64 when
- * (kmax - kmin) < 2^32 (then |gc W| < 2^53, |kmin tot| < 2^53, and their sum is the exact
- * sum_c k v, below 2^53 by check_codebook): D = that times qu, the value the float64
- * reference computes, and the unchanged epilogue gives the same bits. Wider codebooks (and
- * v outside [-2^14, 2^14)) return NP_BADARG: the float64 kernel, exact for them, runs.
+ * kmin, kmax the extreme k_j, gc = gcd_j (k_j - kmin), c0 = floor((kmax - kmin) / gc / 2),
+ * kc = kmin + gc c0 and u_j = (k_j - kc) / gc (|u_j| <= 2^32) cut into P <= 3 balanced digits
+ * of base 2^14, u_j = sum_p 2^(14 p) d_jp with every d_jp in [-8191, 8192] (a valid int16):
+ *   sum_c k[idx_c] v_c = gc * W + kc * tot,  W = sum_p 2^(14 p) sum_c d_p[idx_c] v_c,
+ * tot = sum_c v_c. The inner sums are vpmaddwd products of the 16-bit digits (two vpshufb
+ * byte lookups of the 4-bit code, interleaved) and v as int16 (v in [-2^14, 2^14)): an int32
+ * lane of a group adds 16 products, each in [-2^27, 8192 * 16383], so it stays in
+ * [-2^31, 2^31); one accumulator per group and digit, whose lanes then go to float64, where
+ * every sum is an integer below 2^53 and so exact. gc * W + kc * tot is exact in float64:
+ * |gc W| <= (kmax - kmin) / 2 * 2^21 < 2^53 and |kc tot| < 2^32 * 2^21, and their sum is the
+ * exact sum_c k v, below 2^53 quanta by check_codebook. D = that times qu is the value the
+ * float64 reference computes, and the unchanged epilogue gives the same bits. v outside
+ * [-2^14, 2^14) returns NP_BADARG: the float64 kernel, exact for any int32 v, runs.
  * Activation layout: code byte k of register r (32 bytes) of a group holds columns
  * 2 (32 r + k) + s (nibble s); the unpacked 16-bit pieces of field (r, s) come in two
  * vectors u = 0, 1 whose element e is byte (e >> 3) * 16 + u * 8 + (e & 7), so v is stored
  * as int16 at g * 128 + ((r * 2 + s) * 2 + u) * 16 + e. */
 
 #if defined(NP_SIMD_AVX2) && !defined(NP_SIMD_AVX512)
-#define NP_I4W_RB 2 /* activation rows per pass over the weights */
+#define NP_I4W_RB 4 /* activation rows per pass over the weights */
 
 typedef struct {
-    __m256i lo[3], hi[3]; /* low / high byte of piece p of u_j, j = 0..15, in both lanes */
+    __m256i lo[3], hi[3]; /* low / high byte of digit p of u_j, j = 0..15, in both lanes */
     int pieces;
-    double gc, kmin, quantum;
+    double gc, kc, quantum;
 } np_i4w_levels;
 
 static int64_t NP_NAME(np_i4w_gcd)(int64_t a, int64_t b) {
@@ -38,8 +39,8 @@ static int64_t NP_NAME(np_i4w_gcd)(int64_t a, int64_t b) {
     return a;
 }
 
-/* The codebook as integer pieces; NP_BADARG when some level is not finite, the sums could
- * reach 2^53 quanta or the spread is 2^32 quanta or more (module comment). */
+/* The codebook as integer digits; NP_BADARG when some level is not finite or the sums could
+ * reach 2^53 quanta (check_codebook refuses both). */
 static int NP_NAME(np_i4w_levels_of)(const float *codebook, int64_t codebook_len,
                                      np_i4w_levels *lv) {
     float cb[16] = {0};
@@ -64,25 +65,33 @@ static int NP_NAME(np_i4w_levels_of)(const float *codebook, int64_t codebook_len
         if (k[j] > kmax || j == 0) kmax = k[j];
         if (llabs(k[j]) > peak) peak = llabs(k[j]);
     }
-    if (peak * 16384 * 128 >= (int64_t)1 << 53 || kmax - kmin >= (int64_t)1 << 32)
-        return NP_BADARG;
+    if (peak * 16384 * 128 >= (int64_t)1 << 53) return NP_BADARG;
     for (int j = 0; j < 16; j++) gc = NP_NAME(np_i4w_gcd)(k[j] - kmin, gc);
     if (gc == 0) gc = 1;
+    int64_t kc = kmin + gc * (((kmax - kmin) / gc) / 2);
+    int16_t digit[3][16] = {{0}};
     int pieces = 1;
-    while (pieces < 3 && (((kmax - kmin) / gc) >> (14 * pieces)) != 0) pieces++;
+    for (int j = 0; j < 16; j++) {
+        int64_t u = (k[j] - kc) / gc; /* exact: gc divides k_j - kmin and kc - kmin */
+        for (int p = 0; u != 0; p++) {
+            int64_t d = ((u + 8191) & 16383) - 8191; /* u - d is a multiple of 2^14 */
+            digit[p][j] = (int16_t)d;
+            u = (u - d) >> 14;
+            if (p + 1 > pieces) pieces = p + 1;
+        }
+    }
     for (int p = 0; p < 3; p++) {
         uint8_t lo[16], hi[16];
         for (int j = 0; j < 16; j++) {
-            int64_t piece = (((k[j] - kmin) / gc) >> (14 * p)) & 16383;
-            lo[j] = (uint8_t)(piece & 255);
-            hi[j] = (uint8_t)(piece >> 8);
+            lo[j] = (uint8_t)((uint16_t)digit[p][j] & 255);
+            hi[j] = (uint8_t)((uint16_t)digit[p][j] >> 8);
         }
         lv->lo[p] = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)lo));
         lv->hi[p] = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)hi));
     }
     lv->pieces = pieces;
     lv->gc = (double)gc;
-    lv->kmin = (double)kmin;
+    lv->kc = (double)kc;
     lv->quantum = quantum;
     return NP_OK;
 }
@@ -111,14 +120,14 @@ static int NP_NAME(np_i4w_prepare)(const int32_t *v, int64_t T, int64_t in_pad, 
 }
 
 /* One group (64 code bytes) against nb activation rows: the four float64 lanes of
- * sum_p 2^(14 p) (piece p's sum) to q[b * qstride + 0..3] (exact integers). */
+ * sum_p 2^(14 p) (digit p's sum) to q[b * qstride + 0..3] (exact integers). */
 static inline __attribute__((always_inline)) void NP_NAME(np_i4w_group)(
     const uint8_t *bytes, const int16_t *w, int64_t w_stride, const int nb, const int P,
     const np_i4w_levels *lv, double *q, int64_t qstride) {
     const __m256i low = _mm256_set1_epi8(15);
-    __m256i acc[NP_I4W_RB][3][2];
+    __m256i acc[NP_I4W_RB][3];
     for (int b = 0; b < nb; b++)
-        for (int p = 0; p < P; p++) acc[b][p][0] = acc[b][p][1] = _mm256_setzero_si256();
+        for (int p = 0; p < P; p++) acc[b][p] = _mm256_setzero_si256();
     for (int r = 0; r < 2; r++) {
         const __m256i c = _mm256_loadu_si256((const __m256i *)(bytes + 32 * r));
         const __m256i nib[2] = {_mm256_and_si256(c, low),
@@ -133,26 +142,23 @@ static inline __attribute__((always_inline)) void NP_NAME(np_i4w_group)(
                     __m256i m = _mm256_add_epi32(
                         _mm256_madd_epi16(w0, _mm256_loadu_si256((const __m256i *)a)),
                         _mm256_madd_epi16(w1, _mm256_loadu_si256((const __m256i *)(a + 16))));
-                    acc[b][p][r] = _mm256_add_epi32(acc[b][p][r], m);
+                    acc[b][p] = _mm256_add_epi32(acc[b][p], m);
                 }
             }
     }
     for (int b = 0; b < nb; b++) {
         __m256d sum = _mm256_setzero_pd();
         for (int p = 0; p < P; p++) {
-            __m256d part = _mm256_setzero_pd();
-            for (int r = 0; r < 2; r++)
-                part = _mm256_add_pd(
-                    part, _mm256_add_pd(
-                              _mm256_cvtepi32_pd(_mm256_castsi256_si128(acc[b][p][r])),
-                              _mm256_cvtepi32_pd(_mm256_extracti128_si256(acc[b][p][r], 1))));
-            sum = _mm256_add_pd(sum, _mm256_mul_pd(part, _mm256_set1_pd((double)(1 << (14 * p)))));
+            __m256d part = _mm256_add_pd(_mm256_cvtepi32_pd(_mm256_castsi256_si128(acc[b][p])),
+                                         _mm256_cvtepi32_pd(_mm256_extracti128_si256(acc[b][p], 1)));
+            sum = p ? _mm256_add_pd(sum, _mm256_mul_pd(part, _mm256_set1_pd((double)(1 << (14 * p)))))
+                    : part;
         }
         _mm256_storeu_pd(q + b * qstride, sum);
     }
 }
 
-/* D of 4 groups from their four lanes each (q[g][4]): W, then (gc W + kmin tot) qu. */
+/* D of 4 groups from their four lanes each (q[g][4]): W, then (gc W + kc tot) qu. */
 static inline void NP_NAME(np_i4w_dots4)(const double *q, const int32_t *tot,
                                          const np_i4w_levels *lv, double *dots) {
     __m256d h01 = _mm256_hadd_pd(_mm256_loadu_pd(q), _mm256_loadu_pd(q + 4));
@@ -161,7 +167,7 @@ static inline void NP_NAME(np_i4w_dots4)(const double *q, const int32_t *tot,
                               _mm256_permute2f128_pd(h01, h23, 0x31));
     __m256d t = _mm256_cvtepi32_pd(_mm_loadu_si128((const __m128i *)tot));
     __m256d k = _mm256_add_pd(_mm256_mul_pd(w, _mm256_set1_pd(lv->gc)),
-                              _mm256_mul_pd(t, _mm256_set1_pd(lv->kmin)));
+                              _mm256_mul_pd(t, _mm256_set1_pd(lv->kc)));
     _mm256_storeu_pd(dots, _mm256_mul_pd(k, _mm256_set1_pd(lv->quantum)));
 }
 
@@ -198,6 +204,12 @@ static inline __attribute__((always_inline)) void NP_NAME(np_i4w_rows)(
 #define NP_I4W_CASE(nb, P)                                                                 \
     NP_NAME(np_i4w_rows)(&parts[p], groups, a, z, W, in_pad, tt, nb, P, &lv, s, o,           \
                          out_stride, dots, q)
+#define NP_I4W_P(nb)                                                                       \
+    switch (lv.pieces) {                                                                   \
+    case 3: NP_I4W_CASE(nb, 3); break;                                                     \
+    case 2: NP_I4W_CASE(nb, 2); break;                                                     \
+    default: NP_I4W_CASE(nb, 1); break;                                                    \
+    }
 
 /* np_cq_matmul for 4-bit storage in integers (AVX2). NP_BADARG (nothing written) when the
  * codebook or v is outside what the integer sums cover: the float64 kernel runs. */
@@ -232,13 +244,13 @@ static int NP_NAME(np_cq_int4w)(const int32_t *v, const float *scale, int64_t T,
             int64_t a = r_first > base ? r_first - base : 0;
             int64_t z = r_last - base < parts[p].rows ? r_last - base : parts[p].rows;
             if (a < z) {
-                switch (nb * 4 + lv.pieces) {
-                case 11: NP_I4W_CASE(2, 3); break;
-                case 10: NP_I4W_CASE(2, 2); break;
-                case 9: NP_I4W_CASE(2, 1); break;
-                case 7: NP_I4W_CASE(1, 3); break;
-                case 6: NP_I4W_CASE(1, 2); break;
-                default: NP_I4W_CASE(1, 1); break;
+                switch (nb) {
+#if NP_I4W_RB >= 4
+                case 4: NP_I4W_P(4) break;
+                case 3: NP_I4W_P(3) break;
+#endif
+                case 2: NP_I4W_P(2) break;
+                default: NP_I4W_P(1) break;
                 }
             }
             base += parts[p].rows;
@@ -251,5 +263,6 @@ static int NP_NAME(np_cq_int4w)(const int32_t *v, const float *scale, int64_t T,
     return status;
 }
 #undef NP_I4W_CASE
+#undef NP_I4W_P
 #undef NP_I4W_RB
 #endif
