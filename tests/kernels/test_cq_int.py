@@ -1,6 +1,6 @@
-"""The integer CQ x A8 kernels (kernels/native/np_cq_int.h, 2-bit storage, AVX2 and AVX-512
-VNNI; np_cq_int4.h / np_cq_int4w.h, 4-bit storage, AVX-512 VNNI / AVX2; the float64 kernel
-in the baseline variant): the same bits as
+"""The integer CQ x A8 kernels (kernels/native/np_cq_int.h, level sums, 2-bit decode rows;
+np_cq_int16.h, 16-bit digits, 4-bit storage and 2-bit prefill tiles; AVX2 and AVX-512 VNNI;
+the float64 kernel in the baseline variant): the same bits as
 the numpy reference (`exact.cq_matmul_reference`) in every compiled variant (baseline, AVX2,
 AVX-512 VNNI where the CPU has it), on every Needle 3 fixture and the toy model, and on
 adversarial inputs: activations at the ends of the range the byte split covers (and outside
@@ -25,7 +25,7 @@ from needlepoint.kernels import exact, native
 
 F32 = np.float32
 HERE = Path(__file__).resolve().parent
-# rows of activations: decode (1), the AVX2 tile (2), tails of the AVX-512 tile (3, 5), more
+# rows of activations: decode (1, 2: level sums on AVX-512), digit tiles of 4 and their tails
 ROWS = (1, 2, 3, 4, 5, 9)
 # 2-bit products of every width the archives have (1 to 6 groups) and, per archive, a 4-bit one
 ARCHIVE_PARTS = {
@@ -86,7 +86,7 @@ EDGE16 = [-1.0, -0.99999994, -0.5, -0.25, -0.0068359375, 0.0, 0.00390625, 0.0078
           0.2, 0.3, 0.4, 0.5, 0.75, 0.9, 0.99999994]
 TINY16 = [0.0] * 8 + [1e-45, 2e-45, 0.0, 3e-45, 0.0, 0.0, 4e-45, 0.0]
 FLAT16 = [0.0625] * 16
-# AVX2 4-bit cuts (k - kc) / gcd into balanced base-2^14 digits (np_cq_int4w.h): INT16 and
+# The digit kernel cuts (k - kc) / gcd into balanced base-2^14 digits (np_cq_int16.h): INT16 and
 # WIDE16 (spread 3 * 2^31 quanta, gcd 2^23) take one, EDGE16 two, REAL16 three
 INT16 = [j / 64 for j in range(-8, 8)]
 WIDE16 = [-1.5, -1.0, -0.5, -0.25, -0.125, -0.0625, 0.0, 0.00390625, 0.0078125, 0.125, 0.25,
@@ -225,7 +225,7 @@ def test_level_sums_are_what_the_reference_multiplies():
 
 
 def _balanced_digits(u: int) -> list[int]:
-    """np_cq_int4w.h's digits of u in base 2^14, each in [-8191, 8192] (three of them)."""
+    """np_cq_int16.h's digits of u in base 2^14, each in [-8191, 8192] (three of them)."""
     out = []
     for _ in range(3):
         d = ((u + 8191) & 16383) - 8191
@@ -235,8 +235,8 @@ def _balanced_digits(u: int) -> list[int]:
     return out
 
 
-def test_avx2_4bit_digits_are_exact():
-    """np_cq_int4w.h's regrouping in Python integers: sum_c k[idx_c] v_c == gc * W + kc * tot
+def test_16bit_digits_are_exact():
+    """np_cq_int16.h's regrouping in Python integers: sum_c k[idx_c] v_c == gc * W + kc * tot
     with W from balanced base-2^14 digits of (k - kc) / gc, and an int32 lane (16 products of a
     digit and v) stays in [-2^31, 2^31), at the extremes of v, for codebooks of one, two and
     three digits and the widest spread (WIDE16)."""

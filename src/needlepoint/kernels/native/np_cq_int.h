@@ -1,6 +1,8 @@
-/* Exact CQ x A8 products in integers, 2-bit storage, AVX2 and AVX-512 VNNI variants (included
- * by np_body.h once per variant, every name through NP_NAME; the baseline variant keeps the
- * float64 kernel, faster without SIMD). docs/numerics.md "Exact CQ x A8 products" is the contract,
+/* Exact CQ x A8 products in integers, AVX2 and AVX-512 VNNI variants (included by np_body.h
+ * once per variant, every name through NP_NAME; the baseline variant keeps the float64
+ * kernel, faster without SIMD): here the level-sum kernel (2-bit storage, decode rows), in
+ * np_cq_int16.h the 16-bit digit kernel (4-bit storage, and 2-bit prefill tiles); np_cq_int
+ * at the end picks. docs/numerics.md "Exact CQ x A8 products" is the contract,
  * kernels/exact.py `cq_matmul_reference` the numpy reference with the same bits.
  *
  * A group's sum D = sum_c cb[idx_c] v_c is regrouped by level: D = sum_j cb[j] S_j with
@@ -30,9 +32,11 @@
 #ifdef NP_SIMD_AVX2 /* the baseline variant keeps the float64 kernel (faster without SIMD) */
 /* activation rows per pass over the weights (prefill reuses each weight tile this often) */
 #if defined(NP_SIMD_AVX512)
-#define NP_I2_RB 4
+#define NP_I2_RB 2
+#define NP_I2_TMAX 2 /* activation rows up to which np_cq_int picks this kernel */
 #else
 #define NP_I2_RB 1
+#define NP_I2_TMAX 1
 #endif
 
 /* Activation bytes of rows t in [0, T) for codes of 8 / fields bits: lo/hi [T, act_bytes],
@@ -291,10 +295,6 @@ static int NP_NAME(np_cq_int2)(const int32_t *v, const float *scale, int64_t T, 
             int64_t z = r_last - base < parts[p].rows ? r_last - base : parts[p].rows;
             if (a < z) {
                 switch (nb) {
-#if NP_I2_RB >= 4
-                case 4: NP_NAME(np_i2_rows)(&parts[p], groups, a, z, L, H, tt, act_bytes, 4, cb, s, o, out_stride, dots, fbuf); break;
-                case 3: NP_NAME(np_i2_rows)(&parts[p], groups, a, z, L, H, tt, act_bytes, 3, cb, s, o, out_stride, dots, fbuf); break;
-#endif
 #if NP_I2_RB >= 2
                 case 2: NP_NAME(np_i2_rows)(&parts[p], groups, a, z, L, H, tt, act_bytes, 2, cb, s, o, out_stride, dots, fbuf); break;
 #endif
@@ -313,32 +313,31 @@ static int NP_NAME(np_cq_int2)(const int32_t *v, const float *scale, int64_t T, 
 #undef NP_I2_RB
 #endif /* NP_SIMD_AVX2 */
 
-#include "np_cq_int4.h"
-#include "np_cq_int4w.h"
+#include "np_cq_int16.h"
 
 /* The integer kernels' entry (np_body.h np_cq_matmul): NP_BADARG when none covers this
- * product (storage width, codebook, variant or v range), and the float64 kernel runs. */
+ * product (storage width, codebook, variant or v range), and the float64 kernel runs. Both
+ * integer kernels give the float64 kernel's bits, so the pick by T changes no output: the
+ * level-sum kernel above for decode rows (T <= NP_I2_TMAX: fewer operations per weight for
+ * one row), the 16-bit digit kernel (np_cq_int16.h) for 4-bit storage and for prefill tiles
+ * (its per-row work is lower: two 16-bit products per weight instead of six byte products). */
 static int NP_NAME(np_cq_int)(const int32_t *v, const float *scale, int64_t T, int64_t in_pad,
                               int storage_bits, const float *codebook, int64_t codebook_len,
                               const double *cb, const np_cq_part *parts, int64_t n_parts,
                               float *out, int64_t out_stride, int64_t r_first, int64_t r_last) {
 #ifdef NP_SIMD_AVX2
-    if (storage_bits == 2 && codebook_len <= 4)
+    if (storage_bits == 2 && codebook_len <= 4 && T <= NP_I2_TMAX)
         return NP_NAME(np_cq_int2)(v, scale, T, in_pad, cb, parts, n_parts, out, out_stride,
                                    r_first, r_last);
-#endif
-#if defined(NP_SIMD_AVX2) && !defined(NP_SIMD_AVX512)
-    if (storage_bits == 4 && codebook_len <= 16)
-        return NP_NAME(np_cq_int4w)(v, scale, T, in_pad, codebook, codebook_len, parts, n_parts,
-                                    out, out_stride, r_first, r_last);
-#endif
-#ifdef NP_SIMD_AVX512
-    if (storage_bits == 4 && codebook_len <= 16)
-        return NP_NAME(np_cq_int4)(v, scale, T, in_pad, codebook, codebook_len, parts, n_parts,
-                                   out, out_stride, r_first, r_last);
+    if ((storage_bits == 2 && codebook_len <= 4) || (storage_bits == 4 && codebook_len <= 16))
+        return NP_NAME(np_cq_int16)(v, scale, T, in_pad, storage_bits, codebook, codebook_len,
+                                    parts, n_parts, out, out_stride, r_first, r_last);
 #endif
     (void)v, (void)scale, (void)T, (void)in_pad, (void)storage_bits, (void)codebook;
     (void)codebook_len, (void)cb, (void)parts, (void)n_parts, (void)out, (void)out_stride;
     (void)r_first, (void)r_last;
     return NP_BADARG;
 }
+#ifdef NP_SIMD_AVX2
+#undef NP_I2_TMAX
+#endif
