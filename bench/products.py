@@ -74,7 +74,7 @@ def measure(path: str, rows: int, reps: int) -> dict:
     by_bits: dict[str, dict] = {}
     for m in _matrices(path):
         x = rng.standard_normal((rows, m.cols)).astype(F32)
-        v, scale = exact.a8_rotate(x, m.in_pad)
+        v, scale = exact.a8_rotate(x, m.in_pad, use_native=False)  # any build: same v
         seconds = _time(m, v, scale, reps)
         entry = by_bits.setdefault(f"{m.storage_bits}-bit", {"seconds": 0.0, "weights": 0,
                                                              "bytes": 0})
@@ -91,9 +91,13 @@ def measure(path: str, rows: int, reps: int) -> dict:
 
 def run_one(args: argparse.Namespace) -> dict:
     """Measure in this process (its library and variant); print and return the figures."""
-    if args.library:
-        native.LIBRARY = ctypes.CDLL(args.library)
-        native._signatures(native.LIBRARY)
+    if args.library:  # an older build: only the signatures this bench calls
+        lib = native.LIBRARY = ctypes.CDLL(args.library)
+        p, i32, i64 = ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64
+        lib.np_simd_variant.restype = i32
+        lib.np_cq_matmul_threads.argtypes = [p, p, i64, i64, i32, p, i64, p, i64, p, i64, i64,
+                                             i64, i32]
+        lib.np_cq_matmul_threads.restype = i32
     bandwidth = measure_bandwidth(threads=1, reps=3)
     read = bandwidth["read_GBps"]
     result = {"variant": native.simd_variant(), "load_average": os.getloadavg(),
