@@ -55,10 +55,13 @@ def section(runs: list[tuple[str, dict]], args: argparse.Namespace) -> str:
          "best streaming read bandwidth measured in the same process "
          f"({min(reads):.1f}–{max(reads):.1f} GB/s median across the runs). Each run is its "
          "own process: *before* is the float64 kernel (byte tables + AVX2 FMAs) built from "
-         "git, *after* the integer kernels of `np_cq_int.h` (2-bit, AVX2 and AVX-512) / "
-         "`np_cq_int4.h` (4-bit, AVX-512) in each compiled variant (NEEDLEPOINT_NATIVE_VARIANT "
-         "caps it; the baseline variant and AVX2 4-bit keep the float64 kernel). Same bits "
-         "in every run (`tests/kernels/test_cq_int.py`).", "",
+         "git, *after* the integer kernels in each compiled variant (NEEDLEPOINT_NATIVE_VARIANT "
+         "caps it): `np_cq_int.h` (level sums from u8 x s8 functionals) for 2-bit decode rows "
+         "(T <= 2 on AVX-512 VNNI, T = 1 on AVX2), `np_cq_int16.h` (balanced 16-bit digits of "
+         "the integer levels times int16 v, vpmaddwd / vpdpwssd) for 4-bit storage and 2-bit "
+         "prefill tiles. The baseline variant keeps the float64 kernel: without SIMD an integer "
+         "sum costs an operation or more per weight where its byte tables cost one load per 2 "
+         "to 4 weights. Same bits in every run (`tests/kernels/test_cq_int.py`).", "",
          "**Decode (1 activation row):**", ""]
     L += _rows_table(runs, "1")
     for rows in first["rows"]:
@@ -66,19 +69,42 @@ def section(runs: list[tuple[str, dict]], args: argparse.Namespace) -> str:
             L += ["", f"**Prefill tile ({rows} activation rows, per weight and row):**", ""]
             L += _rows_table(runs, rows)
     L += ["", "The machine is shared (2 logical CPUs, other work running: see the load "
-          "averages); ratios within one table are from runs minutes apart, so read them as "
-          "±30 %. Profile (perf annotate, AVX-512 variant, decode), before: the float64 "
-          "kernel's time is the byte-indexed level loads feeding 32 FMAs per group and row "
-          "and a horizontal sum per group. After: per pair of "
-          "groups 24 vpdpbusd + 16 mask operations (about 60 % of the time), then the "
-          "reductions to per-group sums (8 groups at a time, transposed), the exact level "
-          "sums in float64 and the pinned epilogue (4 rows per vector): about 40 %. Gap to "
-          "the 2 ms target: about 1 ms at this load. Next steps: the whole-step native call "
-          "(issue 18) removes the per-call Python/ctypes overhead (~30 µs of Python and ~4 "
-          "µs of call per product, ~120 products per token, outside these figures except "
-          "the call); a load-time layout interleaving 4 rows would let one reduction serve "
-          "4 rows; the AVX2 prefill tile is at parity with the float64 kernel (vpmaddubsw "
-          "needs the 16-bit accumulators widened per group).", ""]
+          "averages); ratios between these runs, minutes apart, read as ±30 %. The same "
+          "comparison in one process, the kernels alternating call by call (best of 8-80 "
+          "calls per matrix, load average 4.3), ns per weight (and row): float64 kernel, "
+          "AVX2 variant → integer AVX2 / integer AVX-512 VNNI. Decode: 2-bit 0.101 → 0.075 / "
+          "0.053, 4-bit 0.158 → 0.094 / 0.088. Prefill, 8 rows: 2-bit 0.070 → 0.058 / "
+          "0.044, 4-bit 0.088 → 0.069 / 0.059; 32 rows: 2-bit 0.070 → 0.060 / 0.045, 4-bit "
+          "0.085 → 0.068 / 0.058. Before this round the AVX2 4-bit products ran the float64 "
+          "kernel and the prefill tiles the decode kernels (32 rows: AVX2 2-bit 0.083, VNNI "
+          "2-bit 0.056, VNNI 4-bit 0.109 with byte pieces, `np_cq_int4.h`, now removed).", "",
+          "Profile (perf record -e cpu-clock + perf annotate; the VM has no hardware "
+          "counters). Before, float64 kernel, AVX2, 4-bit decode: scalar byte-table "
+          "addressing and loads (add/movzbl/movslq/cmp) about 60 %, FMAs and horizontal sums "
+          "about 25 %. Digit kernel, first form (two int32 accumulators per digit, 8 products "
+          "a lane): 54 % in the per-group conversion of the lanes to float64 (vcvtdq2pd, "
+          "vaddpd) against 15 % in vpmaddwd/vpshufb; balanced digits in [-8191, 8192] let one "
+          "accumulator hold a group's 16 products a lane, halving that (4-bit AVX2 decode "
+          "0.102 → 0.092 in one process). Digit kernel now, 16-row prefill: AVX-512 VNNI "
+          "vpdpwssd 28 %, the per-group reduction to float64 (cvt, adds, extracts, stores) "
+          "about 45 %; AVX2 vpmaddwd + vpaddd + reloads about 45 %, the reduction about 27 %. "
+          "Level-sum decode kernel (AVX-512, 2-bit): vpdpbusd + masks about 60 %, reductions "
+          "and the epilogue the rest.", "",
+          "Gap and next steps. Decode products of one token: about 2.9 ms with AVX-512 VNNI at "
+          "load 4 (target 2 ms), x5-6 the DRAM floor: the kernels are bound by multiply-adds "
+          "and reductions, not memory. Each exact formulation needs several products per "
+          "weight (2-bit level sums: 3 functionals x 2 bytes of v; digits: 2 int16 products "
+          "and a float64 reduction per group and row), so on this CPU (AVX-512 executed in "
+          "256-bit halves) the integer kernels are 1.2-1.9x the float64 FMA kernel, not the "
+          "4-8x the targets need. Tried and dropped: 16-bit digits for 2-bit decode (slower "
+          "than level sums at T = 1 on AVX-512: 0.073 vs 0.053), two rows per AVX2 level-sum "
+          "tile (register spills; one row is faster), 2-4 rows per AVX2 digit tile (4 is "
+          "best). Next: the reduction is now the largest part of the digit kernel: 512-bit "
+          "registers (one 4-bit group or two 2-bit groups per register, lanes folded in "
+          "int32) halve its instructions on AVX-512; beyond that, lookup tables over the "
+          "activation (T-MAC style: vpshufb on a load-time layout interleaving 32 weight "
+          "rows, replacing the packed codes so memory does not grow) would trade the "
+          "multiply-adds for lookups, with exactness needing 16-bit table entries.", ""]
     return "\n".join(L)
 
 
