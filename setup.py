@@ -7,15 +7,16 @@ present the build says so and the package still installs and imports, falling ba
 pure-numpy reference kernels (`needlepoint.kernels.exact`) with one warning.
 """
 
+import glob
+
 from setuptools import Extension, setup
 
 NATIVE = Extension(
     "needlepoint.kernels.native._needlepoint_native",
     sources=["src/needlepoint/kernels/native/needlepoint_native.c"],
-    depends=[f"src/needlepoint/kernels/native/{name}" for name in (
-        "np_body.h", "np_v3_block.h", "np_v3_rows.h", "np_v3_types.h", "np_i8.h", "np_i8_body.h",
-        "np_i8_rows.h", "np_i8_block.h", "np_cq_int.h",
-        "np_cq_int4.h")],
+    # Every header the library includes: a change to any of them rebuilds it (a fixed list went
+    # stale when headers were added or removed, and build_ext then kept the old library).
+    depends=sorted(glob.glob("src/needlepoint/kernels/native/*.h")),
     define_macros=[("NP_PYTHON_MODULE", "1")],
     # Exactness contract (docs/numerics.md): no fused or reassociated float operations.
     extra_compile_args=["-O3", "-ffp-contract=off", "-fno-fast-math", "-fno-math-errno"],
