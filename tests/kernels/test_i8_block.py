@@ -57,9 +57,13 @@ def _cache(rng, capacity, kv_heads, hd):
     return codes(), scales(), codes(), scales()
 
 
-def test_causal_attention_equals_the_pinned_reference(lib) -> None:
-    rng = np.random.default_rng(2)
-    heads, kv_heads, hd, start, count = 6, 2, 16, 9, 5
+# head sizes: one 16-code chunk; not a multiple of 16 (the scalar dots, 8-wide values); 64
+# and 80 (the value sums four vectors at a time, and a remainder); a chunk from position 0
+@pytest.mark.parametrize(("hd", "start", "count"), [(16, 9, 5), (24, 9, 5), (64, 0, 11),
+                                                    (80, 6, 9)])
+def test_causal_attention_equals_the_pinned_reference(lib, hd, start, count) -> None:
+    rng = np.random.default_rng(2 + hd)
+    heads, kv_heads = 6, 2
     kcode, kscale, vcode, vscale = _cache(rng, 20, kv_heads, hd)
     qcode = rng.integers(-128, 128, (count * heads, hd)).astype(np.int8)
     qscale = rng.uniform(0.01, 0.5, count * heads).astype(F32)

@@ -23,17 +23,15 @@ static int I8_NAME(i8_a8_row)(const float *row, int64_t cols, int8_t *codes, flo
 
 /* Query row q (codes, scale sq) against keys p = 0 .. n-1 at rows p * stride + g of the
  * int8 cache (hd codes each, scales at the same row index), in position order:
- * score_p = f32(((dot * sq) * sk_p) * inv_sqrt), softmax with the pinned exp and a float32
- * sum in order, out = sum_p prob_p * (v_p * sv_p) in order (kernels/pinned.py attend). */
-static void I8_NAME(i8_attend_row)(const int8_t *q, float sq_f, int64_t n, int64_t stride,
-                                   int64_t g, int64_t hd, const int8_t *kcode,
-                                   const float *kscale, const int8_t *vcode,
-                                   const float *vscale, double inv_sqrt, float *out,
-                                   float *work) {
+ * score_p = f32(((dot * sq) * sk_p) * inv_sqrt), then work[p] = exp32(score_p - peak), the
+ * softmax's unnormalised weights (kernels/pinned.py attend). */
+static void I8_NAME(i8_softmax_row)(const int8_t *q, float sq_f, int64_t n, int64_t stride,
+                                    int64_t g, int64_t hd, const int8_t *kcode,
+                                    const float *kscale, double inv_sqrt, float *work) {
     double sq = (double)sq_f;
     float peak = -INFINITY;
 #if defined(I8_SIMD_AVX2)
-    if (hd % 16 == 0 && hd <= 256) { /* the same operations, eight lanes at a time */
+    if (hd % 16 == 0 && hd <= 256) { /* the same exact dots, sixteen codes at a time */
         __m256i qw[16];
         for (int64_t e = 0; e < hd; e += 16)
             qw[e / 16] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(q + e)));
@@ -57,41 +55,34 @@ static void I8_NAME(i8_attend_row)(const int8_t *q, float sq_f, int64_t n, int64
             work[p] = score;
             if (score > peak) peak = score;
         }
-        for (int64_t p = 0; p < n; p++) work[p] = work[p] - peak;
-        I8_NAME(i8_exp32_array)(work, n, work);
-        float total = 0.0f;
-        for (int64_t p = 0; p < n; p++) total = total + work[p];
-        __m256 o[32];
-        for (int64_t e = 0; e < hd; e += 8) o[e / 8] = _mm256_setzero_ps();
+    } else
+#endif
+    {
         for (int64_t p = 0; p < n; p++) {
             int64_t row = p * stride + g;
-            __m256 prob = _mm256_set1_ps(work[p] / total);
-            __m256 sv = _mm256_set1_ps(vscale[row]);
-            const int8_t *v = vcode + row * hd;
-            for (int64_t e = 0; e < hd; e += 8) {
-                __m128i eight = _mm_loadl_epi64((const __m128i *)(v + e));
-                __m256 value = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(eight)), sv);
-                o[e / 8] = _mm256_add_ps(o[e / 8], _mm256_mul_ps(prob, value));
-            }
+            const int8_t *k = kcode + row * hd;
+            int32_t dot = 0;
+            for (int64_t e = 0; e < hd; e++) dot += (int32_t)q[e] * (int32_t)k[e];
+            double t = (double)dot * sq;
+            t = t * (double)kscale[row];
+            t = t * inv_sqrt;
+            float score = (float)t;
+            work[p] = score;
+            if (score > peak) peak = score;
         }
-        for (int64_t e = 0; e < hd; e += 8) _mm256_storeu_ps(out + e, o[e / 8]);
-        return;
-    }
-#endif
-    for (int64_t p = 0; p < n; p++) {
-        int64_t row = p * stride + g;
-        const int8_t *k = kcode + row * hd;
-        int32_t dot = 0;
-        for (int64_t e = 0; e < hd; e++) dot += (int32_t)q[e] * (int32_t)k[e];
-        double t = (double)dot * sq;
-        t = t * (double)kscale[row];
-        t = t * inv_sqrt;
-        float score = (float)t;
-        work[p] = score;
-        if (score > peak) peak = score;
     }
     for (int64_t p = 0; p < n; p++) work[p] = work[p] - peak;
     I8_NAME(i8_exp32_array)(work, n, work);
+}
+
+/* One query row's attention, out = sum_p prob_p * (v_p * sv_p) in position order, the
+ * softmax's float32 sum in order (kernels/pinned.py attend); i8_attend_causal's fallback. */
+static void I8_NAME(i8_attend_row)(const int8_t *q, float sq, int64_t n, int64_t stride,
+                                   int64_t g, int64_t hd, const int8_t *kcode,
+                                   const float *kscale, const int8_t *vcode,
+                                   const float *vscale, double inv_sqrt, float *out,
+                                   float *work) {
+    I8_NAME(i8_softmax_row)(q, sq, n, stride, g, hd, kcode, kscale, inv_sqrt, work);
     float total = 0.0f;
     for (int64_t p = 0; p < n; p++) total = total + work[p];
     for (int64_t e = 0; e < hd; e++) out[e] = 0.0f;
@@ -108,8 +99,94 @@ static void I8_NAME(i8_attend_row)(const int8_t *q, float sq_f, int64_t n, int64
     }
 }
 
+/* Values of kv head g at positions 0 .. n-1 (cache rows p * stride + g) as float32:
+ * vf[p, e] = f32(v[e]) * sv, the attention's per-key product, once per call instead of once
+ * per query row that reads it. */
+static void I8_NAME(i8_values)(const int8_t *vcode, const float *vscale, int64_t n,
+                               int64_t stride, int64_t g, int64_t hd, float *vf) {
+    for (int64_t p = 0; p < n; p++) {
+        int64_t row = p * stride + g;
+        const int8_t *v = vcode + row * hd;
+        float sv = vscale[row];
+        for (int64_t e = 0; e < hd; e++) vf[p * hd + e] = (float)v[e] * sv;
+    }
+}
+
+#if defined(I8_SIMD_VNNI)
+#define I8_VW 16
+#define I8_V __m512
+#define I8_VZERO _mm512_setzero_ps()
+#define I8_VSET1 _mm512_set1_ps
+#define I8_VLOAD _mm512_loadu_ps
+#define I8_VSTORE _mm512_storeu_ps
+#define I8_VADD _mm512_add_ps
+#define I8_VMUL _mm512_mul_ps
+#elif defined(I8_SIMD_AVX2)
+#define I8_VW 8
+#define I8_V __m256
+#define I8_VZERO _mm256_setzero_ps()
+#define I8_VSET1 _mm256_set1_ps
+#define I8_VLOAD _mm256_loadu_ps
+#define I8_VSTORE _mm256_storeu_ps
+#define I8_VADD _mm256_add_ps
+#define I8_VMUL _mm256_mul_ps
+#endif
+
+/* out[e] = sum_p prob[p] * vf[p, e] over p = 0 .. n-1 in order, each element's sum starting
+ * from 0 (kernels/pinned.py attend): four vectors of elements at a time, every key. */
+static void I8_NAME(i8_weighted)(const float *prob, const float *vf, int64_t n, int64_t hd,
+                                 float *out) {
+    int64_t e0 = 0;
+#if defined(I8_SIMD_AVX2)
+    for (; e0 + 4 * I8_VW <= hd; e0 += 4 * I8_VW) {
+        I8_V a0 = I8_VZERO, a1 = I8_VZERO, a2 = I8_VZERO, a3 = I8_VZERO;
+        for (int64_t p = 0; p < n; p++) {
+            const float *v = vf + p * hd + e0;
+            I8_V pr = I8_VSET1(prob[p]);
+            a0 = I8_VADD(a0, I8_VMUL(pr, I8_VLOAD(v)));
+            a1 = I8_VADD(a1, I8_VMUL(pr, I8_VLOAD(v + I8_VW)));
+            a2 = I8_VADD(a2, I8_VMUL(pr, I8_VLOAD(v + 2 * I8_VW)));
+            a3 = I8_VADD(a3, I8_VMUL(pr, I8_VLOAD(v + 3 * I8_VW)));
+        }
+        I8_VSTORE(out + e0, a0);
+        I8_VSTORE(out + e0 + I8_VW, a1);
+        I8_VSTORE(out + e0 + 2 * I8_VW, a2);
+        I8_VSTORE(out + e0 + 3 * I8_VW, a3);
+    }
+    for (; e0 + I8_VW <= hd; e0 += I8_VW) {
+        I8_V a0 = I8_VZERO;
+        for (int64_t p = 0; p < n; p++)
+            a0 = I8_VADD(a0, I8_VMUL(I8_VSET1(prob[p]), I8_VLOAD(vf + p * hd + e0)));
+        I8_VSTORE(out + e0, a0);
+    }
+#endif
+    for (; e0 < hd; e0++) {
+        float a = 0.0f;
+        for (int64_t p = 0; p < n; p++) {
+            float prod = prob[p] * vf[p * hd + e0];
+            a = a + prod;
+        }
+        out[e0] = a;
+    }
+}
+
+/* i8_attend_row with the values of its kv head as float32 (i8_values): the same scores and
+ * softmax, then probabilities prob = w / total and i8_weighted; the same bits. */
+static void I8_NAME(i8_attend_vf)(const int8_t *q, float sq, int64_t n, int64_t stride,
+                                  int64_t g, int64_t hd, const int8_t *kcode,
+                                  const float *kscale, const float *vf, double inv_sqrt,
+                                  float *out, float *work) {
+    I8_NAME(i8_softmax_row)(q, sq, n, stride, g, hd, kcode, kscale, inv_sqrt, work);
+    float total = 0.0f;
+    for (int64_t p = 0; p < n; p++) total = total + work[p];
+    for (int64_t p = 0; p < n; p++) work[p] = work[p] / total;
+    I8_NAME(i8_weighted)(work, vf, n, hd, out);
+}
+
 /* Causal attention of T positions start .. start+T-1: query rows (t, h) of qcode [T*H, hd]
- * against the cache's positions 0 .. start+t of kv head h / (H / Hkv) -> out [T, H*hd]. */
+ * against the cache's positions 0 .. start+t of kv head h / (H / Hkv) -> out [T, H*hd].
+ * Kv head by kv head, its values dequantised once (i8_values); without memory for them,
+ * row by row (i8_attend_row): the same bits either way. */
 static void I8_NAME(i8_attend_causal)(const int8_t *qcode, const float *qscale, int64_t T,
                                       int64_t start, int64_t heads, int64_t kv_heads,
                                       int64_t hd, const int8_t *kcode, const float *kscale,
@@ -117,6 +194,21 @@ static void I8_NAME(i8_attend_causal)(const int8_t *qcode, const float *qscale, 
                                       float *work) {
     int64_t group = heads / kv_heads;
     double inv_sqrt = 1.0 / sqrt((double)hd);
+    float *vf = (float *)malloc(sizeof(float) * (size_t)((start + T) * hd));
+    for (int64_t g = 0; vf && g < kv_heads; g++) {
+        I8_NAME(i8_values)(vcode, vscale, start + T, kv_heads, g, hd, vf);
+        for (int64_t t = 0; t < T; t++)
+            for (int64_t h = g * group; h < (g + 1) * group; h++) {
+                int64_t row = t * heads + h;
+                I8_NAME(i8_attend_vf)(qcode + row * hd, qscale[row], start + t + 1, kv_heads,
+                                      g, hd, kcode, kscale, vf, inv_sqrt, out + row * hd,
+                                      work);
+            }
+    }
+    if (vf) {
+        free(vf);
+        return;
+    }
     for (int64_t t = 0; t < T; t++)
         for (int64_t h = 0; h < heads; h++) {
             int64_t row = t * heads + h;
@@ -125,3 +217,14 @@ static void I8_NAME(i8_attend_causal)(const int8_t *qcode, const float *qscale, 
                                    out + row * hd, work);
         }
 }
+
+#if defined(I8_SIMD_AVX2)
+#undef I8_VW
+#undef I8_V
+#undef I8_VZERO
+#undef I8_VSET1
+#undef I8_VLOAD
+#undef I8_VSTORE
+#undef I8_VADD
+#undef I8_VMUL
+#endif
