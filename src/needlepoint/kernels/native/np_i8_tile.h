@@ -28,6 +28,38 @@ static inline __m256 I8_NAME(i8_scale8)(const void *base, int half, int64_t b) {
     return _mm256_loadu_ps((const float *)base + b * 8);
 }
 
+#if defined(I8_SIMD_VNNI)
+/* One row's block dot against a group in four independent vpdpbusd chains (one chain of
+ * eight would bound a single-row product by the instruction's latency, not by memory). */
+static inline __m256i I8_NAME(i8_dot1)(const int8_t *xb, int bits, const uint8_t *wg,
+                                       int64_t b) {
+    __m256i a[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
+                    _mm256_setzero_si256()};
+    int32_t four[8];
+    memcpy(four, xb, 32);
+    if (bits == 4) {
+        const uint8_t *wb = wg + b * 128;
+        const __m256i mask = _mm256_set1_epi8(0x0F);
+        for (int q = 0; q < 4; q++) {
+            __m256i packed = _mm256_loadu_si256((const __m256i *)(wb + q * 32));
+            __m256i wlo = _mm256_and_si256(packed, mask);
+            __m256i whi = _mm256_and_si256(_mm256_srli_epi16(packed, 4), mask);
+            a[q & 1] = _mm256_dpbusd_epi32(a[q & 1], wlo, _mm256_set1_epi32(four[q]));
+            a[2 + (q & 1)] = _mm256_dpbusd_epi32(a[2 + (q & 1)], whi,
+                                                 _mm256_set1_epi32(four[q + 4]));
+        }
+    } else {
+        const uint8_t *wb = wg + b * 256;
+        for (int q = 0; q < 8; q++) {
+            __m256i w = _mm256_loadu_si256((const __m256i *)(wb + q * 32));
+            __m256i xv = _mm256_set1_epi32(four[q]);
+            a[q & 3] = _mm256_dpbusd_epi32(a[q & 3], _mm256_abs_epi8(xv), _mm256_sign_epi8(w, xv));
+        }
+    }
+    return _mm256_add_epi32(_mm256_add_epi32(a[0], a[1]), _mm256_add_epi32(a[2], a[3]));
+}
+#endif
+
 /* Rows t0 .. t0+R-1 (R constant where inlined) against one group: acc [R][8] float64 over
  * all blocks. xs / ss: the rows' activation scales / sums as float64, [T, nb]. */
 static inline void I8_NAME(i8_tile)(const int8_t *codes, const double *xs, const double *ss,
@@ -49,6 +81,11 @@ static inline void I8_NAME(i8_tile)(const int8_t *codes, const double *xs, const
     for (int64_t b = 0; b < nb; b++) {
         __m256i iacc[I8_TILE];
         const int8_t *xb = x0 + b * 32;
+#if defined(I8_SIMD_VNNI)
+        if (R == 1) {
+            iacc[0] = I8_NAME(i8_dot1)(xb, bits, wg, b);
+        } else
+#endif
         if (bits == 4) {
             const uint8_t *wb = wg + b * 128;
             const __m256i mask = _mm256_set1_epi8(0x0F);
