@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from needlepoint.errors import NonFiniteActivationError
 from needlepoint.kernels import i8, i8_native
 
 F32 = np.float32
@@ -97,3 +98,27 @@ def test_the_fused_epilogue_rounds_like_the_separate_add(lib) -> None:
         lib.i8_force_variant(variant)
         for rows in (1, 4, 8, 9):
             np.testing.assert_array_equal(i8.matmul(*(a[:rows] for a in q), w), ref[:rows])
+
+
+def test_quantizer_vector_blocks_equal_the_reference(lib) -> None:
+    """Full 32-blocks take the vector peak / pack / sum path, a partial last block the scalar
+    one: ties at .5, negative zeros, subnormals, the largest finite float, and +-inf / NaN
+    anywhere in a full block raise."""
+    rng = np.random.default_rng(12)
+    x = (rng.standard_normal((40, 200)) * rng.uniform(1e-3, 1e3, (40, 1))).astype(F32)
+    x[0, :32] = np.arange(32, dtype=F32) - 15.5  # ties after scaling: peak 15.5 -> s exact
+    x[1, :32] = -0.0
+    x[2, 32:64] = np.float32(1e-40)  # subnormal block
+    x[3, 64] = np.finfo(F32).max
+    x[4, 96:128] = 127.0
+    x[4, 100] = -127.0
+    ref = i8.quantize_reference(x, 224)
+    for variant in _variants(lib):
+        lib.i8_force_variant(variant)
+        for a, b in zip(i8.quantize(x, 224), ref, strict=True):
+            np.testing.assert_array_equal(a, b)
+        for bad_value in (np.inf, -np.inf, np.nan):
+            bad = x.copy()
+            bad[7, 40] = bad_value  # inside a full block
+            with pytest.raises(NonFiniteActivationError):
+                i8.quantize(bad, 224)

@@ -18,6 +18,26 @@ static int I8_NAME(i8_quantize)(const float *x, int64_t T, int64_t K, int64_t k_
             float v[32];
             float peak = 0.0f;
             int finite = 1;
+#if defined(I8_SIMD_AVX2)
+            if (n == 32) { /* max |x| and the finiteness test eight lanes at a time (exact) */
+                const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+                const __m256 big = _mm256_set1_ps(3.4028234663852886e38f);
+                __m256 m = _mm256_setzero_ps();
+                int ok = 0xFF;
+                for (int i = 0; i < 32; i += 8) {
+                    __m256 xv = _mm256_loadu_ps(row + k0 + i);
+                    _mm256_storeu_ps(v + i, xv);
+                    __m256 a = _mm256_and_ps(xv, absmask);
+                    ok &= _mm256_movemask_ps(_mm256_cmp_ps(a, big, _CMP_LE_OQ));
+                    m = _mm256_max_ps(m, a);
+                }
+                __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+                h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+                h = _mm_max_ss(h, _mm_shuffle_ps(h, h, 1));
+                peak = _mm_cvtss_f32(h);
+                finite = ok == 0xFF;
+            } else
+#endif
             for (int i = 0; i < 32; i++) {
                 v[i] = i < n ? row[k0 + i] : 0.0f;
                 float a = fabsf(v[i]);
@@ -30,17 +50,24 @@ static int I8_NAME(i8_quantize)(const float *x, int64_t T, int64_t K, int64_t k_
             int32_t total = 0;
 #if defined(I8_SIMD_AVX2)
             __m256 sv = _mm256_set1_ps(s), hi = _mm256_set1_ps(127.0f), lo = _mm256_set1_ps(-127.0f);
-            int32_t qi[32];
-            for (int i = 0; i < 32; i += 8) {
-                __m256 q = _mm256_div_ps(_mm256_loadu_ps(v + i), sv);
+            __m256i qi[4];
+            for (int i = 0; i < 4; i++) {
+                __m256 q = _mm256_div_ps(_mm256_loadu_ps(v + 8 * i), sv);
                 q = _mm256_round_ps(q, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
                 q = _mm256_min_ps(_mm256_max_ps(q, lo), hi);
-                _mm256_storeu_si256((__m256i *)(qi + i), _mm256_cvtps_epi32(q));
+                qi[i] = _mm256_cvtps_epi32(q);
             }
-            for (int i = 0; i < 32; i++) {
-                out[i] = (int8_t)qi[i];
-                total += qi[i];
-            }
+            /* |q| <= 127: the saturating packs are plain narrowing; then undo their lane order */
+            __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(qi[0], qi[1]),
+                                               _mm256_packs_epi32(qi[2], qi[3]));
+            bytes = _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+            _mm256_storeu_si256((__m256i *)out, bytes);
+            __m256i s8 = _mm256_add_epi32(_mm256_add_epi32(qi[0], qi[1]),
+                                          _mm256_add_epi32(qi[2], qi[3]));
+            __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s8), _mm256_extracti128_si256(s8, 1));
+            s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
+            s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
+            total = _mm_cvtsi128_si32(s4);
 #else
             for (int i = 0; i < 32; i++) {
                 float q = nearbyintf(v[i] / s);

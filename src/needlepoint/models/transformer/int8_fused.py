@@ -69,10 +69,15 @@ class FusedBlock:
                              bias=_address(linear.bias))
 
     def __call__(self, h: np.ndarray, cache: Int8KVCache, start: int,
-                 rope: tuple[np.ndarray, np.ndarray] | None) -> np.ndarray:
-        """The block's output for h [T, d] at positions start.. (a new array); appends the
-        chunk's keys and values to `cache`."""
-        out = np.array(h, F32, order="C", copy=True)
+                 rope: tuple[np.ndarray, np.ndarray] | None, inplace: bool = False
+                 ) -> np.ndarray:
+        """The block's output for h [T, d] at positions start.. (a new array, or h itself
+        when `inplace` and h is a C-contiguous float32 array); appends the chunk's keys and
+        values to `cache`."""
+        if inplace and h.dtype == F32 and h.flags.c_contiguous and h.flags.writeable:
+            out = h
+        else:
+            out = np.array(h, F32, order="C", copy=True)
         count = out.shape[0]
         if cache.length != start:
             raise ValueError(f"cache holds {cache.length} positions, the chunk starts at {start}")

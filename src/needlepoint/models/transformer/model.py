@@ -112,10 +112,13 @@ class TransformerModel:
         spec, layers = self.config, self.weights.layers
         rope = self.rope(start, len(h)) if spec.rope else None
         fused = self.native_blocks()
+        inplace = fused is not None and states is None and end > first
+        if inplace:  # one copy of the caller's rows, then every block works on it in place
+            h = np.array(h, np.float32, order="C", copy=True)
         for index in range(first, end):
             cache = state.caches[index]
             if fused is not None:
-                h = fused[index](h, cache, start, rope)
+                h = fused[index](h, cache, start, rope, inplace)
             else:
                 h = block_forward(spec, layers[index], index, h, cache, start, rope)
             if states is not None:
