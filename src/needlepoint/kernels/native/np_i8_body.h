@@ -1,8 +1,9 @@
 /* The kernels of np_i8.h, included once per instruction-set variant (I8_NAME appends the
  * variant's suffix). kernels/i8.py and kernels/i8_ops.py hold the numpy reference of each
  * function; both give the same bits. No float operation here is fused or reordered
- * (-ffp-contract=off): integer sums are exact in any order, float sums run in the documented
- * order in both variants. */
+ * (-ffp-contract=off; np_i8_tile.h's one explicit fma adds two exact products, see there):
+ * integer sums are exact in any order, float sums run in the documented order in every
+ * variant. */
 
 /* -- activation quantiser --------------------------------------------------------------- */
 /* Row t of x [T, K] -> codes [T, k_pad] int8, per 32-block b: s = max|x| / 127 (1 if the
