@@ -46,6 +46,12 @@ NOTES = """\
   about 4 ms at the 24 GB/s this machine streams unloaded, more when other work shares the
   memory bus), then attention over the int8 KV cache (~1 ms per token at 300 positions),
   then the per-block Python call (~0.1 ms per token for 30 blocks).
+* Decode is the figure the shared machine moves most: it streams 96 MB per token, so other
+  work on the memory bus slows it directly (compare the streaming-read bandwidth measured in
+  the run, under "Machine", with the 24.7 GB/s of an earlier run at load 1.6, when int8
+  decode ran at 113 tok/s), while llama.cpp at one thread spends about 16 ms of compute per
+  token on the same 96 MB and loses less. The 1-thread decode ratio of a loaded run is
+  therefore a lower bound of the unloaded one.
 * Before these changes (git 90bd2e3, `python -m bench.hf --threads 1 --rounds 2`, 18:17 UTC
   on 2026-12-01, load 1.65 -> 2.58): llama.cpp 151.7 / 64.9 tok/s prefill / decode,
   needlepoint-int8 412.8 / 113.5 (2.72x / 1.75x), a decode step 9.3 ms as run. Kernel alone,
