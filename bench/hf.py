@@ -106,7 +106,8 @@ def summarise(result: dict, prompt: int) -> dict:
             "decode_tok_s": 1.0 / float(windows.min()),
             "prefill_tok_s_median": prompt / float(np.median(result["prefill_s"])),
             "decode_tok_s_median": 1.0 / float(np.median(steps)),
-            "peak_rss_mb": result["peak_rss_mb"], "version": result.get("version")}
+            "peak_rss_mb": result["peak_rss_mb"], "version": result.get("version"),
+            "variant": result.get("variant")}
 
 
 def agreement(ours: np.ndarray, reference: np.ndarray) -> dict:
@@ -148,6 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     base = {"gguf": str(gguf), "ids": ids, "decode": decode, "reps": args.reps}
     log = lambda text: print(text, file=sys.stderr, flush=True)  # noqa: E731
     started = time.time()
+    load_start = os.getloadavg()
     speed: dict[str, dict[str, dict]] = {}
     for threads in args.threads:
         runs: dict[str, list[dict]] = {engine: [] for engine in args.engines}
@@ -197,6 +199,7 @@ def main(argv: list[str] | None = None) -> int:
               "profile": prof, "machine": machine_info(),
               "bandwidth": measure_bandwidth(1, big_bytes=256 << 20, reps=3),
               "started": time.strftime("%Y-%m-%d %H:%M", time.localtime(started)),
+              "load_average": {"start": list(load_start), "end": list(os.getloadavg())},
               "wall_s": time.time() - started}
     try:
         from importlib import metadata

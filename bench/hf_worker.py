@@ -60,9 +60,11 @@ class LlamaCpp:
 class Needlepoint:
     def __init__(self, gguf: str, threads: int, numerics: str) -> None:
         import needlepoint
+        from needlepoint.kernels import i8_native
 
         self.version = getattr(needlepoint, "__version__", "")
         self.model = needlepoint.load(gguf, numerics=numerics, threads=threads)
+        self.variant = i8_native.simd_variant()  # the native variant the int8 kernels run
         self.session = None
 
     def prefill(self, ids: list[int]) -> None:
@@ -113,7 +115,7 @@ def speed(spec: dict) -> dict:
         steps.append(time.perf_counter() - t)
     return {"load_s": load_s, "prefill_s": prefill, "step_s": steps,
             "peak_rss_mb": peak_rss_mb(),
-            "version": engine.version}
+            "version": engine.version, "variant": getattr(engine, "variant", None)}
 
 
 def logits(spec: dict) -> dict:

@@ -1,6 +1,6 @@
 """The int8 products of one SmolLM2 decode token (and of a prefill tile), kernel only, in every
-compiled variant of the int8 library (`kernels/i8native`): the AVX2 variant is the code before
-issue 19, the AVX-512 VNNI one the vpdpbusd block dots, the baseline the portable C.
+compiled variant of the int8 kernels (`kernels/native`, np_i8_tile.h): AVX2 (tiles of 4 rows,
+vpmaddubsw + vpmaddwd), AVX-512 VNNI (tiles of 8 rows, vpdpbusd), the baseline portable C.
 
 `python -m bench.products_i8 [--gguf PATH] [--rows 1,32] [--reps 9] [--docs
 docs/benchmarks_hf.md]`: every `i8.I8Weight` of the int8 model (q|k|v, o, gate|up, down per
@@ -105,13 +105,16 @@ def write_section(args, gguf: Path, weights: list, runs: list) -> None:
          "lives in `bench/products_i8.py`._", "",
          f"Every int8 product of one token ({len(weights)} weights, {total_w:.1f} M "
          f"parameters, {total_b:.2f} MB packed with scales), `i8.matmul` from prepared "
-         "activations. The AVX2 variant is the kernel as it was before (vpmaddubsw + "
-         "vpmaddwd); the AVX-512 VNNI variant forms the same exact block dots with vpdpbusd "
-         "(same bits: `tests/kernels/test_i8.py`, and the SmolLM2 logits are equal across the "
-         "three variants). One process, variants switched with `i8_force_variant`. At one "
-         "row the weights stream at about the machine's DRAM read bandwidth (14-18 GB/s "
-         "unloaded), so decode products are memory-bound in every SIMD variant; VNNI shows "
-         "in the multi-row tile.", "",
+         "activations. The AVX2 variant multiplies tiles of 4 rows per weight group "
+         "(vpmaddubsw + vpmaddwd), the AVX-512 VNNI variant tiles of 8 rows (vpdpbusd; the "
+         "float64 epilogue 8 outputs per vector); both form the same exact block dots (same "
+         "bits: `tests/kernels/test_i8.py`, `tests/kernels/test_i8_tile.py`, and "
+         "`tests/models/transformer/test_transformer_int8_variants.py`: the SmolLM2 logits "
+         "are equal across the three variants and the numpy reference). One process, "
+         "variants switched with `i8_force_variant`. At one row the weights stream at about "
+         "the machine's DRAM read bandwidth (18-25 GB/s unloaded, less when other work shares "
+         "the memory bus), so decode products are memory-bound in every SIMD variant; the "
+         "tiles show in the multi-row products (prefill).", "",
          "| variant | rows | ms | ns/(weight x row) | GB/s of packed weights | "
          "load average (start → end) |",
          "|---|---|---|---|---|---|"]

@@ -57,10 +57,18 @@ def _cache(rng, capacity, kv_heads, hd):
     return codes(), scales(), codes(), scales()
 
 
-def test_causal_attention_equals_the_pinned_reference(lib) -> None:
-    rng = np.random.default_rng(2)
-    heads, kv_heads, hd, start, count = 6, 2, 16, 9, 5
-    kcode, kscale, vcode, vscale = _cache(rng, 20, kv_heads, hd)
+# head sizes: one 16-code chunk; not a multiple of 16 (the AVX2 scalar dots, 8-wide values);
+# 64 and 80 (the value sums four vectors at a time, and a remainder); not a multiple of 4 (no
+# vector scores); chunks from position 0, of 1..3 rows (no vector scores either) and over
+# several 16-key blocks of the VNNI scores with a partial last one
+@pytest.mark.parametrize(("hd", "start", "count"), [(16, 9, 5), (24, 9, 5), (64, 0, 11),
+                                                    (80, 6, 9), (18, 3, 4), (64, 20, 17),
+                                                    (64, 30, 3)])
+def test_causal_attention_equals_the_pinned_reference(lib, hd, start, count) -> None:
+    rng = np.random.default_rng(2 + hd)
+    heads, kv_heads = 6, 2
+    capacity = start + count + 3
+    kcode, kscale, vcode, vscale = _cache(rng, capacity, kv_heads, hd)
     qcode = rng.integers(-128, 128, (count * heads, hd)).astype(np.int8)
     qscale = rng.uniform(0.01, 0.5, count * heads).astype(F32)
     # the reference: every query row's key slots listed by hand
@@ -71,7 +79,7 @@ def test_causal_attention_equals_the_pinned_reference(lib) -> None:
             keys = [p * kv_heads + h // (heads // kv_heads) for p in range(start + t + 1)]
             slots[t * heads + h, : len(keys)] = keys
             seen[t * heads + h] = len(keys)
-    flat = 20 * kv_heads
+    flat = capacity * kv_heads
     ref = pinned.attend_reference(qcode, qscale, kcode.reshape(flat, hd), kscale.reshape(flat),
                                   vcode.reshape(flat, hd), vscale.reshape(flat), slots, seen)
     ref = ref.reshape(count, heads * hd)

@@ -1,8 +1,9 @@
 /* The kernels of np_i8.h, included once per instruction-set variant (I8_NAME appends the
  * variant's suffix). kernels/i8.py and kernels/i8_ops.py hold the numpy reference of each
  * function; both give the same bits. No float operation here is fused or reordered
- * (-ffp-contract=off): integer sums are exact in any order, float sums run in the documented
- * order in both variants. */
+ * (-ffp-contract=off; np_i8_tile.h's one explicit fma adds two exact products, see there):
+ * integer sums are exact in any order, float sums run in the documented order in every
+ * variant. */
 
 /* -- activation quantiser --------------------------------------------------------------- */
 /* Row t of x [T, K] -> codes [T, k_pad] int8, per 32-block b: s = max|x| / 127 (1 if the
@@ -18,6 +19,26 @@ static int I8_NAME(i8_quantize)(const float *x, int64_t T, int64_t K, int64_t k_
             float v[32];
             float peak = 0.0f;
             int finite = 1;
+#if defined(I8_SIMD_AVX2)
+            if (n == 32) { /* max |x| and the finiteness test eight lanes at a time (exact) */
+                const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+                const __m256 big = _mm256_set1_ps(3.4028234663852886e38f);
+                __m256 m = _mm256_setzero_ps();
+                int ok = 0xFF;
+                for (int i = 0; i < 32; i += 8) {
+                    __m256 xv = _mm256_loadu_ps(row + k0 + i);
+                    _mm256_storeu_ps(v + i, xv);
+                    __m256 a = _mm256_and_ps(xv, absmask);
+                    ok &= _mm256_movemask_ps(_mm256_cmp_ps(a, big, _CMP_LE_OQ));
+                    m = _mm256_max_ps(m, a);
+                }
+                __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+                h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+                h = _mm_max_ss(h, _mm_shuffle_ps(h, h, 1));
+                peak = _mm_cvtss_f32(h);
+                finite = ok == 0xFF;
+            } else
+#endif
             for (int i = 0; i < 32; i++) {
                 v[i] = i < n ? row[k0 + i] : 0.0f;
                 float a = fabsf(v[i]);
@@ -30,17 +51,24 @@ static int I8_NAME(i8_quantize)(const float *x, int64_t T, int64_t K, int64_t k_
             int32_t total = 0;
 #if defined(I8_SIMD_AVX2)
             __m256 sv = _mm256_set1_ps(s), hi = _mm256_set1_ps(127.0f), lo = _mm256_set1_ps(-127.0f);
-            int32_t qi[32];
-            for (int i = 0; i < 32; i += 8) {
-                __m256 q = _mm256_div_ps(_mm256_loadu_ps(v + i), sv);
+            __m256i qi[4];
+            for (int i = 0; i < 4; i++) {
+                __m256 q = _mm256_div_ps(_mm256_loadu_ps(v + 8 * i), sv);
                 q = _mm256_round_ps(q, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
                 q = _mm256_min_ps(_mm256_max_ps(q, lo), hi);
-                _mm256_storeu_si256((__m256i *)(qi + i), _mm256_cvtps_epi32(q));
+                qi[i] = _mm256_cvtps_epi32(q);
             }
-            for (int i = 0; i < 32; i++) {
-                out[i] = (int8_t)qi[i];
-                total += qi[i];
-            }
+            /* |q| <= 127: the saturating packs are plain narrowing; then undo their lane order */
+            __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(qi[0], qi[1]),
+                                               _mm256_packs_epi32(qi[2], qi[3]));
+            bytes = _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+            _mm256_storeu_si256((__m256i *)out, bytes);
+            __m256i s8 = _mm256_add_epi32(_mm256_add_epi32(qi[0], qi[1]),
+                                          _mm256_add_epi32(qi[2], qi[3]));
+            __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s8), _mm256_extracti128_si256(s8, 1));
+            s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
+            s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
+            total = _mm_cvtsi128_si32(s4);
 #else
             for (int i = 0; i < 32; i++) {
                 float q = nearbyintf(v[i] / s);
@@ -74,7 +102,8 @@ static inline void I8_NAME(i8_load8)(const void *base, int half, int64_t b, floa
 }
 
 /* Rows t0 .. t0+R-1 against one group of 8 outputs: exact int32 block dots, then the pinned
- * float64 epilogue over the blocks in order (kernels/i8.py module doc). */
+ * float64 epilogue over the blocks in order (kernels/i8.py module doc). The portable kernel;
+ * the SIMD variants run np_i8_tile.h. */
 static inline void I8_NAME(i8_group)(const int8_t *codes, const float *xscale,
                                      const int32_t *xsums, int64_t t0, int R, int64_t nb,
                                      int bits, const uint8_t *wg, const void *sg,
@@ -83,91 +112,6 @@ static inline void I8_NAME(i8_group)(const int8_t *codes, const float *xscale,
     for (int r = 0; r < R; r++)
         for (int j = 0; j < 8; j++) acc[r][j] = 0.0;
     for (int64_t b = 0; b < nb; b++) {
-#if defined(I8_SIMD_AVX2)
-        __m256i iacc[4];
-        const __m256i ones = _mm256_set1_epi16(1);
-        (void)ones;
-        for (int r = 0; r < R; r++) iacc[r] = _mm256_setzero_si256();
-        if (bits == 8) {
-            const uint8_t *wb = wg + b * 256;
-            for (int q = 0; q < 8; q++) {
-                __m256i w = _mm256_loadu_si256((const __m256i *)(wb + q * 32));
-                for (int r = 0; r < R; r++) {
-                    int32_t four;
-                    memcpy(&four, codes + (t0 + r) * k_pad + b * 32 + 4 * q, 4);
-                    __m256i xv = _mm256_set1_epi32(four);
-#if defined(I8_SIMD_VNNI)
-                    /* |x| (u8) times w signed like x, four products into each 32-bit lane:
-                     * the same exact dot without a 16-bit intermediate */
-                    iacc[r] = _mm256_dpbusd_epi32(iacc[r], _mm256_abs_epi8(xv),
-                                                  _mm256_sign_epi8(w, xv));
-#else
-                    __m256i p = _mm256_maddubs_epi16(_mm256_abs_epi8(xv), _mm256_sign_epi8(w, xv));
-                    iacc[r] = _mm256_add_epi32(iacc[r], _mm256_madd_epi16(p, ones));
-#endif
-                }
-            }
-        } else {
-            /* 4-bit codes 0..15 times int8 activations: each 16-bit lane of a byte product is
-             * at most 2 * 15 * 127 = 3810 in size, so the 8 products of a block sum in 16 bits
-             * (at most 30480) before one widening to 32 bits: still exact. */
-            const uint8_t *wb = wg + b * 128;
-            const __m256i mask = _mm256_set1_epi8(0x0F);
-            __m256i acc16[4];
-            for (int r = 0; r < R; r++) acc16[r] = _mm256_setzero_si256();
-            for (int q = 0; q < 4; q++) {
-                __m256i packed = _mm256_loadu_si256((const __m256i *)(wb + q * 32));
-                __m256i wlo = _mm256_and_si256(packed, mask);
-                __m256i whi = _mm256_and_si256(_mm256_srli_epi16(packed, 4), mask);
-                for (int r = 0; r < R; r++) {
-                    int32_t four_lo, four_hi;
-                    const int8_t *xr = codes + (t0 + r) * k_pad + b * 32;
-                    memcpy(&four_lo, xr + 4 * q, 4);
-                    memcpy(&four_hi, xr + 4 * q + 16, 4);
-#if defined(I8_SIMD_VNNI)
-                    (void)acc16;
-                    iacc[r] = _mm256_dpbusd_epi32(iacc[r], wlo, _mm256_set1_epi32(four_lo));
-                    iacc[r] = _mm256_dpbusd_epi32(iacc[r], whi, _mm256_set1_epi32(four_hi));
-#else
-                    __m256i p0 = _mm256_maddubs_epi16(wlo, _mm256_set1_epi32(four_lo));
-                    __m256i p1 = _mm256_maddubs_epi16(whi, _mm256_set1_epi32(four_hi));
-                    acc16[r] = _mm256_add_epi16(acc16[r], _mm256_add_epi16(p0, p1));
-#endif
-                }
-            }
-#if !defined(I8_SIMD_VNNI)
-            for (int r = 0; r < R; r++) iacc[r] = _mm256_madd_epi16(acc16[r], ones);
-#endif
-        }
-        /* the epilogue, four outputs per float64 vector: the same operations per lane as
-         * the scalar code below */
-        float sb[8], mbuf[8];
-        I8_NAME(i8_load8)(sg, half, b, sb);
-        __m256 s8 = _mm256_loadu_ps(sb);
-        __m256d slo = _mm256_cvtps_pd(_mm256_castps256_ps128(s8));
-        __m256d shi = _mm256_cvtps_pd(_mm256_extractf128_ps(s8, 1));
-        __m256d mlo = _mm256_setzero_pd(), mhi = _mm256_setzero_pd();
-        if (mg) {
-            I8_NAME(i8_load8)(mg, half, b, mbuf);
-            __m256 m8 = _mm256_loadu_ps(mbuf);
-            mlo = _mm256_cvtps_pd(_mm256_castps256_ps128(m8));
-            mhi = _mm256_cvtps_pd(_mm256_extractf128_ps(m8, 1));
-        }
-        for (int r = 0; r < R; r++) {
-            __m256d dlo = _mm256_cvtepi32_pd(_mm256_castsi256_si128(iacc[r]));
-            __m256d dhi = _mm256_cvtepi32_pd(_mm256_extracti128_si256(iacc[r], 1));
-            __m256d ilo = _mm256_mul_pd(slo, dlo), ihi = _mm256_mul_pd(shi, dhi);
-            if (mg) {
-                __m256d ss = _mm256_set1_pd((double)xsums[(t0 + r) * nb + b]);
-                ilo = _mm256_add_pd(ilo, _mm256_mul_pd(mlo, ss));
-                ihi = _mm256_add_pd(ihi, _mm256_mul_pd(mhi, ss));
-            }
-            __m256d xs = _mm256_set1_pd((double)xscale[(t0 + r) * nb + b]);
-            _mm256_storeu_pd(acc[r], _mm256_add_pd(_mm256_loadu_pd(acc[r]), _mm256_mul_pd(ilo, xs)));
-            _mm256_storeu_pd(acc[r] + 4,
-                             _mm256_add_pd(_mm256_loadu_pd(acc[r] + 4), _mm256_mul_pd(ihi, xs)));
-        }
-#else
         int32_t dot[4][8];
         for (int r = 0; r < R; r++) {
             const int8_t *xr = codes + (t0 + r) * k_pad + b * 32;
@@ -207,17 +151,17 @@ static inline void I8_NAME(i8_group)(const int8_t *codes, const float *xscale,
                 acc[r][j] = acc[r][j] + term;
             }
         }
-#endif
     }
 }
 
-/* out[t, n] for groups g_first .. g_last-1 (outputs n < n_out), every row. */
-static void I8_NAME(i8_matmul_groups)(const int8_t *codes, const float *xscale,
-                                      const int32_t *xsums, int64_t T, int64_t nb, int bits,
-                                      const uint8_t *wdata, const void *wscale,
-                                      const void *woffset, int half, int64_t g_first,
-                                      int64_t g_last, int64_t n_out, const float *bias,
-                                      float *out, int64_t out_stride) {
+/* out[t, n] for groups g_first .. g_last-1 (outputs n < n_out), every row: the portable
+ * kernel (and the SIMD variants' fallback). */
+static void I8_NAME(i8_matmul_portable)(const int8_t *codes, const float *xscale,
+                                        const int32_t *xsums, int64_t T, int64_t nb, int bits,
+                                        const uint8_t *wdata, const void *wscale,
+                                        const void *woffset, int half, int64_t g_first,
+                                        int64_t g_last, int64_t n_out, const float *bias,
+                                        float *out, int64_t out_stride) {
     int64_t group_bytes = nb * (bits == 8 ? 256 : 128);
     for (int64_t g = g_first; g < g_last; g++) {
         const uint8_t *wg = wdata + g * group_bytes;
@@ -257,6 +201,46 @@ static void I8_NAME(i8_matmul_groups)(const int8_t *codes, const float *xscale,
         }
     }
 }
+
+#if !defined(I8_SIMD_AVX2)
+static void I8_NAME(i8_matmul_groups)(const int8_t *codes, const float *xscale,
+                                      const int32_t *xsums, int64_t T, int64_t nb, int bits,
+                                      const uint8_t *wdata, const void *wscale,
+                                      const void *woffset, int half, int64_t g_first,
+                                      int64_t g_last, int64_t n_out, const float *bias,
+                                      float *out, int64_t out_stride) {
+    I8_NAME(i8_matmul_portable)(codes, xscale, xsums, T, nb, bits, wdata, wscale, woffset, half,
+                                g_first, g_last, n_out, bias, out, out_stride);
+}
+#else
+#include "np_i8_tile.h"
+
+/* out[t, n] for groups g_first .. g_last-1 (outputs n < n_out), every row: the SIMD tiles,
+ * with the rows' activation scales and sums in float64 (exact conversions). */
+static void I8_NAME(i8_matmul_groups)(const int8_t *codes, const float *xscale,
+                                      const int32_t *xsums, int64_t T, int64_t nb, int bits,
+                                      const uint8_t *wdata, const void *wscale,
+                                      const void *woffset, int half, int64_t g_first,
+                                      int64_t g_last, int64_t n_out, const float *bias,
+                                      float *out, int64_t out_stride) {
+    double local[2 * 512];
+    size_t n = (size_t)(T * nb);
+    double *xs = n <= 512 ? local : (double *)malloc(sizeof(double) * 2 * n);
+    if (!xs) { /* no memory for the float64 copies: the portable kernel, same bits */
+        I8_NAME(i8_matmul_portable)(codes, xscale, xsums, T, nb, bits, wdata, wscale, woffset,
+                                    half, g_first, g_last, n_out, bias, out, out_stride);
+        return;
+    }
+    double *ss = xs + n;
+    for (size_t i = 0; i < n; i++) {
+        xs[i] = (double)xscale[i];
+        ss[i] = (double)xsums[i];
+    }
+    I8_NAME(i8_matmul_tiles)(codes, xs, ss, T, nb, bits, wdata, wscale, woffset, half, g_first,
+                             g_last, n_out, bias, out, out_stride);
+    if (xs != local) free(xs);
+}
+#endif
 
 /* -- pinned norms ------------------------------------------------------------------------- */
 /* The halving tree of kernels/i8_ops.py: v zero-padded to a power of two P, then

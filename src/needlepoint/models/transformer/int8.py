@@ -95,7 +95,7 @@ class Int8KVCache:
     """Keys and values of one layer as int8 rows `[positions, kv_heads, head_dim]` with
     float32 scales `[positions, kv_heads]`; `attend` appends a chunk and attends to it."""
 
-    __slots__ = ("kcode", "kscale", "vcode", "vscale", "length", "limit")
+    __slots__ = ("kcode", "kscale", "vcode", "vscale", "length", "limit", "_held")
 
     def __init__(self, kv_heads: int, head_dim: int, limit: int) -> None:
         self.kcode = np.zeros((0, kv_heads, head_dim), np.int8)
@@ -104,6 +104,18 @@ class Int8KVCache:
         self.vscale = np.zeros((0, kv_heads), F32)
         self.length = 0
         self.limit = limit
+        self._held: tuple | None = None
+
+    def addresses(self) -> tuple[int, int, int, int]:
+        """Data addresses of kcode, kscale, vcode, vscale (for the native block), looked up
+        again only when an array was replaced (grown or copied)."""
+        held = self._held
+        if (held is None or held[0] is not self.kcode or held[1] is not self.kscale
+                or held[2] is not self.vcode or held[3] is not self.vscale):
+            arrays = (self.kcode, self.kscale, self.vcode, self.vscale)
+            held = (*arrays, tuple(a.ctypes.data for a in arrays))
+            self._held = held
+        return held[4]
 
     def reserve(self, end: int) -> None:
         """Capacity for positions up to `end` (grown by doubling)."""
@@ -153,6 +165,7 @@ class Int8KVCache:
         for name in ("kcode", "vcode", "kscale", "vscale"):
             setattr(other, name, getattr(self, name)[: max(self.length, 1)].copy())
         other.length, other.limit = self.length, self.limit
+        other._held = None
         return other
 
 

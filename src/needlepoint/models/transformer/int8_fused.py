@@ -27,7 +27,8 @@ from .weights import LayerWeights, TransformerWeights
 F32 = np.float32
 
 
-def _address(array: np.ndarray | None) -> int:
+def address(array: np.ndarray | None) -> int:
+    """The data address of an array, 0 for None."""
     return 0 if array is None else array.ctypes.data
 
 
@@ -48,8 +49,8 @@ class FusedBlock:
             gelu=int(spec.activation == "gelu_tanh"), center=int(layer.norm1.center),
             rope=int(spec.rope), eps=layer.norm1.eps,
             factor=float(F32(scale * math.sqrt(spec.head_dim))),
-            n1w=_address(layer.norm1.weight), n1b=_address(layer.norm1.bias),
-            n2w=_address(layer.norm2.weight), n2b=_address(layer.norm2.bias),
+            n1w=address(layer.norm1.weight), n1b=address(layer.norm1.bias),
+            n2w=address(layer.norm2.weight), n2b=address(layer.norm2.bias),
             qkv=self._lin(layer.qkv), o=self._lin(layer.o), up=self._lin(up),
             down=self._lin(layer.down),
         )
@@ -59,37 +60,50 @@ class FusedBlock:
     def _lin(self, linear: Int8Linear) -> i8_native.Lin:
         parts = (i8_native.Part * len(linear.parts))(*[
             i8_native.Part(n_out=p.n_out, groups=p.groups, nb=p.blocks, bits=p.bits,
-                           threads=p.threads, half=int(p.half), data=_address(p.data),
-                           scale=_address(p.scale),
-                           offset=_address(p.offset))
+                           threads=p.threads, half=int(p.half), data=address(p.data),
+                           scale=address(p.scale),
+                           offset=address(p.offset))
             for p in linear.parts])
         self._keep += [linear, parts]
         return i8_native.Lin(parts=parts, n_parts=len(linear.parts), k_in=linear.in_features,
                              k_pad=linear.k_pad, n_total=linear.out_features,
-                             bias=_address(linear.bias))
+                             bias=address(linear.bias))
 
     def __call__(self, h: np.ndarray, cache: Int8KVCache, start: int,
                  rope: tuple[np.ndarray, np.ndarray] | None) -> np.ndarray:
         """The block's output for h [T, d] at positions start.. (a new array); appends the
         chunk's keys and values to `cache`."""
         out = np.array(h, F32, order="C", copy=True)
-        count = out.shape[0]
+        cos, sin = rope_arrays(rope)
+        return self.run(out, out.ctypes.data, cache, start, address(cos), address(sin))
+
+    def run(self, h: np.ndarray, address: int, cache: Int8KVCache, start: int, cos: int,
+            sin: int) -> np.ndarray:
+        """The block on h [T, d] in place (a C-contiguous float32 array at `address`), RoPE
+        tables at addresses cos / sin (0 without RoPE: `rope_arrays`); returns h."""
+        count = h.shape[0]
         if cache.length != start:
             raise ValueError(f"cache holds {cache.length} positions, the chunk starts at {start}")
         cache.reserve(start + count)
-        cos = sin = None
-        if rope is not None:
-            cos, sin = (np.ascontiguousarray(a, F32) for a in rope)
-        status = self.lib.i8_block(self.pointer, out.ctypes.data, count, start, _address(cos),
-                                   _address(sin), cache.kcode.ctypes.data,
-                                   cache.kscale.ctypes.data, cache.vcode.ctypes.data,
-                                   cache.vscale.ctypes.data)
+        kcode, kscale, vcode, vscale = cache.addresses()
+        status = self.lib.i8_block(self.pointer, address, count, start, cos, sin, kcode, kscale,
+                                   vcode, vscale)
         if status == 1:
             raise NonFiniteActivationError("non-finite activation in an int8 block")
         if status:
             raise MemoryError(f"i8_block failed ({status})")
         cache.length = start + count
-        return out
+        return h
+
+
+def rope_arrays(rope: tuple[np.ndarray, np.ndarray] | None
+                ) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """cos, sin as C-contiguous float32 (the caller keeps them alive while their addresses
+    are in use), or None, None without RoPE."""
+    if rope is None:
+        return None, None
+    cos, sin = (np.ascontiguousarray(a, F32) for a in rope)
+    return cos, sin
 
 
 def fusable(spec: BlockSpec, layer: LayerWeights) -> bool:

@@ -25,7 +25,7 @@ from ...kernels import i8_native
 from ..token_ids import check_kv_window, check_token_ids
 from .block import block_forward
 from .int8 import RopeTable
-from .int8_fused import FusedBlock, fused_blocks
+from .int8_fused import FusedBlock, address, fused_blocks, rope_arrays
 from .layers import rope_angles
 from .session import CHUNK, TransformerSession
 from .spec import BlockSpec, spec_from_config
@@ -112,6 +112,14 @@ class TransformerModel:
         spec, layers = self.config, self.weights.layers
         rope = self.rope(start, len(h)) if spec.rope else None
         fused = self.native_blocks()
+        if fused is not None and states is None and end > first:
+            # one copy of the caller's rows, every block on it in place, addresses taken once
+            h = np.array(h, np.float32, order="C", copy=True)
+            cos, sin = rope_arrays(rope)
+            at, cos_at, sin_at = h.ctypes.data, address(cos), address(sin)
+            for index in range(first, end):
+                fused[index].run(h, at, state.caches[index], start, cos_at, sin_at)
+            return h
         for index in range(first, end):
             cache = state.caches[index]
             if fused is not None:
