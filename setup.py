@@ -14,7 +14,7 @@ NATIVE = Extension(
     sources=["src/needlepoint/kernels/native/needlepoint_native.c"],
     depends=[f"src/needlepoint/kernels/native/{name}" for name in (
         "np_body.h", "np_v3_block.h", "np_v3_rows.h", "np_v3_types.h", "np_i8.h", "np_i8_body.h",
-        "np_i8_rows.h", "np_i8_block.h", "np_cq_int.h",
+        "np_i8_rows.h", "np_i8_block.h", "np_cq_int.h", "np_v3_attend.h",
         "np_cq_int4.h")],
     define_macros=[("NP_PYTHON_MODULE", "1")],
     # Exactness contract (docs/numerics.md): no fused or reassociated float operations.
