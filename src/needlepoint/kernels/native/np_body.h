@@ -625,11 +625,49 @@ static int NP_NAME(np_a8_codes)(const float *x, int64_t T, int64_t cols, int8_t 
  * sum as numpy reduces a contiguous row of 8: ((e0+e1)+(e2+e3))+((e4+e5)+(e6+e7)));
  * z = d1 * pad(x); z = K1(z)[p1]; z = K2(silu(d2 cond z + b2))[p2]; out = (d4 * K3(d3 z))[:d],
  * K(z) = flatten(wa^T Z wb) for Z = z as [ba, bb]: Y = Z wb, then wa^T Y, each in index order. */
+#if defined(NP_SIMD_AVX2)
+/* out[x][0..32) = sum_y A(x, y) * B[y][0..32) for two rows x at once, y ascending (each output
+ * lane's products added in index order, as the scalar loops), A(x, y) = a[x * xs + y * ys],
+ * the 32 output lanes of both rows held in registers across the sum */
+static inline void NP_NAME(np_mm32_pair)(const float *a, int64_t xs, int64_t ys, int64_t inner,
+                                         const float *B, float *out) {
+    __m256 r0 = _mm256_setzero_ps(), r1 = r0, r2 = r0, r3 = r0;
+    __m256 t0 = r0, t1 = r0, t2 = r0, t3 = r0;
+    for (int64_t y = 0; y < inner; y++) {
+        const float *w = B + y * 32;
+        __m256 w0 = _mm256_loadu_ps(w), w1 = _mm256_loadu_ps(w + 8);
+        __m256 w2 = _mm256_loadu_ps(w + 16), w3 = _mm256_loadu_ps(w + 24);
+        __m256 u = _mm256_set1_ps(a[y * ys]), v = _mm256_set1_ps(a[xs + y * ys]);
+        r0 = _mm256_add_ps(r0, _mm256_mul_ps(u, w0));
+        r1 = _mm256_add_ps(r1, _mm256_mul_ps(u, w1));
+        r2 = _mm256_add_ps(r2, _mm256_mul_ps(u, w2));
+        r3 = _mm256_add_ps(r3, _mm256_mul_ps(u, w3));
+        t0 = _mm256_add_ps(t0, _mm256_mul_ps(v, w0));
+        t1 = _mm256_add_ps(t1, _mm256_mul_ps(v, w1));
+        t2 = _mm256_add_ps(t2, _mm256_mul_ps(v, w2));
+        t3 = _mm256_add_ps(t3, _mm256_mul_ps(v, w3));
+    }
+    _mm256_storeu_ps(out, r0), _mm256_storeu_ps(out + 8, r1);
+    _mm256_storeu_ps(out + 16, r2), _mm256_storeu_ps(out + 24, r3);
+    _mm256_storeu_ps(out + 32, t0), _mm256_storeu_ps(out + 40, t1);
+    _mm256_storeu_ps(out + 48, t2), _mm256_storeu_ps(out + 56, t3);
+}
+#endif
+
 static void NP_NAME(np_monarch_row)(const float *z, int64_t ba, int64_t bb, const float *wa,
                                     const float *wb, float *right, float *out) {
     /* right[a][b] = sum_j z[a][j] wb[j][b] and out[i][b] = sum_a right[a][b] wa[a][i], each
      * output's terms added in index order; the loops run the output index b innermost so the
      * compiler vectorises across outputs, never across a sum. */
+#if defined(NP_SIMD_AVX2)
+    if (bb == 32 && ba % 2 == 0) {
+        for (int64_t a = 0; a < ba; a += 2)
+            NP_NAME(np_mm32_pair)(z + a * bb, bb, 1, bb, wb, right + a * bb);
+        for (int64_t i = 0; i < ba; i += 2)
+            NP_NAME(np_mm32_pair)(wa + i, 1, ba, ba, right, out + i * bb);
+        return;
+    }
+#endif
     for (int64_t a = 0; a < ba; a++) {
         float *r = right + a * bb;
         for (int64_t b = 0; b < bb; b++) r[b] = 0.0f;
@@ -692,14 +730,18 @@ static int NP_NAME(np_hadamard_mlp)(const float *x, int64_t T, int64_t d, int64_
         for (int64_t c = 0; c < n; c++) z[c] = c < d ? d1[c] * xr[c] : 0.0f;
         NP_NAME(np_monarch_row)(z, ba, bb, mats[0], mats[1], right, m);
         for (int64_t c = 0; c < n; c++) z[c] = m[p1[c]];
-        for (int64_t c = 0; c < n; c++) {
+        for (int64_t c = 0; c < n; c++) { /* silu(a) = a * (1 / (exp32(-a) + 1)) */
             float a = d2[c] * cond[c];
             a = a * z[c];
             a = a + b2[c];
-            float s = NP_NAME(np_exp32)(-a);
-            s = s + 1.0f;
+            act[c] = a;
+            m[c] = -a;
+        }
+        NP_NAME(np_exp32_array)(m, n, m);
+        for (int64_t c = 0; c < n; c++) {
+            float s = m[c] + 1.0f;
             s = 1.0f / s;
-            act[c] = a * s;
+            act[c] = act[c] * s;
         }
         NP_NAME(np_monarch_row)(act, ba, bb, mats[2], mats[3], right, m);
         for (int64_t c = 0; c < n; c++) z[c] = m[p2[c]];
