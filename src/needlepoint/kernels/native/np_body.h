@@ -5,19 +5,75 @@
  * zero), q = clip(rint(x / s), -128, 127); the row is zero-padded to in_pad and every
  * 128-wide group is rotated by the unnormalised Walsh-Hadamard transform, in integers:
  * v [T, in_pad] int32 (|v| <= 128 * 128). Returns NP_NONFINITE if any x is NaN or inf. */
+/* peak = max |x_c| of a row; 0 if any x_c is NaN or inf (max is exact in any order) */
+static inline int NP_NAME(np_absmax)(const float *row, int64_t cols, float *peak_out) {
+    float peak = 0.0f;
+    int finite = 1;
+    int64_t c = 0;
+#if defined(NP_SIMD_AVX2)
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    const __m256 big = _mm256_set1_ps(3.4028234663852886e38f);
+    __m256 vpeak = _mm256_setzero_ps(), ok = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
+    for (; c + 8 <= cols; c += 8) {
+        __m256 a = _mm256_and_ps(_mm256_loadu_ps(row + c), absmask);
+        ok = _mm256_and_ps(ok, _mm256_cmp_ps(a, big, _CMP_LE_OQ));
+        vpeak = _mm256_max_ps(vpeak, a);
+    }
+    if (_mm256_movemask_ps(ok) != 0xff) finite = 0;
+    float lanes[8];
+    _mm256_storeu_ps(lanes, vpeak);
+    for (int j = 0; j < 8; j++)
+        if (lanes[j] > peak) peak = lanes[j];
+#endif
+    for (; c < cols; c++) {
+        float a = fabsf(row[c]);
+        if (!(a <= 3.4028234663852886e38f)) finite = 0;
+        if (a > peak) peak = a;
+    }
+    *peak_out = peak;
+    return finite;
+}
+
+/* the unnormalised Walsh-Hadamard transform of one 128-wide int32 group, in place (integer
+ * butterflies: exact in any order, |v| <= 128 * 128) */
+static inline void NP_NAME(np_fwht128)(int32_t *grp) {
+#if defined(NP_SIMD_AVX2)
+    __m256i r[16];
+    for (int i = 0; i < 16; i++) {
+        __m256i x = _mm256_loadu_si256((const __m256i *)(grp + 8 * i)), s;
+        s = _mm256_shuffle_epi32(x, _MM_SHUFFLE(2, 3, 0, 1)); /* half 1 */
+        x = _mm256_blend_epi32(_mm256_add_epi32(x, s), _mm256_sub_epi32(s, x), 0xAA);
+        s = _mm256_shuffle_epi32(x, _MM_SHUFFLE(1, 0, 3, 2)); /* half 2 */
+        x = _mm256_blend_epi32(_mm256_add_epi32(x, s), _mm256_sub_epi32(s, x), 0xCC);
+        s = _mm256_permute2x128_si256(x, x, 0x01); /* half 4 */
+        r[i] = _mm256_blend_epi32(_mm256_add_epi32(x, s), _mm256_sub_epi32(s, x), 0xF0);
+    }
+    for (int h = 1; h < 16; h <<= 1) /* halves 8 .. 64: whole registers */
+        for (int base = 0; base < 16; base += 2 * h)
+            for (int i = base; i < base + h; i++) {
+                __m256i a = r[i], b = r[i + h];
+                r[i] = _mm256_add_epi32(a, b);
+                r[i + h] = _mm256_sub_epi32(a, b);
+            }
+    for (int i = 0; i < 16; i++) _mm256_storeu_si256((__m256i *)(grp + 8 * i), r[i]);
+#else
+    for (int half = 1; half < 128; half <<= 1)
+        for (int base = 0; base < 128; base += 2 * half)
+            for (int j = base; j < base + half; j++) {
+                int32_t a = grp[j], b = grp[j + half];
+                grp[j] = a + b;
+                grp[j + half] = a - b;
+            }
+#endif
+}
+
 static int NP_NAME(np_a8_rotate)(const float *x, int64_t T, int64_t cols, int64_t x_stride, int64_t in_pad,
                  int32_t *v, float *scale) {
     if (in_pad % 128 || cols > in_pad) return NP_BADARG;
     for (int64_t t = 0; t < T; t++) {
         const float *row = x + t * x_stride;
-        float peak = 0.0f;
-        int finite = 1;
-        for (int64_t c = 0; c < cols; c++) {
-            float a = fabsf(row[c]);
-            if (!(a <= 3.4028234663852886e38f)) finite = 0;
-            if (a > peak) peak = a;
-        }
-        if (!finite) return NP_NONFINITE;
+        float peak;
+        if (!NP_NAME(np_absmax)(row, cols, &peak)) return NP_NONFINITE;
         float s = peak > 0.0f ? peak / 127.0f : 1.0f;
         scale[t] = s;
         int32_t *out = v + t * in_pad;
@@ -28,18 +84,7 @@ static int NP_NAME(np_a8_rotate)(const float *x, int64_t T, int64_t cols, int64_
             out[c] = (int32_t)q;
         }
         for (int64_t c = cols; c < in_pad; c++) out[c] = 0;
-        for (int64_t g = 0; g < in_pad; g += 128) {
-            int32_t *grp = out + g;
-            for (int half = 1; half < 128; half <<= 1) {
-                for (int base = 0; base < 128; base += 2 * half) {
-                    for (int j = base; j < base + half; j++) {
-                        int32_t a = grp[j], b = grp[j + half];
-                        grp[j] = a + b;
-                        grp[j + half] = a - b;
-                    }
-                }
-            }
-        }
+        for (int64_t g = 0; g < in_pad; g += 128) NP_NAME(np_fwht128)(out + g);
     }
     return NP_OK;
 }
@@ -476,12 +521,15 @@ static void NP_NAME(np_attend)(const int8_t *qcode, const float *qscale, int64_t
  * reference the fixtures were made with: a row of several groups as one fused multiply-add
  * chain per output over k = 0..127; a row of a single group in blocks of 8 k (a chain from
  * zero per block), the block sums added in order. */
-static inline float NP_NAME(np_hsign)(int k, int j) { return (__builtin_popcount((unsigned)(k & j)) & 1) ? -1.0f : 1.0f; }
 
 static void NP_NAME(np_dequant_rows)(const float *rotated, int64_t rows, int64_t groups, float h, float *out) {
     float hrow[128][128];
-    for (int k = 0; k < 128; k++)
-        for (int j = 0; j < 128; j++) hrow[k][j] = NP_NAME(np_hsign)(k, j) * h;
+    /* hrow[k][j] = (-1)^popcount(k & j) * h, row k from row k - 2^t (2^t its top bit) by
+     * negating the columns with bit t: the same +-h values, built without a popcount each */
+    for (int j = 0; j < 128; j++) hrow[0][j] = h;
+    for (int t = 1; t < 128; t <<= 1)
+        for (int k = t; k < 2 * t; k++)
+            for (int j = 0; j < 128; j++) hrow[k][j] = (j & t) ? -hrow[k - t][j] : hrow[k - t][j];
     for (int64_t r = 0; r < rows; r++) {
         for (int64_t g = 0; g < groups; g++) {
             const float *src = rotated + (r * groups + g) * 128;
@@ -512,6 +560,32 @@ static void NP_NAME(np_dequant_rows)(const float *rotated, int64_t rows, int64_t
  * lanes outside [-700, 700] (and NaN) take the scalar path. */
 static void NP_NAME(np_exp32_array)(const float *x, int64_t n, float *out) {
     int64_t i = 0;
+#if defined(NP_SIMD_AVX512)
+    for (; i + 8 <= n; i += 8) { /* the same operations eight at a time */
+        __m512d v = _mm512_cvtps_pd(_mm256_loadu_ps(x + i));
+        __mmask8 ok = _mm512_cmp_pd_mask(v, _mm512_set1_pd(-700.0), _CMP_GE_OQ) &
+                      _mm512_cmp_pd_mask(v, _mm512_set1_pd(700.0), _CMP_LE_OQ);
+        if (ok != 0xff) {
+            for (int j = 0; j < 8; j++) out[i + j] = NP_NAME(np_exp32)(x[i + j]);
+            continue;
+        }
+        __m512d k = _mm512_roundscale_pd(_mm512_mul_pd(v, _mm512_set1_pd(1.4426950408889634)),
+                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        __m512d r = _mm512_sub_pd(v, _mm512_mul_pd(k, _mm512_set1_pd(0.6931471803691238)));
+        r = _mm512_sub_pd(r, _mm512_mul_pd(k, _mm512_set1_pd(1.9082149292705877e-10)));
+        static const double c8[12] = {
+            2.505210838544172e-08, 2.755731922398589e-07, 2.7557319223985893e-06,
+            2.48015873015873e-05, 0.0001984126984126984, 0.001388888888888889,
+            0.008333333333333333, 0.041666666666666664, 0.16666666666666666, 0.5, 1.0, 1.0};
+        __m512d p = _mm512_set1_pd(c8[0]);
+        for (int j = 1; j < 12; j++)
+            p = _mm512_add_pd(_mm512_mul_pd(p, r), _mm512_set1_pd(c8[j]));
+        __m512i bits = _mm512_slli_epi64(
+            _mm512_add_epi64(_mm512_cvtepi32_epi64(_mm512_cvtpd_epi32(k)), _mm512_set1_epi64(1023)), 52);
+        __m512d y = _mm512_mul_pd(p, _mm512_castsi512_pd(bits));
+        _mm256_storeu_ps(out + i, _mm512_cvtpd_ps(y));
+    }
+#endif
 #if defined(NP_SIMD_AVX2)
     const __m256d lo = _mm256_set1_pd(-700.0), hi = _mm256_set1_pd(700.0);
     for (; i + 4 <= n; i += 4) {
@@ -599,14 +673,8 @@ static int NP_NAME(np_a8_codes)(const float *x, int64_t T, int64_t cols, int8_t 
                                 float *scale) {
     for (int64_t t = 0; t < T; t++) {
         const float *row = x + t * cols;
-        float peak = 0.0f;
-        int finite = 1;
-        for (int64_t c = 0; c < cols; c++) {
-            float a = fabsf(row[c]);
-            if (!(a <= 3.4028234663852886e38f)) finite = 0;
-            if (a > peak) peak = a;
-        }
-        if (!finite) return NP_NONFINITE;
+        float peak;
+        if (!NP_NAME(np_absmax)(row, cols, &peak)) return NP_NONFINITE;
         float s = peak > 0.0f ? peak / 127.0f : 1.0f;
         scale[t] = s;
         for (int64_t c = 0; c < cols; c++) {
