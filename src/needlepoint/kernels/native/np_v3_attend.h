@@ -95,6 +95,24 @@ static void NP_NAME(np_v3_attend_row)(const int8_t *q, float qscale, int64_t qk,
     float total = 0.0f;
     for (j = 0; j < n; j++) total = total + work[j];
     for (j = 0; j < n; j++) work[j] = work[j] / total;
+#if defined(NP_SIMD_AVX512)
+    if (vd == 64) { /* the 64 lanes in four zmm registers across the keys */
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        slot = first;
+        for (j = 0; j < n; j++, slot = NP_NAME(np_v3_next_slot)(c, slot)) {
+            const int8_t *v = vbase + slot * vd;
+            const __m512 sv = _mm512_set1_ps(vs[slot]), pj = _mm512_set1_ps(work[j]);
+#define NP_V3_VALUE16(acc, at)                                                                  \
+    acc = _mm512_add_ps(acc, _mm512_mul_ps(pj, _mm512_mul_ps(_mm512_cvtepi32_ps(                 \
+        _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(v + at)))), sv)))
+            NP_V3_VALUE16(a0, 0); NP_V3_VALUE16(a1, 16); NP_V3_VALUE16(a2, 32); NP_V3_VALUE16(a3, 48);
+#undef NP_V3_VALUE16
+        }
+        _mm512_storeu_ps(o, a0), _mm512_storeu_ps(o + 16, a1);
+        _mm512_storeu_ps(o + 32, a2), _mm512_storeu_ps(o + 48, a3);
+        return;
+    }
+#endif
 #if defined(NP_SIMD_AVX2)
     if (vd % 8 == 0) {
         for (int64_t e0 = 0; e0 < vd; e0 += 64)
