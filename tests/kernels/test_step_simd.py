@@ -13,11 +13,11 @@ from needlepoint.kernels import exact, native, pinned
 
 F32 = np.float32
 LIB = native.LIBRARY
-pytestmark = pytest.mark.skipif(LIB is None, reason="native library not built")
 
 
 @pytest.fixture(params=[0, 1, 2])
 def variant(request):
+    assert LIB is not None, "the native library is part of the build"
     before = LIB.np_simd_variant()
     yield LIB.np_force_variant(request.param)
     LIB.np_force_variant(before)
