@@ -5,19 +5,75 @@
  * zero), q = clip(rint(x / s), -128, 127); the row is zero-padded to in_pad and every
  * 128-wide group is rotated by the unnormalised Walsh-Hadamard transform, in integers:
  * v [T, in_pad] int32 (|v| <= 128 * 128). Returns NP_NONFINITE if any x is NaN or inf. */
+/* peak = max |x_c| of a row; 0 if any x_c is NaN or inf (max is exact in any order) */
+static inline int NP_NAME(np_absmax)(const float *row, int64_t cols, float *peak_out) {
+    float peak = 0.0f;
+    int finite = 1;
+    int64_t c = 0;
+#if defined(NP_SIMD_AVX2)
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    const __m256 big = _mm256_set1_ps(3.4028234663852886e38f);
+    __m256 vpeak = _mm256_setzero_ps(), ok = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
+    for (; c + 8 <= cols; c += 8) {
+        __m256 a = _mm256_and_ps(_mm256_loadu_ps(row + c), absmask);
+        ok = _mm256_and_ps(ok, _mm256_cmp_ps(a, big, _CMP_LE_OQ));
+        vpeak = _mm256_max_ps(vpeak, a);
+    }
+    if (_mm256_movemask_ps(ok) != 0xff) finite = 0;
+    float lanes[8];
+    _mm256_storeu_ps(lanes, vpeak);
+    for (int j = 0; j < 8; j++)
+        if (lanes[j] > peak) peak = lanes[j];
+#endif
+    for (; c < cols; c++) {
+        float a = fabsf(row[c]);
+        if (!(a <= 3.4028234663852886e38f)) finite = 0;
+        if (a > peak) peak = a;
+    }
+    *peak_out = peak;
+    return finite;
+}
+
+/* the unnormalised Walsh-Hadamard transform of one 128-wide int32 group, in place (integer
+ * butterflies: exact in any order, |v| <= 128 * 128) */
+static inline void NP_NAME(np_fwht128)(int32_t *grp) {
+#if defined(NP_SIMD_AVX2)
+    __m256i r[16];
+    for (int i = 0; i < 16; i++) {
+        __m256i x = _mm256_loadu_si256((const __m256i *)(grp + 8 * i)), s;
+        s = _mm256_shuffle_epi32(x, _MM_SHUFFLE(2, 3, 0, 1)); /* half 1 */
+        x = _mm256_blend_epi32(_mm256_add_epi32(x, s), _mm256_sub_epi32(s, x), 0xAA);
+        s = _mm256_shuffle_epi32(x, _MM_SHUFFLE(1, 0, 3, 2)); /* half 2 */
+        x = _mm256_blend_epi32(_mm256_add_epi32(x, s), _mm256_sub_epi32(s, x), 0xCC);
+        s = _mm256_permute2x128_si256(x, x, 0x01); /* half 4 */
+        r[i] = _mm256_blend_epi32(_mm256_add_epi32(x, s), _mm256_sub_epi32(s, x), 0xF0);
+    }
+    for (int h = 1; h < 16; h <<= 1) /* halves 8 .. 64: whole registers */
+        for (int base = 0; base < 16; base += 2 * h)
+            for (int i = base; i < base + h; i++) {
+                __m256i a = r[i], b = r[i + h];
+                r[i] = _mm256_add_epi32(a, b);
+                r[i + h] = _mm256_sub_epi32(a, b);
+            }
+    for (int i = 0; i < 16; i++) _mm256_storeu_si256((__m256i *)(grp + 8 * i), r[i]);
+#else
+    for (int half = 1; half < 128; half <<= 1)
+        for (int base = 0; base < 128; base += 2 * half)
+            for (int j = base; j < base + half; j++) {
+                int32_t a = grp[j], b = grp[j + half];
+                grp[j] = a + b;
+                grp[j + half] = a - b;
+            }
+#endif
+}
+
 static int NP_NAME(np_a8_rotate)(const float *x, int64_t T, int64_t cols, int64_t x_stride, int64_t in_pad,
                  int32_t *v, float *scale) {
     if (in_pad % 128 || cols > in_pad) return NP_BADARG;
     for (int64_t t = 0; t < T; t++) {
         const float *row = x + t * x_stride;
-        float peak = 0.0f;
-        int finite = 1;
-        for (int64_t c = 0; c < cols; c++) {
-            float a = fabsf(row[c]);
-            if (!(a <= 3.4028234663852886e38f)) finite = 0;
-            if (a > peak) peak = a;
-        }
-        if (!finite) return NP_NONFINITE;
+        float peak;
+        if (!NP_NAME(np_absmax)(row, cols, &peak)) return NP_NONFINITE;
         float s = peak > 0.0f ? peak / 127.0f : 1.0f;
         scale[t] = s;
         int32_t *out = v + t * in_pad;
@@ -28,18 +84,7 @@ static int NP_NAME(np_a8_rotate)(const float *x, int64_t T, int64_t cols, int64_
             out[c] = (int32_t)q;
         }
         for (int64_t c = cols; c < in_pad; c++) out[c] = 0;
-        for (int64_t g = 0; g < in_pad; g += 128) {
-            int32_t *grp = out + g;
-            for (int half = 1; half < 128; half <<= 1) {
-                for (int base = 0; base < 128; base += 2 * half) {
-                    for (int j = base; j < base + half; j++) {
-                        int32_t a = grp[j], b = grp[j + half];
-                        grp[j] = a + b;
-                        grp[j + half] = a - b;
-                    }
-                }
-            }
-        }
+        for (int64_t g = 0; g < in_pad; g += 128) NP_NAME(np_fwht128)(out + g);
     }
     return NP_OK;
 }
@@ -476,12 +521,15 @@ static void NP_NAME(np_attend)(const int8_t *qcode, const float *qscale, int64_t
  * reference the fixtures were made with: a row of several groups as one fused multiply-add
  * chain per output over k = 0..127; a row of a single group in blocks of 8 k (a chain from
  * zero per block), the block sums added in order. */
-static inline float NP_NAME(np_hsign)(int k, int j) { return (__builtin_popcount((unsigned)(k & j)) & 1) ? -1.0f : 1.0f; }
 
 static void NP_NAME(np_dequant_rows)(const float *rotated, int64_t rows, int64_t groups, float h, float *out) {
     float hrow[128][128];
-    for (int k = 0; k < 128; k++)
-        for (int j = 0; j < 128; j++) hrow[k][j] = NP_NAME(np_hsign)(k, j) * h;
+    /* hrow[k][j] = (-1)^popcount(k & j) * h, row k from row k - 2^t (2^t its top bit) by
+     * negating the columns with bit t: the same +-h values, built without a popcount each */
+    for (int j = 0; j < 128; j++) hrow[0][j] = h;
+    for (int t = 1; t < 128; t <<= 1)
+        for (int k = t; k < 2 * t; k++)
+            for (int j = 0; j < 128; j++) hrow[k][j] = (j & t) ? -hrow[k - t][j] : hrow[k - t][j];
     for (int64_t r = 0; r < rows; r++) {
         for (int64_t g = 0; g < groups; g++) {
             const float *src = rotated + (r * groups + g) * 128;
@@ -512,6 +560,32 @@ static void NP_NAME(np_dequant_rows)(const float *rotated, int64_t rows, int64_t
  * lanes outside [-700, 700] (and NaN) take the scalar path. */
 static void NP_NAME(np_exp32_array)(const float *x, int64_t n, float *out) {
     int64_t i = 0;
+#if defined(NP_SIMD_AVX512)
+    for (; i + 8 <= n; i += 8) { /* the same operations eight at a time */
+        __m512d v = _mm512_cvtps_pd(_mm256_loadu_ps(x + i));
+        __mmask8 ok = _mm512_cmp_pd_mask(v, _mm512_set1_pd(-700.0), _CMP_GE_OQ) &
+                      _mm512_cmp_pd_mask(v, _mm512_set1_pd(700.0), _CMP_LE_OQ);
+        if (ok != 0xff) {
+            for (int j = 0; j < 8; j++) out[i + j] = NP_NAME(np_exp32)(x[i + j]);
+            continue;
+        }
+        __m512d k = _mm512_roundscale_pd(_mm512_mul_pd(v, _mm512_set1_pd(1.4426950408889634)),
+                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        __m512d r = _mm512_sub_pd(v, _mm512_mul_pd(k, _mm512_set1_pd(0.6931471803691238)));
+        r = _mm512_sub_pd(r, _mm512_mul_pd(k, _mm512_set1_pd(1.9082149292705877e-10)));
+        static const double c8[12] = {
+            2.505210838544172e-08, 2.755731922398589e-07, 2.7557319223985893e-06,
+            2.48015873015873e-05, 0.0001984126984126984, 0.001388888888888889,
+            0.008333333333333333, 0.041666666666666664, 0.16666666666666666, 0.5, 1.0, 1.0};
+        __m512d p = _mm512_set1_pd(c8[0]);
+        for (int j = 1; j < 12; j++)
+            p = _mm512_add_pd(_mm512_mul_pd(p, r), _mm512_set1_pd(c8[j]));
+        __m512i bits = _mm512_slli_epi64(
+            _mm512_add_epi64(_mm512_cvtepi32_epi64(_mm512_cvtpd_epi32(k)), _mm512_set1_epi64(1023)), 52);
+        __m512d y = _mm512_mul_pd(p, _mm512_castsi512_pd(bits));
+        _mm256_storeu_ps(out + i, _mm512_cvtpd_ps(y));
+    }
+#endif
 #if defined(NP_SIMD_AVX2)
     const __m256d lo = _mm256_set1_pd(-700.0), hi = _mm256_set1_pd(700.0);
     for (; i + 4 <= n; i += 4) {
@@ -599,14 +673,8 @@ static int NP_NAME(np_a8_codes)(const float *x, int64_t T, int64_t cols, int8_t 
                                 float *scale) {
     for (int64_t t = 0; t < T; t++) {
         const float *row = x + t * cols;
-        float peak = 0.0f;
-        int finite = 1;
-        for (int64_t c = 0; c < cols; c++) {
-            float a = fabsf(row[c]);
-            if (!(a <= 3.4028234663852886e38f)) finite = 0;
-            if (a > peak) peak = a;
-        }
-        if (!finite) return NP_NONFINITE;
+        float peak;
+        if (!NP_NAME(np_absmax)(row, cols, &peak)) return NP_NONFINITE;
         float s = peak > 0.0f ? peak / 127.0f : 1.0f;
         scale[t] = s;
         for (int64_t c = 0; c < cols; c++) {
@@ -625,11 +693,49 @@ static int NP_NAME(np_a8_codes)(const float *x, int64_t T, int64_t cols, int8_t 
  * sum as numpy reduces a contiguous row of 8: ((e0+e1)+(e2+e3))+((e4+e5)+(e6+e7)));
  * z = d1 * pad(x); z = K1(z)[p1]; z = K2(silu(d2 cond z + b2))[p2]; out = (d4 * K3(d3 z))[:d],
  * K(z) = flatten(wa^T Z wb) for Z = z as [ba, bb]: Y = Z wb, then wa^T Y, each in index order. */
+#if defined(NP_SIMD_AVX2)
+/* out[x][0..32) = sum_y A(x, y) * B[y][0..32) for two rows x at once, y ascending (each output
+ * lane's products added in index order, as the scalar loops), A(x, y) = a[x * xs + y * ys],
+ * the 32 output lanes of both rows held in registers across the sum */
+static inline void NP_NAME(np_mm32_pair)(const float *a, int64_t xs, int64_t ys, int64_t inner,
+                                         const float *B, float *out) {
+    __m256 r0 = _mm256_setzero_ps(), r1 = r0, r2 = r0, r3 = r0;
+    __m256 t0 = r0, t1 = r0, t2 = r0, t3 = r0;
+    for (int64_t y = 0; y < inner; y++) {
+        const float *w = B + y * 32;
+        __m256 w0 = _mm256_loadu_ps(w), w1 = _mm256_loadu_ps(w + 8);
+        __m256 w2 = _mm256_loadu_ps(w + 16), w3 = _mm256_loadu_ps(w + 24);
+        __m256 u = _mm256_set1_ps(a[y * ys]), v = _mm256_set1_ps(a[xs + y * ys]);
+        r0 = _mm256_add_ps(r0, _mm256_mul_ps(u, w0));
+        r1 = _mm256_add_ps(r1, _mm256_mul_ps(u, w1));
+        r2 = _mm256_add_ps(r2, _mm256_mul_ps(u, w2));
+        r3 = _mm256_add_ps(r3, _mm256_mul_ps(u, w3));
+        t0 = _mm256_add_ps(t0, _mm256_mul_ps(v, w0));
+        t1 = _mm256_add_ps(t1, _mm256_mul_ps(v, w1));
+        t2 = _mm256_add_ps(t2, _mm256_mul_ps(v, w2));
+        t3 = _mm256_add_ps(t3, _mm256_mul_ps(v, w3));
+    }
+    _mm256_storeu_ps(out, r0), _mm256_storeu_ps(out + 8, r1);
+    _mm256_storeu_ps(out + 16, r2), _mm256_storeu_ps(out + 24, r3);
+    _mm256_storeu_ps(out + 32, t0), _mm256_storeu_ps(out + 40, t1);
+    _mm256_storeu_ps(out + 48, t2), _mm256_storeu_ps(out + 56, t3);
+}
+#endif
+
 static void NP_NAME(np_monarch_row)(const float *z, int64_t ba, int64_t bb, const float *wa,
                                     const float *wb, float *right, float *out) {
     /* right[a][b] = sum_j z[a][j] wb[j][b] and out[i][b] = sum_a right[a][b] wa[a][i], each
      * output's terms added in index order; the loops run the output index b innermost so the
      * compiler vectorises across outputs, never across a sum. */
+#if defined(NP_SIMD_AVX2)
+    if (bb == 32 && ba % 2 == 0) {
+        for (int64_t a = 0; a < ba; a += 2)
+            NP_NAME(np_mm32_pair)(z + a * bb, bb, 1, bb, wb, right + a * bb);
+        for (int64_t i = 0; i < ba; i += 2)
+            NP_NAME(np_mm32_pair)(wa + i, 1, ba, ba, right, out + i * bb);
+        return;
+    }
+#endif
     for (int64_t a = 0; a < ba; a++) {
         float *r = right + a * bb;
         for (int64_t b = 0; b < bb; b++) r[b] = 0.0f;
@@ -692,14 +798,18 @@ static int NP_NAME(np_hadamard_mlp)(const float *x, int64_t T, int64_t d, int64_
         for (int64_t c = 0; c < n; c++) z[c] = c < d ? d1[c] * xr[c] : 0.0f;
         NP_NAME(np_monarch_row)(z, ba, bb, mats[0], mats[1], right, m);
         for (int64_t c = 0; c < n; c++) z[c] = m[p1[c]];
-        for (int64_t c = 0; c < n; c++) {
+        for (int64_t c = 0; c < n; c++) { /* silu(a) = a * (1 / (exp32(-a) + 1)) */
             float a = d2[c] * cond[c];
             a = a * z[c];
             a = a + b2[c];
-            float s = NP_NAME(np_exp32)(-a);
-            s = s + 1.0f;
+            act[c] = a;
+            m[c] = -a;
+        }
+        NP_NAME(np_exp32_array)(m, n, m);
+        for (int64_t c = 0; c < n; c++) {
+            float s = m[c] + 1.0f;
             s = 1.0f / s;
-            act[c] = a * s;
+            act[c] = act[c] * s;
         }
         NP_NAME(np_monarch_row)(act, ba, bb, mats[2], mats[3], right, m);
         for (int64_t c = 0; c < n; c++) z[c] = m[p2[c]];

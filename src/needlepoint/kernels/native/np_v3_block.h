@@ -123,9 +123,16 @@ static int NP_NAME(np_v3_blocks)(const np_v3_model *m, int64_t first, int64_t la
         for (int64_t t = 0; t < R; t++) NP_NAME(np_v3_zc)(block + t * d, d, L->norm_in, h + t * d, sq);
         status = NP_NAME(np_v3_product_run)(&L->qkvg, h, R, d, v, scale, fused, threads);
         if (status) break;
-        for (int64_t t = 0; t < R; t++)
-            for (int64_t e = 0; e < H * vd; e++)
-                gate[t * H * vd + e] = NP_NAME(np_v3_sigmoid)(fused[t * L->qkvg.out + v_end + e]);
+        for (int64_t t = 0; t < R; t++) { /* sigmoid = 1 / (exp32(-x) + 1), exps eight at a time */
+            float *g = gate + t * H * vd;
+            const float *x = fused + t * L->qkvg.out + v_end;
+            for (int64_t e = 0; e < H * vd; e++) g[e] = -x[e];
+            NP_NAME(np_exp32_array)(g, H * vd, g);
+            for (int64_t e = 0; e < H * vd; e++) {
+                float s = g[e] + 1.0f;
+                g[e] = 1.0f / s;
+            }
+        }
         for (int64_t p = 0; p < n_parts && status == NP_OK; p++)
             status = NP_NAME(np_v3_attention_part)(m, L, &parts[p], parts[p].caches[l - first], fused,
                                           L->qkvg.out, gate, &ws);

@@ -94,71 +94,7 @@ static int NP_NAME(np_v3_product_run)(const np_v3_product *P, const float *x, in
     return NP_OK;
 }
 
-/* out[e] = out[e] + p * f32(v[e] * sv) for every e (one key's value row; a function of its
- * own so the compiler vectorises it across e instead of interleaving keys). */
-static __attribute__((noinline)) void NP_NAME(np_v3_add_value)(float *restrict out,
-                                                           const int8_t *restrict v, float sv,
-                                                           float p, int64_t vd) {
-    for (int64_t e = 0; e < vd; e++) {
-        float value = (float)v[e] * sv;
-        float prod = p * value;
-        out[e] = out[e] + prod;
-    }
-}
-
-/* One query row against positions lo .. p of its kv head, in position order (np_attend). */
-static void NP_NAME(np_v3_attend_row)(const int8_t *q, float qscale, int64_t qk, int64_t vd,
-                             const np_v3_cache *c, int64_t head, int64_t lo, int64_t p,
-                             double inv_sqrt_qk, float *o, float *work) {
-    const int8_t *kbase = c->kcode + head * c->capacity * qk;
-    const int8_t *vbase = c->vcode + head * c->capacity * vd;
-    const float *ks = c->kscale + head * c->capacity, *vs = c->vscale + head * c->capacity;
-    double sq = (double)qscale;
-    int64_t n = p - lo + 1;
-    float peak = -INFINITY;
-    const int64_t first = c->window ? lo % c->capacity : lo; /* slots in position order */
-    for (int64_t j = 0, slot = first; j < n; j++, slot = slot + 1 == c->capacity ? 0 : slot + 1) {
-        const int8_t *restrict k = kbase + slot * qk;
-        int32_t dot = 0;
-        for (int64_t e = 0; e < qk; e++) dot += (int32_t)q[e] * (int32_t)k[e];
-        double t = (double)dot * sq;
-        t = t * (double)ks[slot];
-        t = t * inv_sqrt_qk;
-        float score = (float)t;
-        work[j] = score;
-        if (score > peak) peak = score;
-    }
-    float total = 0.0f;
-    for (int64_t j = 0; j < n; j++) {
-        float e = NP_NAME(np_exp32)(work[j] - peak);
-        work[j] = e;
-        total = total + e;
-    }
-    for (int64_t e = 0; e < vd; e++) o[e] = 0.0f;
-    for (int64_t j = 0, slot = first; j < n; j++, slot = slot + 1 == c->capacity ? 0 : slot + 1) {
-        NP_NAME(np_v3_add_value)(o, vbase + slot * vd, vs[slot], work[j] / total, vd);
-    }
-}
-
-
-/* query rows lo .. hi-1 of a block (row = (position - first) * H + head): o, times the gate */
-static void NP_NAME(np_v3_attend_items)(void *arg, int64_t lo, int64_t hi, int64_t worker) {
-    const np_v3_attend_job *job = (const np_v3_attend_job *)arg;
-    const np_v3_model *m = job->m;
-    const np_v3_cache *c = job->c;
-    const int64_t H = m->heads, qk = m->qk, vd = m->vd, group = H / m->kv_heads;
-    float o[1024];
-    float *work = job->ws->work + worker * job->ws->work_stride;
-    for (int64_t item = lo; item < hi; item++) {
-        int64_t r = job->first + item / H, h = item % H;
-        int64_t p = job->start + r;
-        int64_t from = c->window ? (p - c->window + 1 > 0 ? p - c->window + 1 : 0) : 0;
-        NP_NAME(np_v3_attend_row)(job->ws->qcode + (r * H + h) * qk, job->ws->qscale[r * H + h],
-                                  qk, vd, c, h / group, from, p, job->inv_sqrt_qk, o, work);
-        float *g = job->gate + r * H * vd + h * vd;
-        for (int64_t e = 0; e < vd; e++) g[e] = g[e] * o[e];
-    }
-}
+#include "np_v3_attend.h"
 
 /* -- attention of one part (one session's chunk) ------------------------------------------- */
 
