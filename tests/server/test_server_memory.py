@@ -31,6 +31,7 @@ from server_helpers import (  # noqa: F401 (fixtures, requested by name)
 
 from needlepoint.server import create_app
 from needlepoint.server.concurrency import WorkerPool
+from needlepoint.server.engine import ChatResult
 from needlepoint.server.memory import (
     ARENA_MAX,
     M_ARENA_MAX,
@@ -39,6 +40,7 @@ from needlepoint.server.memory import (
     heap_stats,
     limit_arenas,
 )
+from needlepoint.server.metrics import Metrics
 
 # asyncio keeps a cancelled timer (the body-read deadline, uvicorn's keep-alive; each with
 # its Context) in the loop's heap until it is due or until over 100 are cancelled: bounded
@@ -185,3 +187,44 @@ def test_heap_figures_on_metrics_and_trims_counted(model: Any,
     assert float(lines["needlepoint_heap_in_use_bytes"]) > 0
     assert float(lines["needlepoint_heap_free_bytes"]) >= 0
     assert float(lines["needlepoint_heap_trims_total"]) == 1.0
+
+
+class _Job:
+    """A chat job whose stream ends with a result and records when it is closed (where the
+    real job closes its scheduler lease)."""
+
+    def __init__(self) -> None:
+        self.closed = False
+
+    def stream(self) -> Any:
+        try:
+            yield ChatResult(content="hi", reasoning="", calls=[], finish_reason="stop",
+                             prompt_tokens=3, completion_tokens=1, envelope={})
+            yield ChatResult(content="never", reasoning="", calls=[], finish_reason="stop",
+                             prompt_tokens=3, completion_tokens=1, envelope={})
+        finally:
+            self.closed = True
+
+
+def test_a_plain_job_ends_its_stream_when_it_returns() -> None:
+    """Its lease must not wait for the generator to be freed: something else holding it (here
+    a list, in the soak a diagnostic's gc.get_objects) kept the lease, and the next job on
+    the freed worker got a 429 from a full scheduler."""
+    metrics = Metrics(WorkerPool(1, 0, trimmer=HeapTrimmer(libc=FakeLibc())))
+    held: list[Any] = []
+    observed = metrics.chat_stream
+
+    def holding(job: Any) -> Any:
+        make = observed(job)
+
+        def make_and_hold() -> Any:
+            held.append(make())
+            return held[-1]
+
+        return make_and_hold
+
+    metrics.chat_stream = holding  # type: ignore[method-assign]
+    job = _Job()
+    result = metrics.chat_run(job)()
+    assert result.content == "hi"
+    assert held and job.closed

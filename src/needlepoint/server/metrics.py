@@ -124,9 +124,16 @@ class Metrics:
         stream = self.chat_stream(job)
 
         def run() -> ChatResult:
-            for item in stream():
-                if isinstance(item, ChatResult):
-                    return item
+            items = stream()
+            try:
+                for item in items:
+                    if isinstance(item, ChatResult):
+                        return item
+            finally:
+                # closed here, not when the generator is freed: anything else holding it (a
+                # traceback, a debugger, gc.get_objects) would keep the job's lease alive
+                # after its worker is free, and the next job would find the scheduler full
+                items.close()
             raise RuntimeError("the generator ended without a result")  # pragma: no cover
 
         return run
