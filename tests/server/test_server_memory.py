@@ -228,3 +228,14 @@ def test_a_plain_job_ends_its_stream_when_it_returns() -> None:
     result = metrics.chat_run(job)()
     assert result.content == "hi"
     assert held and job.closed
+
+
+def test_invented_methods_do_not_grow_the_metric_labels(model: Any) -> None:
+    app = create_app(model, workers=1, max_queue=1, model_name="needle3-toy")
+    with ServerThread(app) as server, httpx.Client(base_url=server.url, timeout=30) as http:
+        statuses = {http.request(f"X{k}", "/v1/models").status_code for k in range(40)}
+        text = http.get("/metrics").text
+    assert statuses == {405}
+    methods = {line.split('method="', 1)[1].split('"', 1)[0] for line in text.splitlines()
+               if line.startswith("needlepoint_http_requests_total{")}
+    assert methods == {"(other)"}  # (the GET of /metrics is counted once it has answered)
