@@ -2,11 +2,11 @@
 
 Measured under `python -m bench.load` (docs/benchmarks_server.md, notes): the Python objects
 and the bytes glibc reports in use stay flat under load, while the RSS of a long run crept up
-with the bytes glibc holds *free*. Every request allocates its session's KV arrays (~0.5 MB
-of blocks under glibc's 128 KiB mmap threshold) and the engine step its batch temporaries,
-on ~35 threads; glibc gives threads up to 8 arenas per core, and freed blocks scattered over
-those heaps are kept (fragmentation), not returned. Two remedies, both only on glibc (a
-no-op elsewhere, or without ctypes):
+with the bytes glibc holds *free*. Every request allocates its session's KV and history
+arrays (most of them blocks under glibc's mmap threshold, so from the heap) and every engine
+step its batch temporaries, on ~35 threads; glibc gives threads up to 8 arenas per core, and
+the free blocks scattered over those heaps are kept (fragmentation), not returned. Two
+remedies, both only on glibc (a no-op elsewhere, or without ctypes):
 
 * `limit_arenas`: at most `ARENA_MAX` arenas (`mallopt(M_ARENA_MAX)`, what the environment
   variable `MALLOC_ARENA_MAX` sets; an explicit `MALLOC_ARENA_MAX` wins), called before the
