@@ -16,8 +16,10 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+import httpx
 import openai
 
+from .load_memory import heap_sample, loadavg, summary
 from .load_server import Server, health, one_request, percentile
 
 
@@ -124,7 +126,8 @@ async def soak(client: openai.AsyncOpenAI, model: str, server: Server,
     first_chunks: list[float] = []
     errors: Counter[str] = Counter()
     wrong = tokens = 0
-    rss: list[int] = []
+    rss: list[tuple[float, int]] = []  # (seconds since the start, bytes), every second
+    samples: list[dict[str, float]] = []  # every 10 s: heap figures, load average
     deadline = time.monotonic() + duration
 
     async def client_loop(k: int) -> None:
@@ -149,10 +152,14 @@ async def soak(client: openai.AsyncOpenAI, model: str, server: Server,
             wrong += calls != reference[index]
 
     async def sample_rss() -> None:
-        while time.monotonic() < deadline:
-            if value := server.rss():
-                rss.append(value)
-            await asyncio.sleep(1.0)
+        async with httpx.AsyncClient(timeout=60.0) as http:
+            while (now := time.monotonic()) < deadline:
+                if value := server.rss():
+                    rss.append((now - began, value))
+                if len(rss) % 10 == 1:
+                    heap = await heap_sample(http, server.base_url.removesuffix("/v1"))
+                    samples.append({"t": now - began, "loadavg": loadavg(), **heap})
+                await asyncio.sleep(1.0)
 
     began = time.monotonic()
     await asyncio.gather(sample_rss(), *(client_loop(k) for k in range(clients)))
@@ -167,8 +174,9 @@ async def soak(client: openai.AsyncOpenAI, model: str, server: Server,
         "stream_ttft_p50_s": percentile(first_chunks, 50),
         "stream_ttft_p99_s": percentile(first_chunks, 99),
         "errors": dict(errors), "wrong_answers": wrong, "distinct_requests": len(requests),
-        "rss_max_sampled_mib": max(rss, default=0) / 2**20,
-        "rss_every_10s_mib": [round(v / 2**20) for v in rss[::10]],
+        "rss_max_sampled_mib": max((v for _, v in rss), default=0) / 2**20,
+        "rss_every_10s_mib": [round(v / 2**20) for _, v in rss[::10]],
+        "memory": summary(rss, samples), "samples_every_10s": samples,
         "peak_in_flight": state.get("peak_in_flight"),
         "mean_batch": _mean_batch(before, state),
     }

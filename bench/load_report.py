@@ -8,8 +8,12 @@ import json
 from pathlib import Path
 from typing import Any
 
+from .load_memory import summary as summary_of
+
 MARKER = "<!-- notes -->"
 TARGETS = {"scaling": 4.0, "ttft": 2.0}
+LIST_RSS_S = 300  # soaks up to this long list RSS every 10 s; longer ones get a table
+TABLE_EVERY = 30  # samples (10 s apart) between two rows of that table: 5 minutes
 
 
 def _mode(result: dict[str, Any]) -> str:
@@ -96,9 +100,52 @@ def section(result: dict[str, Any]) -> str:
                   f"| peak admitted in flight | {s['peak_in_flight']} |",
                   f"| server RSS after loading / max sampled under load | "
                   f"{result['rss_after_load_mib']:.0f} MiB / {s['rss_max_sampled_mib']:.0f} MiB |",
-                  f"| RSS every 10 s (MiB) | {rss} |",
+                  *([f"| RSS every 10 s (MiB) | {rss} |"] if s["load_s"] <= LIST_RSS_S
+                    or "memory" not in s else []),
                   f"| server peak RSS (VmHWM) | {result['peak_rss_mib']:.0f} MiB |", ""]
+        lines += memory_lines(s)
     return "\n".join(lines)
+
+
+def _mib(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+def _per_10min(value: float | None) -> str:
+    return "-" if value is None else f"{value:+.2f} MiB per 10 min"
+
+
+def memory_lines(soak: dict[str, Any]) -> list[str]:
+    """The soak's memory (`bench/load_memory.py`): RSS at the start, after warm-up, at the
+    end, the last 40 minutes' slopes, and for a long soak a row every 5 minutes."""
+    m = soak.get("memory")
+    if not m and soak["load_s"] > LIST_RSS_S:  # an older result: from its RSS list (whole MiB,
+        rss = soak["rss_every_10s_mib"]  # no timestamps: spread evenly over the soak)
+        m = summary_of([(soak["load_s"] * i / len(rss), v * 2**20) for i, v in enumerate(rss)],
+                       [])
+    if not m:
+        return []
+    window = m["slope_window_s"] / 60
+    lines = ["**Memory over the soak** (server RSS from /proc every second; C heap from its "
+             "/metrics, glibc `mallinfo2`: bytes in use, and bytes held free in the arenas; "
+             f"slopes: least squares over the last {window:.0f} min):", "",
+             "| RSS start | after 5 min warm-up | end | RSS slope | heap-in-use slope |",
+             "|---|---|---|---|---|",
+             f"| {_mib(m['rss_start_mib'])} MiB | {_mib(m['rss_after_warmup_mib'])} MiB | "
+             f"{_mib(m['rss_end_mib'])} MiB | {_per_10min(m['rss_slope_mib_per_10min'])} | "
+             f"{_per_10min(m['heap_in_use_slope_mib_per_10min'])} |", ""]
+    samples = soak.get("samples_every_10s", [])
+    rss = soak["rss_every_10s_mib"]
+    if soak["load_s"] <= LIST_RSS_S or not samples:
+        return lines
+    lines += ["| minute | RSS (MiB) | heap in use (MiB) | heap free (MiB) | load average |",
+              "|---|---|---|---|---|"]
+    for k in range(0, len(samples), TABLE_EVERY):
+        sample = samples[k]
+        heap = [_mib(sample[key] / 2**20 if key in sample else None) for key in ("in_use", "free")]
+        lines.append(f"| {sample['t'] / 60:.0f} | {rss[min(k, len(rss) - 1)]} | {heap[0]} | "
+                     f"{heap[1]} | {sample['loadavg']:.1f} |")
+    return lines + [""]
 
 
 def summary(results: list[dict[str, Any]]) -> str:

@@ -69,6 +69,9 @@ def serve(
         ) from None
     from ..models.hub import resolve_model_path
     from .auth import KeyConfigError, exposure_warning, keys_from
+    from .memory import limit_arenas
+
+    limit_arenas()  # before any worker thread exists (memory.py: RSS creep under load)
 
     try:
         keys = keys_from(api_keys)

@@ -26,6 +26,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Generic, TypeVar
 
 from .errors import overloaded
+from .memory import HeapTrimmer
 
 T = TypeVar("T")
 
@@ -51,7 +52,8 @@ class Ticket:
 
 
 class WorkerPool:
-    def __init__(self, workers: int, max_queue: int) -> None:
+    def __init__(self, workers: int, max_queue: int, trimmer: HeapTrimmer | None = None) -> None:
+        """`trimmer`: told of every finished job (`memory.py`; default: a `HeapTrimmer`)."""
         if workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
         if max_queue < 0:
@@ -63,6 +65,7 @@ class WorkerPool:
         self._lock = threading.Lock()
         self._admitted = 0
         self._peak = 0
+        self.trimmer = HeapTrimmer() if trimmer is None else trimmer
 
     # -- admission ----------------------------------------------------------------------------
     def admit(self) -> Ticket:
@@ -95,6 +98,7 @@ class WorkerPool:
                 return fn()
             finally:
                 ticket.release()
+                self.trimmer.done()
 
         return self._executor.submit(job)
 

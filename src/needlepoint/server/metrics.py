@@ -8,7 +8,8 @@ one process count separately. Three sources feed it:
 * the jobs (`Metrics.chat_stream`, `chat_run`, `native_run` wrap them in `app.py`): prompt and
   completion tokens, time to first token, speculative drafts and acceptances per source;
 * a collector that reads the worker pool and the batching scheduler when scraped: requests in
-  flight, queue depth, live sessions, KV bytes, engine steps and sessions stepped.
+  flight, queue depth, live sessions, KV bytes, engine steps and sessions stepped, and the C
+  heap's bytes in use and held free (`memory.py`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from .engine import ChatJob, ChatResult, Delta, NativeJob
+from .memory import heap_stats
 
 PREFIX = "needlepoint"
 # Seconds; the toy model answers in milliseconds, the shipped one on a busy CPU in seconds.
@@ -122,9 +124,16 @@ class Metrics:
         stream = self.chat_stream(job)
 
         def run() -> ChatResult:
-            for item in stream():
-                if isinstance(item, ChatResult):
-                    return item
+            items = stream()
+            try:
+                for item in items:
+                    if isinstance(item, ChatResult):
+                        return item
+            finally:
+                # closed here, not when the generator is freed: anything else holding it (a
+                # traceback, a debugger, gc.get_objects) would keep the job's lease alive
+                # after its worker is free, and the next job would find the scheduler full
+                items.close()
             raise RuntimeError("the generator ended without a result")  # pragma: no cover
 
         return run
@@ -161,6 +170,7 @@ class LiveCollector(Collector):
         yield _gauge("queue_depth", "Admitted requests waiting for a worker",
                      max(0, in_flight - workers))
         yield _gauge("queue_capacity", "Requests that may wait before a 429", pool["max_queue"])
+        yield from _heap(self.pool)
         if self.scheduler is None:
             yield _gauge("live_sessions", "Requests decoding now (each its own session)",
                          min(in_flight, workers))
@@ -182,6 +192,20 @@ class LiveCollector(Collector):
                      s["max_batch"])
         mean = s["sessions_stepped"] / s["steps"] if s["steps"] else 0.0
         yield _gauge("engine_sessions_per_step", "Mean sessions per engine step so far", mean)
+
+
+def _heap(pool: Any) -> Iterator[Any]:
+    """The C heap (glibc `mallinfo2`, `memory.py`): bytes in use vs held free, and trims."""
+    heap = heap_stats()
+    if heap is not None:
+        yield _gauge("heap_in_use_bytes", "C heap bytes allocated (glibc mallinfo2)",
+                     heap["in_use"])
+        yield _gauge("heap_free_bytes", "C heap bytes held free in the arenas (glibc "
+                     "mallinfo2)", heap["free"])
+    trimmer = getattr(pool, "trimmer", None)
+    if trimmer is not None:
+        yield _counter("heap_trims", "malloc_trim calls (one per TRIM_EVERY finished jobs)",
+                       trimmer.trims)
 
 
 def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:

@@ -21,6 +21,11 @@ REQUEST_ID_HEADER = b"x-request-id"
 _SANE_ID = re.compile(rb"[A-Za-z0-9._:-]{1,128}")
 UNMATCHED = "(unmatched)"  # the route label of paths no route serves (404s): bounded labels
 UNAUTHORIZED = "(unauthorized)"  # requests the API key check refused before any route
+# The method label: HTTP's standard methods, anything else (a client may send any token) as
+# one value, so the label set cannot grow with what clients invent.
+METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE",
+                     "CONNECT"})
+OTHER_METHOD = "(other)"
 
 access_log = logging.getLogger("needlepoint.access")
 
@@ -63,7 +68,8 @@ class ObserveMiddleware:
             logged = True
             seconds = time.perf_counter() - start
             method = scope.get("method", "")
-            self.metrics.observe_http(route_of(scope, status), method, status, seconds)
+            label = method if method in METHODS else OTHER_METHOD
+            self.metrics.observe_http(route_of(scope, status), label, status, seconds)
             client = scope.get("client") or ("-", 0)
             access_log.info('%s:%s "%s %s" %d %.1fms request_id=%s', client[0], client[1],
                             method, scope.get("path", ""), status, seconds * 1e3, rid)
