@@ -234,6 +234,10 @@ def test_server_stays_healthy_when_a_stage_dies(cluster):
                 except openai.APIStatusError as error:
                     failed["status"], failed["text"] = error.status_code, str(error)
 
+            # Stage 1 is stopped before the request starts, so the request is in flight on a
+            # stage that cannot answer when the kill comes (a fast machine finished it within
+            # any fixed sleep); SIGKILL ends a stopped process like a running one.
+            os.kill(pid, signal.SIGSTOP)
             worker = threading.Thread(target=doomed)
             worker.start()
             time.sleep(1.5)
