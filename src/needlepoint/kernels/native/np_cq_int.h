@@ -212,6 +212,26 @@ static inline void NP_NAME(np_i2_epilogue4)(const double *dots, int64_t dstride,
     y = _mm256_mul_pd(y, _mm256_set1_pd(0.08838834764831845));
     _mm_storeu_ps(out, _mm256_cvtpd_ps(y));
 }
+
+/* The epilogue of one tile: `rows` (<= 4) weight rows from r4 against activation rows [0, nb),
+ * the dots of weight row i and activation row b at dots[i * dstride + b * gstride]; a full
+ * tile four rows a vector, a short one a row at a time (the same bits either way). Shared by
+ * the level-sum (np_i2_rows) and the digit (np_d16_rows) kernels. */
+static inline void NP_NAME(np_tile_epilogue)(const np_cq_part *part, int64_t groups, int64_t r4,
+                                             int rows, int nb, const double *dots,
+                                             int64_t dstride, int64_t gstride, const double *s,
+                                             float *out, int64_t out_stride) {
+    const float *norms = part->norms + r4 * groups;
+    for (int b = 0; b < nb; b++) {
+        float *o = out + b * out_stride + part->out_col + r4;
+        if (rows == 4)
+            NP_NAME(np_i2_epilogue4)(dots + b * gstride, dstride, norms, groups, s[b], o);
+        else
+            for (int i = 0; i < rows; i++)
+                o[i] = NP_NAME(np_epilogue)(dots + i * dstride + b * gstride,
+                                            norms + i * groups, groups, s[b]);
+    }
+}
 #endif
 
 /* All groups of weight rows [r0, r1) of `part` against activation rows [0, nb) of the tile.
@@ -246,16 +266,8 @@ static inline __attribute__((always_inline)) void NP_NAME(np_i2_rows)(
                     NP_NAME(np_i2_dots8)(fbuf + b * 3 * fstride + g * 8, fstride,
                                          tot + b * g8 + g, cb, dots + i * dstride + b * g8 + g);
         }
-        const float *norms = part->norms + r4 * groups;
-        for (int b = 0; b < nb; b++) {
-            float *o = out + b * out_stride + part->out_col + r4;
-            if (rows == 4)
-                NP_NAME(np_i2_epilogue4)(dots + b * g8, dstride, norms, groups, s[b], o);
-            else
-                for (int i = 0; i < rows; i++)
-                    o[i] = NP_NAME(np_epilogue)(dots + i * dstride + b * g8,
-                                                norms + i * groups, groups, s[b]);
-        }
+        NP_NAME(np_tile_epilogue)(part, groups, r4, rows, nb, dots, dstride, g8, s, out,
+                                  out_stride);
     }
 #endif
 }

@@ -203,16 +203,8 @@ static inline __attribute__((always_inline)) void NP_NAME(np_d16_rows)(
                     NP_NAME(np_d16_dots4)(q + b * qstride + g * 4, tot + b * g4 + g, lv,
                                           dots + i * dstride + b * g4 + g);
         }
-        const float *norms = part->norms + r4 * groups;
-        for (int b = 0; b < nb; b++) {
-            float *o = out + b * out_stride + part->out_col + r4;
-            if (rows == 4)
-                NP_NAME(np_i2_epilogue4)(dots + b * g4, dstride, norms, groups, s[b], o);
-            else
-                for (int i = 0; i < rows; i++)
-                    o[i] = NP_NAME(np_epilogue)(dots + i * dstride + b * g4,
-                                                norms + i * groups, groups, s[b]);
-        }
+        NP_NAME(np_tile_epilogue)(part, groups, r4, rows, nb, dots, dstride, g4, s, out,
+                                  out_stride);
     }
 }
 
