@@ -1,6 +1,6 @@
 """Block-scaled int8 products ("verified int8 units"): quantise, exact integer dot, pinned
 epilogue. The numpy reference of every function here gives the same bits as the native kernel
-(`i8native/np_i8.c`, loaded by `i8_native.py`); tests/kernels/test_i8.py checks it.
+(`native/np_i8.h`, in the one native library `kernels.native`); tests/kernels/test_i8.py checks it.
 
 Blocks run along the reduction (input) axis, `BLOCK = 32` values each: the block of ggml's
 Q8_0 / Q4_0 / Q4_1 / Q5_x, so a GGUF weight enters as it is stored (no re-quantisation).
@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import NonFiniteActivationError
-from . import i8_native
+from . import native
 
 BLOCK = 32
 LANES = 8  # outputs per packed group (one AVX2 vector of int32 sums)
@@ -63,7 +63,7 @@ def quantize_reference(x: np.ndarray, k_pad: int) -> tuple[np.ndarray, np.ndarra
 
 def quantize(x: np.ndarray, k_pad: int, use_native: bool | None = None):
     """`quantize_reference`, by the native kernel when it is built (same bits)."""
-    lib = i8_native.LIBRARY if use_native is not False else None
+    lib = native.library(use_native)
     if lib is None:
         return quantize_reference(x, k_pad)
     x = np.ascontiguousarray(x, F32)
@@ -231,7 +231,7 @@ def matmul(codes: np.ndarray, xscale: np.ndarray, xsums: np.ndarray, w: I8Weight
     """`matmul_reference`, by the native kernel when it is built (same bits). `out`, if given,
     is a float32 [T, >= n_out] array whose first n_out columns receive the result (its rows
     may be strided: a column slice of a wider output)."""
-    lib = i8_native.LIBRARY if use_native is not False else None
+    lib = native.library(use_native)
     rows = codes.shape[0]
     if lib is None:
         y = matmul_reference(codes, xscale, xsums, w, bias)

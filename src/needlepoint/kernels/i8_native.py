@@ -1,7 +1,8 @@
 """The int8 kernels' names in the one native library (`kernels/native`: np_i8.h and its
 headers, bound and loaded there). `LIBRARY` is that library, or None when it is not built or
-disabled with `NEEDLEPOINT_NATIVE=0`; `kernels.i8` then runs its numpy reference, which
-computes the same bits.
+disabled with `NEEDLEPOINT_NATIVE=0`. Every int8 wrapper picks its path through
+`native.library` (the one helper), so `kernels.i8` runs its numpy reference, which computes
+the same bits, when `native.LIBRARY` is None.
 """
 
 from __future__ import annotations
@@ -11,13 +12,7 @@ from .native import I8Layer as Layer
 from .native import I8Lin as Lin
 from .native import I8Part as Part
 
-__all__ = ["LIBRARY", "UNAVAILABLE_REASON", "Layer", "Lin", "Part", "library", "simd_variant"]
-
-
-def library(use_native: bool | None = None):
-    """`native.library` for the int8 wrappers (this module's `LIBRARY`, so a test can turn
-    the int8 kernels alone to their references)."""
-    return LIBRARY if use_native is not False else None
+__all__ = ["LIBRARY", "UNAVAILABLE_REASON", "Layer", "Lin", "Part", "simd_variant"]
 
 
 VARIANTS = ("baseline", "avx2", "avx512vnni")

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import i8_native
+from . import native
 
 F32, F64 = np.float32, np.float64
 
@@ -58,7 +58,7 @@ def norm_reference(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None, e
 def norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None, eps: float,
          center: bool, use_native: bool | None = None) -> np.ndarray:
     """`norm_reference` of x [..., d], by the native kernel when it is built (same bits)."""
-    lib = i8_native.library(use_native)
+    lib = native.library(use_native)
     shape = x.shape
     x = np.ascontiguousarray(x, F32).reshape(-1, shape[-1])
     if lib is None:

@@ -1,45 +1,22 @@
-"""Row kernels of the int8 numerics, native in `native/np_i8_rows.h`: the pinned exp, A8 row codes
-and causal int8 attention. Their definitions (and numpy references) are those of
-`kernels.pinned.exp32_reference`, `kernels.exact.a8_codes_reference` and
-`kernels.pinned.attend_reference`; the native versions here give the same bits
-(tests/kernels/test_i8_block.py) and do not depend on the `kernels.native` library.
+"""Row kernels of the int8 numerics, native in `native/np_i8_rows.h`: the pinned exp, A8 row
+codes and causal int8 attention. The exp and the A8 codes are the one wrapper of each in
+`kernels.pinned` (`exp32`) and `kernels.exact` (`a8_codes`), re-exported here (the C names
+`i8_exp32_array` / `i8_a8_rows` call the same `np_exp32_array` / `np_a8_codes`); causal
+attention is `kernels.pinned.attend_reference`'s definition over a causal cache, native here
+(same bits: tests/kernels/test_i8_block.py).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ..errors import NonFiniteActivationError
-from . import exact, i8_native, pinned
+from . import native, pinned
+from .exact import a8_codes
+from .pinned import exp32
 
 F32 = np.float32
 
-
-def exp32(x: np.ndarray, use_native: bool | None = None) -> np.ndarray:
-    """`pinned.exp32_reference` of float32 x."""
-    lib = i8_native.library(use_native)
-    if lib is None:
-        return pinned.exp32_reference(x)
-    x = np.ascontiguousarray(x, F32)
-    out = np.empty_like(x)
-    lib.i8_exp32_array(x.ctypes.data, x.size, out.ctypes.data)
-    return out
-
-
-def a8_codes(x: np.ndarray, use_native: bool | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """`exact.a8_codes_reference` of x [T, cols]: int8 codes and one scale per row."""
-    lib = i8_native.library(use_native)
-    if lib is None:
-        return exact.a8_codes_reference(x)
-    x = np.ascontiguousarray(x, F32)
-    rows, cols = x.shape
-    codes = np.empty((rows, cols), np.int8)
-    scale = np.empty(rows, F32)
-    if lib.i8_a8_rows(x.ctypes.data, rows, cols, codes.ctypes.data, scale.ctypes.data):
-        raise NonFiniteActivationError("non-finite activation entering an int8 quantiser")
-    return codes, scale
-
-
+__all__ = ["a8_codes", "attend_causal", "causal_slots", "exp32"]
 def causal_slots(start: int, count: int, heads: int, kv_heads: int
                  ) -> tuple[np.ndarray, np.ndarray]:
     """slots [count*heads, start+count] and keys seen per query row (t, h): the cache rows
@@ -61,7 +38,7 @@ def attend_causal(qcode: np.ndarray, qscale: np.ndarray, start: int, heads: int,
     rows, hd = qcode.shape
     count = rows // heads
     kv_heads = kcode.shape[1]
-    lib = i8_native.library(use_native)
+    lib = native.library(use_native)
     flat = kcode.shape[0] * kv_heads
     if lib is None:
         slots, seen = causal_slots(start, count, heads, kv_heads)

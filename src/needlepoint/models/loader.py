@@ -1,4 +1,5 @@
-"""Open a `.cact` file as a model: the archive's tag picks the generation (Needle 3 or 2).
+"""Open a model file: `family.identify` picks the family (a `.cact` archive's tag: Needle 3 or
+2; a Hugging Face directory or GGUF file: the transformer family).
 
 `needlepoint.load` is this function; `models.hub` resolves names and the bundled model to a path
 and calls it, so model lookup sits above nothing it needs.
@@ -10,11 +11,10 @@ import os
 from typing import Any
 
 from ..errors import InvalidOptionError
-from ..formats.cact import open_archive
-from ..formats.checkpoints import is_checkpoint
+from .family import identify
+from .numerics import ALL_NUMERICS, NEEDLE_NUMERICS, check_numerics
 
-NUMERICS = ("deploy", "float")  # Needle .cact archives
-TRANSFORMER_NUMERICS = ("deploy", "float", "int8")  # Hugging Face / GGUF models (docs/hf.md)
+NUMERICS = NEEDLE_NUMERICS  # the public `needlepoint.NUMERICS` (Needle archives' names)
 THREADS_ENV = "NEEDLEPOINT_THREADS"
 
 
@@ -66,29 +66,20 @@ def load(
     A model cut into stages (`stages=`) is built one layer up, by `needlepoint.load` (the
     package facade) and `needlepoint.stages`.
     """
-    if numerics not in TRANSFORMER_NUMERICS:
-        raise ValueError(f"numerics must be one of {NUMERICS} (or \"int8\" for Hugging Face / "
-                         f"GGUF transformer models), got {numerics!r}")
+    if numerics not in ALL_NUMERICS:
+        check_numerics(numerics, "needle3")  # the error names every accepted value
     threads = resolve_threads(threads)
-    from .transformer.known import is_known_name
-
-    if is_known_name(path):  # a model shipped in a package, e.g. "smollm2"
-        from .protocol import resolve_model_name
-
-        path = resolve_model_name(path)
-    if is_checkpoint(path):  # a Hugging Face model directory or a GGUF file
+    source = identify(path)
+    check_numerics(numerics, source.family)
+    if source.family == "transformer":
         from .transformer.model import load_transformer
 
-        return load_transformer(path, layers=layers, numerics=numerics, threads=threads)
-    if numerics not in NUMERICS:
-        raise ValueError(f"numerics must be one of {NUMERICS}, got {numerics!r} "
-                         f"(\"int8\" is for Hugging Face / GGUF transformer models)")
-    archive = open_archive(path)
-    if archive.generation == 3:
+        return load_transformer(source.path, layers=layers, numerics=numerics, threads=threads)
+    if source.family == "needle3":
         from .needle3.model import V3Model
 
-        return V3Model.from_archive(archive, layers=layers, numerics=numerics, cache=cache,
-                                    threads=threads)
+        return V3Model.from_archive(source.archive, layers=layers, numerics=numerics,
+                                    cache=cache, threads=threads)
     from .needle2.model import V2Model
 
-    return V2Model.from_archive(archive, layers=layers, numerics=numerics)
+    return V2Model.from_archive(source.archive, layers=layers, numerics=numerics)

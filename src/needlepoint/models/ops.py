@@ -30,7 +30,9 @@ def sigmoid(x: np.ndarray) -> np.ndarray:
 
 
 def silu(x: np.ndarray) -> np.ndarray:
-    return x * sigmoid(x)
+    """`x * sigmoid(x)`, the one float SiLU (Needle 2, transformer float numerics)."""
+    with np.errstate(over="ignore"):  # exp(-x) -> inf for very negative x gives -0
+        return x * sigmoid(x)
 
 
 def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:

@@ -10,20 +10,19 @@ import os
 from typing import Any
 
 from ..errors import StagePlanError
-from ..formats.cact import open_archive
-from ..formats.checkpoints import is_checkpoint
+from .family import identify
 from .layer_range import LayerRange
+from .numerics import FAMILY_NUMERICS
 
 
 def family_of(path: str | os.PathLike[str]) -> str:
-    """"needle3" or "transformer"; StagePlanError for a model no stage can hold."""
-    if is_checkpoint(path):
-        return "transformer"
-    archive = open_archive(path)
-    if archive.generation != 3:
-        raise StagePlanError(f"{path}: Needle {archive.generation} archives are not supported "
-                             "with stages (Needle 3, Hugging Face and GGUF models are)")
-    return "needle3"
+    """"needle3" or "transformer" (`family.identify`); StagePlanError for a model no stage
+    can hold."""
+    family = identify(path).family
+    if family not in ("needle3", "transformer"):
+        raise StagePlanError(f"{path}: Needle 2 archives are not supported with stages "
+                             "(Needle 3, Hugging Face and GGUF models are)")
+    return family
 
 
 def load_part(path: str | os.PathLike[str], *, blocks: tuple[int, int] | None = None,
@@ -47,7 +46,7 @@ def load_part(path: str | os.PathLike[str], *, blocks: tuple[int, int] | None = 
 
 def part_numerics(path: str | os.PathLike[str]) -> tuple[str, ...]:
     """The numerics a model's parts accept."""
-    return ("deploy", "float", "int8") if is_checkpoint(path) else ("deploy", "float")
+    return FAMILY_NUMERICS[identify(path).family]
 
 
 __all__: list[Any] = ["family_of", "load_part", "part_numerics"]

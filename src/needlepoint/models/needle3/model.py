@@ -18,6 +18,7 @@ import numpy as np
 from ...formats.cact import CactArchive
 from ...formats.chat_format import NeedleFormat
 from ...formats.needle3_geometry import V3Config
+from ..numerics import NEEDLE_NUMERICS as NUMERICS
 from ..ops import rope_tables, rope_tables_pinned
 from ..token_ids import check_token_ids
 from .batch import run_batch
@@ -26,8 +27,6 @@ from .ladder import ladder_config, ladder_layer_indices
 from .session import CHUNK, Trace, V3Session
 from .step import StepPlan, build_plan
 from .weights import V3Weights, load_weights
-
-NUMERICS = ("deploy", "float")
 
 
 class V3Model:

@@ -50,6 +50,9 @@ class KVCache:
         keys, values = self.append(k, v)
         return causal_attention(q, keys, values, start, scale)
 
+    def can_rewind_to(self, position: int) -> bool:
+        return True  # every position is kept
+
     def rewind_to(self, position: int) -> None:
         """Forget positions >= `position` (exact: they are overwritten before being read)."""
         self.length = min(self.length, position)
@@ -63,8 +66,9 @@ class KVCache:
 
 
 def causal_attention(q: np.ndarray, keys: np.ndarray, values: np.ndarray, start: int,
-                     scale: float) -> np.ndarray:
-    """q [T, H, hd] at positions start.., keys/values [Hkv, N, hd] -> [T, H*hd]."""
+                     scale: float, base: int = 0, window: int | None = None) -> np.ndarray:
+    """q [T, H, hd] at positions start.., keys/values [Hkv, N, hd] of positions base.. ->
+    [T, H*hd]; with a `window`, query p sees keys p - window < j <= p (`window.py`)."""
     count, heads, head_dim = q.shape
     kv_heads, total, _ = keys.shape
     group = heads // kv_heads
@@ -73,10 +77,13 @@ def causal_attention(q: np.ndarray, keys: np.ndarray, values: np.ndarray, start:
     scores = np.matmul(stacked, keys.transpose(0, 2, 1))  # [Hkv, group*T, N]
     scores *= F32(scale)
     scores = scores.reshape(kv_heads, group, count, total)
-    if count > 1:  # a single new query sees every cached position
+    if count > 1 or window is not None:  # a single new query sees every cached position
         rows = np.arange(start, start + count)[:, None]
-        future = np.arange(total)[None, :] > rows  # [T, N]
-        scores[..., future] = -np.inf
+        keys_at = base + np.arange(total)[None, :]
+        hidden = keys_at > rows  # [T, N]
+        if window is not None:
+            hidden |= keys_at <= rows - window
+        scores[..., hidden] = -np.inf
     scores -= np.max(scores, axis=-1, keepdims=True)
     np.exp(scores, out=scores)
     scores /= np.sum(scores, axis=-1, keepdims=True, dtype=F32)

@@ -1,22 +1,24 @@
 """One transformer block on a chunk of positions, driven by the spec (no family branches).
 
-    x = h + o(attention(rope?(q), rope?(k), v))       with q, k, v from norm1(h)
-    h = x + down(act(gate(norm2(x))) * up(norm2(x)))  gated (SwiGLU), or
+    x = h + out_norm?(o(attention(rope?(qk_norm?(q)), rope?(qk_norm?(k)), v)))
+                                                      with q, k, v from norm1(h)
+    h = x + out_norm?(down(act(gate(norm2(x))) * up(norm2(x))))   gated (SwiGLU, GeGLU), or
     h = x + down(act(up(norm2(x))))                   plain (GPT-2: c_fc, gelu_new, c_proj)
 
-Every matrix product is a `Linear` call; norms, RoPE, softmax and the activation are the
-elementwise parts in `layers.py` / `attention.py` (float) or `int8.py` (`numerics="int8"`: the
-activation from `int8.ACTIVATIONS`, the cache an `Int8KVCache`; same code path otherwise).
+The optional parts are spec fields (`qk_norm`: Qwen3, Gemma 3; `output_norms`: Gemma 3's
+post-attention and post-feedforward norms). Every object here was built by the numerics
+strategy at load (`numerics.py`: float or int8 norms, projections, activation, KV cache), so
+the block is the same code for both; the KV cache of a sliding-window layer attends only its
+window (`window.py`).
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
-from .attention import KVCache
-from .int8 import ACTIVATIONS as INT8_ACTIVATIONS
-from .int8 import Int8KVCache
-from .layers import ACTIVATIONS, apply_rope
+from .layers import rotate
 from .spec import BlockSpec
 from .weights import LayerWeights
 
@@ -37,8 +39,8 @@ def project_qkv(spec: BlockSpec, layer: LayerWeights, x: np.ndarray
             v.reshape(count, spec.num_kv_heads, spec.head_dim))
 
 
-def mlp(spec: BlockSpec, layer: LayerWeights, x: np.ndarray, int8: bool = False) -> np.ndarray:
-    act = (INT8_ACTIVATIONS if int8 else ACTIVATIONS)[spec.activation]
+def mlp(spec: BlockSpec, layer: LayerWeights, x: np.ndarray) -> np.ndarray:
+    act = layer.act
     if layer.gate_up is not None:
         both = layer.gate_up(x)
         hidden = act(both[:, : spec.d_ff])
@@ -56,19 +58,25 @@ def block_forward(
     layer: LayerWeights,
     index: int,
     h: np.ndarray,
-    cache: KVCache | Int8KVCache,
+    cache: Any,
     start: int,
     rope: tuple[np.ndarray, np.ndarray] | None,
 ) -> np.ndarray:
     """The residual stream h [T, d] (positions start..) after block `index`; appends this
-    chunk's keys and values to `cache`."""
+    chunk's keys and values to `cache`. `rope`: this layer's cos, sin [T, head_dim]."""
     q, k, v = project_qkv(spec, layer, layer.norm1(h))
+    if layer.q_norm is not None:
+        q, k = layer.q_norm(q), layer.k_norm(k)
     if rope is not None:
         cos, sin = rope
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
     scale = spec.attn_scale / (index + 1) if spec.scale_by_layer else spec.attn_scale
-    attended = cache.attend(q, k, v, start, scale)
-    x = h + layer.o(attended)
-    out = mlp(spec, layer, layer.norm2(x), isinstance(cache, Int8KVCache))
+    attended = layer.o(cache.attend(q, k, v, start, scale))
+    if layer.attn_out_norm is not None:
+        attended = layer.attn_out_norm(attended)
+    x = h + attended
+    out = mlp(spec, layer, layer.norm2(x))
+    if layer.mlp_out_norm is not None:
+        out = layer.mlp_out_norm(out)
     out += x
     return out

@@ -7,7 +7,7 @@ on how many other positions share its chunk, on the chunk size, on the thread co
 * norms: `kernels.i8_ops.norm` (float64 halving-tree sums, same bits native or numpy);
 * SiLU `x / (1 + exp32(-x))` and GELU-tanh `x / (1 + exp32(-2u))`, `u = sqrt(2/pi)(x +
   0.044715 x^3)` (the same function as `0.5 x (1 + tanh u)`), float32 elementwise with the
-  pinned exp (`kernels.pinned.exp32_reference`, native in `kernels.i8_rows.exp32`);
+  pinned exp (`kernels.pinned.exp32`);
 * RoPE: cos/sin tables computed once per model from float32 angles `p * inv_freq` through
   float64 cos/sin rounded to float32, applied elementwise;
 * attention: keys and values cached as int8 rows (one A8 scale per position and kv head,
@@ -25,7 +25,7 @@ import math
 
 import numpy as np
 
-from ...kernels import i8_ops, i8_rows
+from ...kernels import exact, i8_ops, i8_rows, pinned
 from ...kernels.i8 import I8Weight
 
 F32 = np.float32
@@ -50,24 +50,24 @@ class PinnedNorm:
         return i8_ops.norm(x, self.weight, self.bias, self.eps, self.center)
 
 
-def silu(x: np.ndarray) -> np.ndarray:
-    e = i8_rows.exp32(np.negative(x, dtype=F32))
+def pinned_silu(x: np.ndarray) -> np.ndarray:
+    e = pinned.exp32(np.negative(x, dtype=F32))
     e += F32(1.0)
     return np.divide(x, e, dtype=F32)
 
 
-def gelu_tanh(x: np.ndarray) -> np.ndarray:
+def pinned_gelu_tanh(x: np.ndarray) -> np.ndarray:
     u = x * x
     u *= x
     u *= _GELU_C
     u += x
     u *= _SQRT_2_OVER_PI * F32(-2.0)
-    e = i8_rows.exp32(u)
+    e = pinned.exp32(u)
     e += F32(1.0)
     return np.divide(x, e, dtype=F32)
 
 
-ACTIVATIONS = {"silu": silu, "gelu_tanh": gelu_tanh}
+ACTIVATIONS = {"silu": pinned_silu, "gelu_tanh": pinned_gelu_tanh}
 
 
 class RopeTable:
@@ -137,7 +137,7 @@ class Int8KVCache:
         end = self.length + count
         self.reserve(end)
         for src, codes, scales in ((k, self.kcode, self.kscale), (v, self.vcode, self.vscale)):
-            c, s = i8_rows.a8_codes(np.ascontiguousarray(src, F32).reshape(count * heads,
+            c, s = exact.a8_codes(np.ascontiguousarray(src, F32).reshape(count * heads,
                                                                            head_dim))
             codes[self.length : end] = c.reshape(count, heads, head_dim)
             scales[self.length : end] = s.reshape(count, heads)
@@ -152,9 +152,12 @@ class Int8KVCache:
         rows = np.ascontiguousarray(q, F32).reshape(count * heads, head_dim)
         if factor != F32(1.0):
             rows = rows * factor
-        qcode, qscale = i8_rows.a8_codes(rows)
+        qcode, qscale = exact.a8_codes(rows)
         return i8_rows.attend_causal(qcode, qscale, start, heads, self.kcode, self.kscale,
                                      self.vcode, self.vscale)
+
+    def can_rewind_to(self, position: int) -> bool:
+        return True  # every position is kept
 
     def rewind_to(self, position: int) -> None:
         """Forget positions >= `position` (exact: they are overwritten before being read)."""

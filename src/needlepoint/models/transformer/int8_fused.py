@@ -18,7 +18,7 @@ import math
 import numpy as np
 
 from ...errors import NonFiniteActivationError
-from ...kernels import i8_native
+from ...kernels import i8_native, native
 from .int8 import Int8KVCache, PinnedNorm
 from .linear import Int8Linear
 from .spec import BlockSpec
@@ -36,7 +36,7 @@ class FusedBlock:
     """One int8 block as the C kernel's `i8_layer`; keeps what it points to alive."""
 
     def __init__(self, spec: BlockSpec, layer: LayerWeights, index: int) -> None:
-        lib = i8_native.LIBRARY
+        lib = native.library()
         if lib is None:
             raise RuntimeError("the native int8 kernels are not built")
         self.lib = lib
@@ -114,8 +114,8 @@ def fusable(spec: BlockSpec, layer: LayerWeights) -> bool:
 
 def fused_blocks(spec: BlockSpec, weights: TransformerWeights) -> list[FusedBlock | None] | None:
     """One FusedBlock per block held (None for blocks another part holds), or None (float
-    weights, or no native library)."""
-    if i8_native.LIBRARY is None or weights.numerics != "int8":
+    weights, a block the kernel does not compute (`BlockSpec.plain`), or no native library)."""
+    if native.library() is None or not spec.plain:
         return None
     held = [layer for layer in weights.layers if layer is not None]
     if not all(fusable(spec, layer) for layer in held):

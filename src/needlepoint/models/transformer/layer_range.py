@@ -3,7 +3,7 @@ of a model a head or a stage holds (seed 003: `embed` on the head, `runLayers` o
 `readout` on the head).
 
 The part is a `TransformerModel` whose weights hold only its blocks (`load_weights(blocks=,
-head=)`); `run_layers` is `TransformerModel.run_layers`, the loop a single-process session
+head=)`); `run_layers` is `runner.Runner.run_blocks`, the loop a single-process session
 runs, so a split model gives the single-process bits (int8 numerics: every row computed on
 its own by the same kernels; float: the same products on the same rows). The residual rows
 travel between stages; the head adds learned positions (GPT-2) in `embed`, and applies the
@@ -20,12 +20,11 @@ import numpy as np
 
 from ...formats.checkpoints import open_checkpoint
 from ..layer_range import Embedded
-from .attention import KVCache
-from .int8 import Int8KVCache
-from .model import NUMERICS, TransformerModel
-from .session import CHUNK
-from .spec import spec_from_config
+from .model import TransformerModel, model_spec
+from .numerics import numerics_named
+from .runner import CHUNK
 from .weights import load_weights
+from .window import RESERVE
 
 
 class TokensState:
@@ -59,31 +58,28 @@ class TransformerPart:
     """Blocks `blocks` of a transformer model and, with `head`, its embedding, final norm
     and LM head."""
 
-    max_rewind = None  # the caches keep every position
     chunk = CHUNK  # positions per prefill chunk, as a single-process session
     has_confidence_head = False
 
     def __init__(self, model: TransformerModel, blocks: range, head: bool) -> None:
         self.model, self.blocks, self.head = model, blocks, head
+        self.runner = model.runner
         self.config, self.numerics = model.config, model.numerics
-        self.quantized = model.numerics == "int8"
+        self.quantized = model.runner.numerics.exact  # LayerRange: exact numerics
+        # full caches keep every position; a sliding-window cache the last window + RESERVE
+        windows = any(self.config.window(i) is not None for i in range(self.config.num_layers))
+        self.max_rewind = RESERVE if windows else None
 
     @classmethod
     def load(cls, path: Any, *, blocks: tuple[int, int] | None = None, head: bool = False,
              layers: int | None = None, numerics: str = "deploy", threads: int = 1,
              cache: bool | None = None) -> TransformerPart:
-        if numerics not in NUMERICS:
-            raise ValueError(f"numerics must be one of {NUMERICS}, got {numerics!r}")
+        strategy = numerics_named(numerics, threads)
         checkpoint = open_checkpoint(path)
-        spec = spec_from_config(checkpoint.config)
-        if layers is not None:
-            if not 1 <= int(layers) <= spec.num_layers:
-                raise ValueError(f"layers must be in 1..{spec.num_layers}, got {layers}")
-            spec = spec.with_layers(int(layers))
+        spec = model_spec(checkpoint, layers)
         span = range(0) if head else range(*blocks)
-        kind = "float" if numerics == "float" else "int8"
-        weights = load_weights(checkpoint, spec, kind, threads, blocks=span, head=head)
-        return cls(TransformerModel(checkpoint, spec, weights), span, head)
+        weights = load_weights(checkpoint, spec, strategy, blocks=span, head=head)
+        return cls(TransformerModel(checkpoint, spec, weights, strategy), span, head)
 
     def block_bytes(self) -> list[int]:
         """Every block of these architectures has the same shapes: equal shares."""
@@ -111,25 +107,21 @@ class TransformerPart:
 
     def embed(self, state: TokensState, tokens: np.ndarray, start: int) -> Embedded:
         state.position = start + len(tokens)
-        return Embedded(self.model.embed(tokens, start))
+        return Embedded(self.runner.embed(tokens, start))
 
     def readout(self, rows: np.ndarray) -> np.ndarray:
-        weights = self.model.weights
-        return weights.lm_head(weights.final_norm(np.asarray(rows, np.float32)))
+        return self.runner.readout(rows)
 
     # -- a stage ------------------------------------------------------------------------------
     def range_state(self, kv_window: int | None = None) -> CachesState:
         if kv_window is not None:
             raise ValueError("kv_window= is a Needle 3 option (transformer caches keep every "
                              "position)")
-        spec = self.config
-        kind = Int8KVCache if self.quantized else KVCache
-        return CachesState({i: kind(spec.num_kv_heads, spec.head_dim, spec.max_seq_len)
-                            for i in self.blocks})
+        return CachesState(self.runner.new_caches(self.blocks))
 
     def run_layers(self, first: int, end: int, x: np.ndarray, state: CachesState, start: int,
                    side: Mapping[int, Any] | None = None) -> np.ndarray:
-        return self.model.run_layers(first, end, x, state, start)
+        return self.runner.run_blocks(first, end, x, state.caches, start)
 
     def run_layers_batch(self, first: int, end: int, xs: Sequence[np.ndarray],
                          states: Sequence[CachesState], starts: Sequence[int],

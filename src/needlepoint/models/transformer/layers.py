@@ -1,4 +1,5 @@
-"""The elementwise parts of a block (no matrix products): norms, activations, RoPE.
+"""The float numerics' elementwise parts of a block (no matrix products): norms, activations,
+RoPE tables (SiLU and RoPE are the shared `models/ops.py` functions).
 
 All float32, as transformers computes them (`shared/fixtures/hf/README.md`, "Forward pass"):
 RMSNorm multiplies the weight after normalising; LayerNorm uses the biased variance; gelu_tanh
@@ -9,6 +10,8 @@ is GPT-2's `gelu_new`; RoPE is the half-split ("rotate_half") layout with
 from __future__ import annotations
 
 import numpy as np
+
+from .. import ops
 
 F32 = np.float32
 _SQRT_2_OVER_PI = F32(np.sqrt(2.0 / np.pi))
@@ -39,11 +42,6 @@ class Norm:
         return y
 
 
-def silu(x: np.ndarray) -> np.ndarray:
-    with np.errstate(over="ignore"):  # exp(-x) -> inf for very negative x gives -0, as it should
-        return x / (F32(1.0) + np.exp(-x))
-
-
 def gelu_tanh(x: np.ndarray) -> np.ndarray:
     inner = x * x
     inner *= _GELU_C * x
@@ -56,27 +54,24 @@ def gelu_tanh(x: np.ndarray) -> np.ndarray:
     return y
 
 
-ACTIVATIONS = {"silu": silu, "gelu_tanh": gelu_tanh}
+ACTIVATIONS = {"silu": ops.silu, "gelu_tanh": gelu_tanh}
 
 
-def rope_angles(start: int, count: int, head_dim: int, theta: float
-                ) -> tuple[np.ndarray, np.ndarray]:
-    """cos, sin [count, head_dim] for positions start..start+count-1 (halves repeated)."""
-    exponent = np.arange(0, head_dim, 2, dtype=np.int64).astype(F32) / F32(head_dim)
-    inv_freq = F32(1.0) / (F32(theta) ** exponent)
-    positions = np.arange(start, start + count, dtype=np.int64).astype(F32)
-    angles = positions[:, None] * inv_freq[None, :]
-    angles = np.concatenate([angles, angles], axis=-1)
-    return np.cos(angles), np.sin(angles)
+class RopeAngles:
+    """cos, sin [count, head_dim] (halves repeated) of one theta, float32 as transformers
+    computes them (`ops.rope_tables`)."""
+
+    def __init__(self, head_dim: int, theta: float) -> None:
+        self.head_dim, self.theta = head_dim, theta
+
+    def __call__(self, start: int, count: int) -> tuple[np.ndarray, np.ndarray]:
+        positions = np.arange(start, start + count, dtype=np.int64)
+        cos, sin = ops.rope_tables(positions, self.head_dim, self.theta)
+        return np.concatenate([cos, cos], axis=-1), np.concatenate([sin, sin], axis=-1)
 
 
-def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
-    """Rotate x [T, heads, hd] by the half-split rule: x*cos + rotate_half(x)*sin."""
+def rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    """x [T, heads, hd] rotated by full-width tables cos, sin [T, hd] (`ops.apply_rope`, the
+    half-split rule)."""
     half = x.shape[-1] // 2
-    rotated = np.empty_like(x)
-    np.negative(x[..., half:], out=rotated[..., :half])
-    rotated[..., half:] = x[..., :half]
-    rotated *= sin[:, None, :]
-    out = x * cos[:, None, :]
-    out += rotated
-    return out
+    return ops.apply_rope(x, cos[:, None, :half], sin[:, None, :half])

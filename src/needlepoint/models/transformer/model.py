@@ -1,12 +1,13 @@
-"""A Llama-family or GPT-2 model from a Hugging Face directory or a GGUF file.
+"""A Llama-family, Qwen2/3, Gemma 3 or GPT-2 model from a Hugging Face directory or a GGUF file.
 
 Same interface as the Needle models (`needle3/model.py`): `forward(ids)` gives logits
 [len(ids), vocab] float32, `session()` an independent decode state (`prefill`, `step`),
 `config.vocab` / `config.max_seq_len`, `tokenizer`; plus `hidden_states(ids)` (transformers'
-`output_hidden_states`, the last after the final norm). Numerics: "float" (the stored weights,
-GGUF quantised tensors dequantised to float32, float32 activations and cache) or "int8" (every
-product through the block-scaled int8 units of `kernels.i8`, pinned elementwise parts, int8 KV
-cache: `int8.py`); "deploy" is int8 (docs/hf.md "Numerics").
+`output_hidden_states`, the last after the final norm). Numerics: a strategy chosen once here
+(`numerics.py`): "float" (the stored weights, GGUF quantised tensors dequantised to float32,
+float32 activations and cache) or "int8" (every product through the block-scaled int8 units of
+`kernels.i8`, pinned elementwise parts, int8 KV cache); "deploy" is int8 (docs/hf.md
+"Numerics"). Everything runs through the one forward, `runner.Runner`.
 """
 
 from __future__ import annotations
@@ -21,63 +22,60 @@ import numpy as np
 
 from ...formats.chat_format import TemplateFormat
 from ...formats.checkpoints import open_checkpoint
-from ...kernels import i8_native
-from ..token_ids import check_kv_window, check_token_ids
-from .block import block_forward
-from .int8 import RopeTable
-from .int8_fused import FusedBlock, address, fused_blocks, rope_arrays
-from .layers import rope_angles
-from .session import CHUNK, TransformerSession
+from ..token_ids import check_kv_window
+from .numerics import TransformerNumerics, numerics_named
+from .runner import CHUNK, Request, Runner
+from .session import TransformerSession
 from .spec import BlockSpec, spec_from_config
 from .weights import TransformerWeights, load_weights
 
-NUMERICS = ("deploy", "float", "int8")
+
+def model_spec(checkpoint: Any, layers: int | None) -> BlockSpec:
+    """The spec of an opened checkpoint, cut to its first `layers` blocks if given."""
+    spec = spec_from_config(checkpoint.config)
+    if layers is not None:
+        if not 1 <= int(layers) <= spec.num_layers:
+            raise ValueError(f"layers must be in 1..{spec.num_layers}, got {layers}")
+        spec = spec.with_layers(int(layers))
+    return spec
 
 
 class TransformerModel:
     """Weights prepared once, shared read-only by any number of sessions."""
 
-    def __init__(self, checkpoint: Any, spec: BlockSpec, weights: TransformerWeights) -> None:
+    def __init__(self, checkpoint: Any, spec: BlockSpec, weights: TransformerWeights,
+                 numerics: TransformerNumerics) -> None:
         self.checkpoint = checkpoint
         self.config = spec
         self.weights = weights
-        self.numerics = weights.numerics
-        self._rope = RopeTable(spec.head_dim, spec.rope_theta) \
-            if spec.rope and self.numerics == "int8" else None
-        self.fused = True  # int8: run each block in one native call when it is built
+        self.numerics = numerics.name
+        self.runner = Runner(spec, weights, numerics)
 
-    @cached_property
-    def fused_blocks(self) -> list[FusedBlock | None] | None:
-        """The int8 blocks as single native calls (None: float, or no native library)."""
-        return fused_blocks(self.config, self.weights)
+    @property
+    def fused(self) -> bool:
+        """int8: run each block in one native call when it is built (False: kernel by
+        kernel from Python, same bits)."""
+        return self.runner.fused
 
-    def native_blocks(self) -> list[FusedBlock | None] | None:
-        """The fused blocks a chunk runs now: None when `fused` is off or the native int8
-        library is not (or no longer) loaded, and every block runs `block_forward`."""
-        if not self.fused or i8_native.LIBRARY is None:
-            return None
-        return self.fused_blocks
+    @fused.setter
+    def fused(self, value: bool) -> None:
+        self.runner.fused = value
+
+    @property
+    def fused_blocks(self) -> list | None:
+        return self.runner.fused_blocks
+
+    def native_blocks(self) -> list | None:
+        return self.runner.native_blocks()
 
     @classmethod
     def from_checkpoint(cls, checkpoint: Any, *, layers: int | None = None,
                         numerics: str = "float", threads: int = 1) -> TransformerModel:
         """The model of an opened checkpoint (`layers=N`: only its first N blocks;
         `numerics` "float" or "int8"/"deploy"; `threads` for the int8 kernels)."""
-        if numerics not in NUMERICS:
-            raise ValueError(f"numerics must be one of {NUMERICS}, got {numerics!r}")
-        spec = spec_from_config(checkpoint.config)
-        if layers is not None:
-            if not 1 <= int(layers) <= spec.num_layers:
-                raise ValueError(f"layers must be in 1..{spec.num_layers}, got {layers}")
-            spec = spec.with_layers(int(layers))
-        kind = "float" if numerics == "float" else "int8"
-        return cls(checkpoint, spec, load_weights(checkpoint, spec, kind, threads))
-
-    def rope(self, start: int, count: int) -> tuple[np.ndarray, np.ndarray]:
-        """RoPE cos, sin [count, head_dim] of positions start..start+count-1."""
-        if self._rope is not None:
-            return self._rope(start, count)
-        return rope_angles(start, count, self.config.head_dim, self.config.rope_theta)
+        strategy = numerics_named(numerics, threads)
+        spec = model_spec(checkpoint, layers)
+        return cls(checkpoint, spec, load_weights(checkpoint, spec, strategy), strategy)
 
     @cached_property
     def tokenizer(self) -> Any:
@@ -94,48 +92,14 @@ class TransformerModel:
 
     def check_ids(self, ids: Sequence[int] | np.ndarray, position: int = 0) -> np.ndarray:
         """Token ids as int64, or a ModelInputError naming what is wrong (`token_ids`)."""
-        return check_token_ids(ids, self.config.vocab, self.config.max_seq_len, position)
-
-    def embed(self, tokens: np.ndarray, start: int) -> np.ndarray:
-        """Block input [T, d] of tokens at positions start.. (learned positions added)."""
-        h = np.array(self.weights.embed[tokens], np.float32)
-        if self.weights.positions is not None:
-            h += self.weights.positions[start : start + len(tokens)]
-        return h
-
-    def run_layers(self, first: int, end: int, h: np.ndarray, state: Any, start: int,
-                   side: Any = None, states: list | None = None) -> np.ndarray:
-        """The residual rows h [T, d] (positions start..) after blocks first..end-1; `state`
-        holds their caches (`state.caches[i]`, advanced in place); `states`, if given,
-        receives each block's output. The one forward loop of the family: a session runs
-        it over every block, a stage (`layer_range.py`) over its range."""
-        spec, layers = self.config, self.weights.layers
-        rope = self.rope(start, len(h)) if spec.rope else None
-        fused = self.native_blocks()
-        if fused is not None and states is None and end > first:
-            # one copy of the caller's rows, every block on it in place, addresses taken once
-            h = np.array(h, np.float32, order="C", copy=True)
-            cos, sin = rope_arrays(rope)
-            at, cos_at, sin_at = h.ctypes.data, address(cos), address(sin)
-            for index in range(first, end):
-                fused[index].run(h, at, state.caches[index], start, cos_at, sin_at)
-            return h
-        for index in range(first, end):
-            cache = state.caches[index]
-            if fused is not None:
-                h = fused[index](h, cache, start, rope)
-            else:
-                h = block_forward(spec, layers[index], index, h, cache, start, rope)
-            if states is not None:
-                states.append(h)
-        return h
+        return self.runner.check_ids(ids, position)
 
     def session(self, kv_window: int | None = None, *, chunk: int = CHUNK
                 ) -> TransformerSession:
         """An independent decode state; prefill runs in chunks of `chunk` positions.
         `kv_window` as `models.protocol.ModelProtocol.session`: None or 0 is the model's own
-        attention span (full causal, up to `max_seq_len`); a window shorter than that is
-        not supported by these models (ModelInputError)."""
+        attention span (its layers' windows, up to `max_seq_len`); a window shorter than that
+        is not supported by these models (ModelInputError)."""
         check_kv_window(kv_window, self.config.max_seq_len)
         return TransformerSession(self, chunk)
 
@@ -157,14 +121,16 @@ class TransformerModel:
         return TemplateFormat(self.tokenizer)
 
     def forward(self, ids: Sequence[int] | np.ndarray) -> np.ndarray:
-        """Logits [len(ids), vocab] at every position (full causal attention)."""
-        return TransformerSession(self).run(ids, "all")
+        """Logits [len(ids), vocab] at every position (causal attention, fresh caches)."""
+        tokens = self.check_ids(ids)
+        return self.runner.run([Request(self.runner.new_caches(), tokens, 0, "all")])[0]
 
     def hidden_states(self, ids: Sequence[int] | np.ndarray) -> np.ndarray:
         """[L+1, T, d]: the embedding output, the residual after each block but the last, and
         the last block's output after the final norm (transformers' layout)."""
         parts: list[np.ndarray] = []
-        TransformerSession(self).run(ids, "none", hidden=parts)
+        tokens = self.check_ids(ids)
+        self.runner.run([Request(self.runner.new_caches(), tokens, 0, "none", CHUNK, parts)])
         return np.concatenate(parts, axis=1)
 
     def __repr__(self) -> str:
@@ -182,7 +148,6 @@ def load_transformer(
 ) -> TransformerModel:
     """A Hugging Face model directory or a `.gguf` file as a model (`numerics`: "float", or
     "int8" = "deploy"; `threads`: CPU threads of the int8 products, same bits for any)."""
-    if numerics not in NUMERICS:
-        raise ValueError(f"numerics must be one of {NUMERICS}, got {numerics!r}")
+    numerics_named(numerics)  # a bad name fails before the file is opened
     return TransformerModel.from_checkpoint(open_checkpoint(path), layers=layers,
                                             numerics=numerics, threads=threads)

@@ -9,7 +9,7 @@ x W^T) or `[in, out]` (GPT-2's `Conv1D`, applied as x W). Biases sit beside thei
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 
 
 @dataclass(frozen=True)
@@ -30,6 +30,10 @@ class TensorNames:
     down: str
     in_out: bool  # linear weights stored [in, out]
     prefixes: tuple[str, ...] = ("",)  # optional name prefixes, tried in order
+    q_norm: str | None = None  # per-head q / k norms (spec.qk_norm)
+    k_norm: str | None = None
+    attn_out_norm: str | None = None  # norms of the attention / MLP outputs (spec.output_norms)
+    mlp_out_norm: str | None = None
 
     def layer(self, template: str, index: int) -> str:
         return template.format(i=index)
@@ -73,7 +77,23 @@ GPT2 = TensorNames(
     prefixes=("transformer.", ""),
 )
 
-NAMES = {"llama": LLAMA, "gpt2": GPT2}
+QWEN = replace(LLAMA, q_norm="model.layers.{i}.self_attn.q_norm.weight",
+               k_norm="model.layers.{i}.self_attn.k_norm.weight")
+
+# Gemma 3: `post_attention_layernorm` is the attention output's norm (Llama's pre-MLP norm is
+# `pre_feedforward_layernorm`). Names are relative to the text model: `model.` in a
+# Gemma3ForCausalLM file, `language_model.model.` / `model.language_model.` in a multimodal
+# Gemma3ForConditionalGeneration file (its vision tower is not read); the LM head is tied.
+GEMMA3 = replace(
+    TensorNames(**{f.name: (value.removeprefix("model.") if isinstance(value, str) else value)
+                   for f in fields(QWEN) for value in [getattr(QWEN, f.name)]}),
+    norm2="layers.{i}.pre_feedforward_layernorm.weight",
+    attn_out_norm="layers.{i}.post_attention_layernorm.weight",
+    mlp_out_norm="layers.{i}.post_feedforward_layernorm.weight",
+    prefixes=("model.", "language_model.model.", "model.language_model."),
+)
+
+NAMES = {"llama": LLAMA, "gpt2": GPT2, "qwen2": LLAMA, "qwen3": QWEN, "gemma3_text": GEMMA3}
 
 
 def bias_name(weight: str) -> str:

@@ -1,50 +1,41 @@
-"""One decode state per sequence: a KV cache per layer, shared read-only model weights.
+"""One decode state per sequence: a KV cache per layer, the tokens consumed, the chunk size.
 
-`prefill` runs the prompt in chunks of `chunk` positions (default `CHUNK`) through the same
-code a decode `step` uses (a step is a chunk of one), so both fill the same caches; only the
-rows whose logits are asked for go through the final norm and the LM head. With int8 numerics
-the caches are `int8.Int8KVCache`s and every row is computed on its own, so the logits of a
-position are the same bits whatever the chunk size.
+A session holds state and nothing else: `prefill`, `step` and `extend` hand its caches and
+tokens to the model's one forward (`runner.Runner.run`), which advances the caches; the
+session then records the tokens. A decode `step` is a chunk of one, so both fill the same
+caches; with int8 numerics the caches are int8 and every row is computed on its own, so the
+logits of a position are the same bits whatever the chunk size.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import numpy as np
 
-from .attention import KVCache
-from .int8 import Int8KVCache
+from .runner import CHUNK, Request, Runner
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .model import TransformerModel
 
-# Positions per prefill chunk: bounds the [heads, CHUNK, positions] score temporaries.
-CHUNK = 256
+class HasRunner(Protocol):
+    """What a session needs of its model (the model itself: `TransformerModel`)."""
+
+    runner: Runner
 
 
 class TransformerSession:
     """Incremental decoding state of one sequence (`model.session()`)."""
 
-    def __init__(self, model: TransformerModel, chunk: int = CHUNK) -> None:
+    def __init__(self, model: HasRunner, chunk: int = CHUNK) -> None:
         if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
             raise ValueError(f"chunk must be a positive integer, got {chunk!r}")
         self.model = model
         # int8 rows are computed one by one: `extend` gives the bits of single steps, so
         # speculative decoding may verify drafts (generation/speculate.py)
-        self.exact_extend = model.numerics == "int8"
+        self.exact_extend = model.runner.numerics.exact
         self.chunk = chunk
-        self.caches = self._new_caches()
+        self.caches = model.runner.new_caches()
         self.tokens: list[int] = []
-
-    def _new_caches(self) -> list[KVCache | Int8KVCache]:
-        spec = self.model.config
-        layers = self.model.weights.layers
-        if self.model.numerics == "int8":
-            return [Int8KVCache(spec.num_kv_heads, spec.head_dim, spec.max_seq_len)
-                    for _ in layers]
-        return [KVCache(spec.num_kv_heads, spec.head_dim, spec.max_seq_len) for _ in layers]
 
     @property
     def position(self) -> int:
@@ -57,9 +48,8 @@ class TransformerSession:
     def fork(self) -> TransformerSession:
         """An independent copy of this state (both may continue differently)."""
         other = TransformerSession.__new__(TransformerSession)
-        other.model = self.model
-        other.chunk = self.chunk
-        other.caches = [cache.copy() for cache in self.caches]
+        other.model, other.exact_extend, other.chunk = self.model, self.exact_extend, self.chunk
+        other.caches = {i: cache.copy() for i, cache in self.caches.items()}
         other.tokens = list(self.tokens)
         return other
 
@@ -70,17 +60,30 @@ class TransformerSession:
         return self.run(ids, "all")
 
     def rewind(self, count: int) -> None:
-        """Forget the last `count` tokens: every layer's KV cache is cut back to the shorter
-        length (the rows beyond it are overwritten by the next tokens). Exact: the cache holds
-        the same values it held before those tokens were consumed."""
+        """Forget the last `count` tokens. Exact: every cache holds the values it held before
+        those tokens were consumed (a sliding-window cache that no longer holds them is
+        rebuilt from the tokens kept, `window.py`)."""
         if isinstance(count, bool) or not isinstance(count, int) or not \
                 0 <= count <= len(self.tokens):
             raise ValueError(f"rewind count must be in 0..{len(self.tokens)}, got {count!r}")
         if count == 0:
             return
-        for cache in self.caches:
-            cache.rewind_to(cache.length - count)
-        del self.tokens[len(self.tokens) - count :]
+        position = len(self.tokens) - count
+        del self.tokens[position:]
+        self._cut_caches()
+
+    def _cut_caches(self) -> None:
+        """Cut every cache back to the tokens consumed: in place where each can, else the
+        caches are rebuilt by running the tokens again (same bits in int8 numerics)."""
+        position = self.position
+        if all(cache.can_rewind_to(position) for cache in self.caches.values()):
+            for cache in self.caches.values():
+                cache.rewind_to(position)
+            return
+        self.caches = self.model.runner.new_caches()
+        if position:
+            self.model.runner.run([Request(self.caches, self.consumed(), 0, "none",
+                                           self.chunk)])
 
     def prefill(self, ids: Sequence[int] | np.ndarray, logits: bool = True) -> np.ndarray | None:
         """Consume `ids` (after anything already consumed); the logits [vocab] at the last of
@@ -92,37 +95,21 @@ class TransformerSession:
         """Consume one token; the logits [vocab] for the next position."""
         return self.run([token_id], "last")[-1]
 
-    def run(self, ids, want: str, hidden: list[np.ndarray] | None = None) -> np.ndarray | None:
+    def run(self, ids: Any, want: str, hidden: list[np.ndarray] | None = None
+            ) -> np.ndarray | None:
         """Consume `ids`; logits of every position (`want="all"`), of the last ("last"), or
         none. `hidden`, if given, receives [L+1, T, d] residual states per chunk (the last
         after the final norm), as transformers' `output_hidden_states`."""
-        model = self.model
-        tokens = model.check_ids(ids, self.position)
-        outputs = []
-        size = self.chunk
-        for first in range(0, len(tokens), size):
-            chunk = tokens[first : first + size]
-            last_chunk = first + size >= len(tokens)
-            rows = "all" if want == "all" else ("last" if want == "last" and last_chunk else "")
-            logits = self._chunk(chunk, rows, hidden)
-            if logits is not None:
-                outputs.append(logits)
-        if not outputs:
-            return None
-        return np.concatenate(outputs) if len(outputs) > 1 else outputs[0]
-
-    def _chunk(self, tokens: np.ndarray, rows: str, hidden: list | None) -> np.ndarray | None:
-        model = self.model
-        spec, weights = model.config, model.weights
-        start = self.position
-        h = model.embed(tokens, start)
-        states = [h.copy()] if hidden is not None else None
-        h = model.run_layers(0, spec.num_layers, h, self, start, states=states)
+        runner = self.model.runner
+        tokens = runner.check_ids(ids, self.position)
+        request = Request(self.caches, tokens, self.position, want, self.chunk, hidden)
+        try:
+            out = runner.run([request])[0]
+        except BaseException:
+            self._cut_caches()  # a failed chunk leaves no half-written rows
+            raise
         self.tokens.extend(int(t) for t in tokens)
-        if states is not None:
-            states[-1] = weights.final_norm(h)
-            hidden.append(np.stack(states))
-        if not rows:
-            return None
-        picked = h if rows == "all" else h[-1:]
-        return weights.lm_head(weights.final_norm(picked))
+        return out
+
+
+__all__ = ["CHUNK", "TransformerSession"]

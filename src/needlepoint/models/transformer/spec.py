@@ -2,11 +2,15 @@
 
 One `BlockSpec` drives the whole forward pass (`layers.py`, `attention.py`, `block.py`): which
 norm, gated (SwiGLU) or plain MLP and its activation, RoPE or learned positions, how many kv
-heads, fused or separate q/k/v, which projections carry biases, tied embeddings. The maths never
-asks "is this Llama?"; `spec_from_config` is the one place that reads a Hugging Face
-`config.json` (or the HF-style dict a GGUF file is translated to) and decides the fields.
+heads, fused or separate q/k/v, which projections carry biases, tied embeddings; and the fields
+of the Qwen / Gemma families (issue 28 item 1): per-head q/k norms, Gemma's `1 + w` norms and
+its norms around the attention and MLP outputs, a scaled embedding, a sliding window and a RoPE
+theta per layer. The maths never asks "is this Llama?"; `spec_from_config` is the one place that
+reads a Hugging Face `config.json` (or the HF-style dict a GGUF file is translated to) and
+decides the fields (`spec_families.py` for Qwen2, Qwen3 and Gemma 3).
 
-Config fields: `shared/fixtures/hf/README.md`, "config.json fields that matter".
+Config fields: `shared/fixtures/hf/README.md`, "config.json fields that matter" and its second
+part, "What differs from the Llama forward pass".
 """
 
 from __future__ import annotations
@@ -16,8 +20,15 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ...errors import CheckpointError, UnsupportedArchitectureError
+from .config_fields import (
+    FAMILY_FIELDS,
+    config_int,
+    rope_theta_of,
+    special_id,
+    text_config,
+)
 
-ARCHITECTURES = ("llama", "gpt2")
+ARCHITECTURES = ("llama", "gpt2", "qwen2", "qwen3", "gemma3_text", "gemma3")
 NORMS = ("rms", "layer")
 ACTIVATIONS = ("silu", "gelu_tanh")
 _LLAMA_ACTS = {"silu": "silu", "swish": "silu"}
@@ -54,6 +65,12 @@ class BlockSpec:
     scale_by_layer: bool  # scores also divided by layer index + 1 (GPT-2 option)
     bos_id: int | None = None
     eos_id: int | None = None
+    qk_norm: bool = False  # an RMSNorm over each head's q and k, before RoPE (Qwen3, Gemma 3)
+    output_norms: bool = False  # norms on the attention and MLP outputs (Gemma's four norms)
+    norm_offset: float = 0.0  # the norm weight applied is `offset + w` (Gemma: 1)
+    embed_scale: float | None = None  # embedding rows times float32(this) (Gemma: sqrt(d))
+    windows: tuple[int | None, ...] = ()  # per layer: sliding window, None = full (() all full)
+    thetas: tuple[float, ...] = ()  # per layer RoPE theta (() = rope_theta everywhere)
 
     def __post_init__(self) -> None:
         if self.norm not in NORMS or self.activation not in ACTIVATIONS:
@@ -69,6 +86,24 @@ class BlockSpec:
                                   f"of {self.num_kv_heads} kv heads")
         if self.rope and self.head_dim % 2:
             raise CheckpointError(f"config: RoPE needs an even head_dim, got {self.head_dim}")
+        for name in ("windows", "thetas"):
+            if getattr(self, name) and len(getattr(self, name)) != self.num_layers:
+                raise CheckpointError(f"config: {name} needs one entry per layer")
+
+    def window(self, layer: int) -> int | None:
+        """Layer `layer`'s sliding window (keys seen per query, itself included), or None."""
+        return self.windows[layer] if self.windows else None
+
+    def theta(self, layer: int) -> float:
+        """Layer `layer`'s RoPE theta."""
+        return self.thetas[layer] if self.thetas else self.rope_theta
+
+    @property
+    def plain(self) -> bool:
+        """A pre-norm block with no per-head norms, output norms, windows or per-layer RoPE
+        (what the fused native int8 block computes)."""
+        return not (self.qk_norm or self.output_norms or any(w is not None for w in self.windows)
+                    or len(set(self.thetas)) > 1 or self.norm_offset)
 
     @property
     def vocab_size(self) -> int:
@@ -88,78 +123,38 @@ class BlockSpec:
         return self.num_heads // self.num_kv_heads
 
     def with_layers(self, num_layers: int) -> BlockSpec:
-        return replace(self, num_layers=num_layers)
-
-
-def _int(config: dict[str, Any], key: str, default: Any = None) -> int:
-    value = config.get(key)
-    value = default if value is None else value
-    if value is None:
-        raise CheckpointError(f"config.json: missing field {key!r}")
-    if isinstance(value, bool) or not isinstance(value, int | float) or int(value) != value:
-        raise CheckpointError(f"config.json: {key} must be an integer, got {value!r}")
-    return int(value)
-
-
-def _special_id(config: dict[str, Any], key: str) -> int | None:
-    value = config.get(key)
-    if isinstance(value, list):
-        value = value[0] if value else None
-    return value if isinstance(value, int) else None
-
-
-def rope_theta_of(config: dict[str, Any]) -> float:
-    """`rope_parameters.rope_theta` (transformers 5) or top-level `rope_theta`; plain RoPE only
-    (`rope_type`/`rope_scaling` absent, null or "default")."""
-    params = config.get("rope_parameters")
-    scaling = config.get("rope_scaling")
-    kind = None
-    theta = config.get("rope_theta")
-    if isinstance(params, dict):
-        kind = params.get("rope_type", params.get("type"))
-        theta = params.get("rope_theta", theta)
-    if isinstance(scaling, dict):
-        kind = scaling.get("rope_type", scaling.get("type", kind))
-    if kind not in (None, "default"):
-        raise UnsupportedArchitectureError(f"config.json: RoPE type {kind!r} is not supported "
-                                           f"(only plain RoPE)")
-    if config.get("partial_rotary_factor", 1.0) != 1.0:
-        raise UnsupportedArchitectureError("config.json: partial rotary embeddings are not "
-                                           "supported")
-    theta = 10000.0 if theta is None else theta
-    if not isinstance(theta, int | float) or theta <= 0:
-        raise CheckpointError(f"config.json: rope_theta must be positive, got {theta!r}")
-    return float(theta)
+        return replace(self, num_layers=num_layers, windows=self.windows[:num_layers],
+                       thetas=self.thetas[:num_layers])
 
 
 def _llama(config: dict[str, Any]) -> BlockSpec:
-    d = _int(config, "hidden_size")
-    heads = _int(config, "num_attention_heads")
+    d = config_int(config, "hidden_size")
+    heads = config_int(config, "num_attention_heads")
     act = _LLAMA_ACTS.get(config.get("hidden_act", "silu"))
     if act is None:
         raise UnsupportedArchitectureError(
             f"config.json: hidden_act {config.get('hidden_act')!r} is not supported for llama")
-    head_dim = _int(config, "head_dim", d // heads)
+    head_dim = config_int(config, "head_dim", d // heads)
     attention_bias = bool(config.get("attention_bias", False))
     return BlockSpec(
-        architecture="llama", vocab=_int(config, "vocab_size"), d_model=d,
-        num_layers=_int(config, "num_hidden_layers"), num_heads=heads,
-        num_kv_heads=_int(config, "num_key_value_heads", heads), head_dim=head_dim,
-        d_ff=_int(config, "intermediate_size"),
-        max_seq_len=_int(config, "max_position_embeddings", 2048),
+        architecture="llama", vocab=config_int(config, "vocab_size"), d_model=d,
+        num_layers=config_int(config, "num_hidden_layers"), num_heads=heads,
+        num_kv_heads=config_int(config, "num_key_value_heads", heads), head_dim=head_dim,
+        d_ff=config_int(config, "intermediate_size"),
+        max_seq_len=config_int(config, "max_position_embeddings", 2048),
         norm="rms", norm_eps=float(config.get("rms_norm_eps", 1e-6)), gated=True,
         activation=act, rope=True, rope_theta=rope_theta_of(config), learned_positions=False,
         qkv_fused=False, qkv_bias=attention_bias, out_bias=attention_bias,
         mlp_bias=bool(config.get("mlp_bias", False)), norm_bias=False,
         tied_embeddings=bool(config.get("tie_word_embeddings", False)),
         attn_scale=1.0 / math.sqrt(head_dim), scale_by_layer=False,
-        bos_id=_special_id(config, "bos_token_id"), eos_id=_special_id(config, "eos_token_id"),
+        bos_id=special_id(config, "bos_token_id"), eos_id=special_id(config, "eos_token_id"),
     )
 
 
 def _gpt2(config: dict[str, Any]) -> BlockSpec:
-    d = _int(config, "n_embd")
-    heads = _int(config, "n_head")
+    d = config_int(config, "n_embd")
+    heads = config_int(config, "n_head")
     act = _GPT2_ACTS.get(config.get("activation_function", "gelu_new"))
     if act is None:
         raise UnsupportedArchitectureError(
@@ -169,31 +164,34 @@ def _gpt2(config: dict[str, Any]) -> BlockSpec:
         raise CheckpointError(f"config.json: n_embd {d} is not a multiple of n_head {heads}")
     head_dim = d // heads
     return BlockSpec(
-        architecture="gpt2", vocab=_int(config, "vocab_size"), d_model=d,
-        num_layers=_int(config, "n_layer"), num_heads=heads, num_kv_heads=heads,
-        head_dim=head_dim, d_ff=_int(config, "n_inner", 4 * d),
-        max_seq_len=_int(config, "n_positions", 1024),
+        architecture="gpt2", vocab=config_int(config, "vocab_size"), d_model=d,
+        num_layers=config_int(config, "n_layer"), num_heads=heads, num_kv_heads=heads,
+        head_dim=head_dim, d_ff=config_int(config, "n_inner", 4 * d),
+        max_seq_len=config_int(config, "n_positions", 1024),
         norm="layer", norm_eps=float(config.get("layer_norm_epsilon", 1e-5)), gated=False,
         activation=act, rope=False, rope_theta=0.0, learned_positions=True, qkv_fused=True,
         qkv_bias=True, out_bias=True, mlp_bias=True, norm_bias=True,
         tied_embeddings=bool(config.get("tie_word_embeddings", True)),
         attn_scale=1.0 / math.sqrt(head_dim) if config.get("scale_attn_weights", True) else 1.0,
         scale_by_layer=bool(config.get("scale_attn_by_inverse_layer_idx", False)),
-        bos_id=_special_id(config, "bos_token_id"), eos_id=_special_id(config, "eos_token_id"),
+        bos_id=special_id(config, "bos_token_id"), eos_id=special_id(config, "eos_token_id"),
     )
-
-
-_BUILDERS = {"llama": _llama, "gpt2": _gpt2}
 
 
 def spec_from_config(config: dict[str, Any]) -> BlockSpec:
     """The spec of a Hugging Face `config.json` dict; unknown `model_type` is an
     UnsupportedArchitectureError."""
+    config = text_config(config)
     kind = config.get("model_type")
-    builder = _BUILDERS.get(kind)
+    if kind in FAMILY_FIELDS:
+        return BlockSpec(**FAMILY_FIELDS[kind](config))
+    builder = {"llama": _llama, "gpt2": _gpt2}.get(kind)
     if builder is None:
         raise UnsupportedArchitectureError(
             f"config.json: model_type {kind!r} is not supported "
             f"(supported: {', '.join(ARCHITECTURES)})"
         )
     return builder(config)
+
+
+__all__ = ["ARCHITECTURES", "BlockSpec", "rope_theta_of", "spec_from_config"]

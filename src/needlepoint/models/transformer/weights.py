@@ -8,12 +8,12 @@
 `formats.gguf_checkpoint.GGUFCheckpoint`. Tensors the block does not use (GPT-2's `attn.bias`
 mask buffers, cached `rotary_emb.inv_freq`) are ignored.
 
-`numerics="int8"` builds `PinnedNorm`s and `Int8Linear`s instead (`int8.py`, `linear.py`):
-a checkpoint with `blocks(name)` (GGUF) hands over Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 weights as
-stored integer blocks; every other weight (float, F16, K-quants) is quantised to int8 per block
-of 32 inputs at load. q | k | v and gate | up are fused (one input quantisation each). A tied
-embedding stored as integer blocks is read back from the LM head's codes (`QuantEmbedding`),
-so the float table is never built.
+What each object is comes from the numerics strategy (`numerics.py`): int8 builds
+`PinnedNorm`s and `Int8Linear`s (`int8.py`, `linear.py`): a checkpoint with `blocks(name)`
+(GGUF) hands over Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 weights as stored integer blocks; every
+other weight (float, F16, K-quants) is quantised to int8 per block of 32 inputs at load.
+q | k | v and gate | up are joined (one input quantisation each). Norm weights applied as
+`1 + w` (Gemma, `spec.norm_offset`) are added here, once, in float32.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import numpy as np
 from ...errors import MissingTensorError, TensorShapeError
 from .int8 import PinnedNorm, QuantEmbedding
 from .layers import Norm
-from .linear import Int8Linear, Linear, fuse, int8_from_blocks, make_int8_linear, make_linear
+from .linear import Int8Linear, Linear
 from .names import NAMES, TensorNames, bias_name
 from .spec import BlockSpec
 
@@ -46,6 +46,11 @@ class LayerWeights:
     up: Linear | None  # None when fused into gate_up
     down: Linear
     gate_up: Int8Linear | None = None  # int8: one fused gate | up projection
+    act: Any = None  # the MLP activation of the numerics (`numerics.activation`)
+    q_norm: Norm | PinnedNorm | None = None  # per head, before RoPE (spec.qk_norm)
+    k_norm: Norm | PinnedNorm | None = None
+    attn_out_norm: Norm | PinnedNorm | None = None  # on the outputs (spec.output_norms)
+    mlp_out_norm: Norm | PinnedNorm | None = None
 
 
 @dataclass
@@ -72,12 +77,10 @@ class _Fetcher:
     (GPT-2's optional `transformer.`) is the first under which the embedding exists; the LM
     head sits outside it (`lm_head.weight`)."""
 
-    def __init__(self, checkpoint: Any, names: TensorNames, numerics: str = "float",
-                 threads: int = 1) -> None:
+    def __init__(self, checkpoint: Any, names: TensorNames, numerics: Any) -> None:
         self.checkpoint = checkpoint
         self.names = names
-        self.int8 = numerics == "int8"
-        self.threads = threads
+        self.numerics = numerics
         present = set(checkpoint.names())
         self.present = present
         self.prefix = next((p for p in names.prefixes if p + names.embed in present),
@@ -107,7 +110,7 @@ class _Fetcher:
         types, or a checkpoint without blocks)."""
         full = self.prefix + name if prefixed else name
         source = getattr(self.checkpoint, "blocks", None)
-        if not self.int8 or source is None or full not in self.present:
+        if source is None or full not in self.present:
             return None
         found = source(full)
         if found is None or found[0].shape != (n_out, n_in):
@@ -117,26 +120,26 @@ class _Fetcher:
     def linear(self, name: str, n_in: int, n_out: int, bias: bool,
                prefixed: bool = True) -> Linear | Int8Linear:
         b = self.get(bias_name(name), (n_out,), prefixed=prefixed) if bias else None
-        blocks = self.blocks(name, n_in, n_out, prefixed=prefixed)
-        if blocks is not None:
-            found = int8_from_blocks(blocks, b, threads=self.threads)
-            if found is not None:
-                return found
+        found = self.numerics.stored(lambda: self.blocks(name, n_in, n_out, prefixed=prefixed),
+                                     b)
+        if found is not None:
+            return found
         shape = (n_in, n_out) if self.names.in_out else (n_out, n_in)
-        weight = self.get(name, shape, prefixed=prefixed)
-        if self.int8:
-            return make_int8_linear(weight, b, in_out=self.names.in_out, threads=self.threads)
-        return make_linear(weight, b, in_out=self.names.in_out)
+        return self.numerics.linear(self.get(name, shape, prefixed=prefixed), b,
+                                    self.names.in_out)
 
-    def norm(self, name: str, spec: BlockSpec) -> Norm | PinnedNorm:
-        d = spec.d_model
+    def norm(self, name: str, spec: BlockSpec, width: int | None = None) -> Norm | PinnedNorm:
+        """A norm over `width` (default d_model) values; its weight plus `spec.norm_offset`."""
+        d = spec.d_model if width is None else width
         bias = self.get(bias_name(name), (d,)) if spec.norm_bias else None
-        kind = PinnedNorm if self.int8 else Norm
-        return kind(self.get(name, (d,)), bias, spec.norm_eps, center=spec.norm == "layer")
+        weight = self.get(name, (d,))
+        if spec.norm_offset:
+            weight = np.asarray(weight, F32) + F32(spec.norm_offset)
+        return self.numerics.norm(weight, bias, spec.norm_eps, spec.norm == "layer")
 
 
 def _layer(fetch: _Fetcher, spec: BlockSpec, i: int) -> LayerWeights:
-    n = fetch.names
+    n, numerics = fetch.names, fetch.numerics
     d, q_dim, kv_dim, ff = spec.d_model, spec.q_dim, spec.kv_dim, spec.d_ff
     at = lambda template: n.layer(template, i)  # noqa: E731
     q = k = v = qkv = None
@@ -146,14 +149,16 @@ def _layer(fetch: _Fetcher, spec: BlockSpec, i: int) -> LayerWeights:
         q = fetch.linear(at(n.q), d, q_dim, spec.qkv_bias)
         k = fetch.linear(at(n.k), d, kv_dim, spec.qkv_bias)
         v = fetch.linear(at(n.v), d, kv_dim, spec.qkv_bias)
+        joined = numerics.join([q, k, v])
+        if joined is not None:
+            qkv, q, k, v = joined, None, None, None
     gate = fetch.linear(at(n.gate), d, ff, spec.mlp_bias) if spec.gated else None
     up = fetch.linear(at(n.up), d, ff, spec.mlp_bias)
-    gate_up = None
-    if fetch.int8:
-        if q is not None:
-            qkv, q, k, v = fuse([q, k, v]), None, None, None
-        if gate is not None:
-            gate_up, gate, up = fuse([gate, up]), None, None
+    gate_up = None if gate is None else numerics.join([gate, up])
+    if gate_up is not None:
+        gate, up = None, None
+    head_norm = (lambda t: fetch.norm(at(t), spec, spec.head_dim)) if spec.qk_norm else None
+    out_norm = (lambda t: fetch.norm(at(t), spec)) if spec.output_norms else None
     return LayerWeights(
         norm1=fetch.norm(at(n.norm1), spec),
         norm2=fetch.norm(at(n.norm2), spec),
@@ -161,58 +166,40 @@ def _layer(fetch: _Fetcher, spec: BlockSpec, i: int) -> LayerWeights:
         o=fetch.linear(at(n.o), q_dim, d, spec.out_bias),
         gate=gate, up=up,
         down=fetch.linear(at(n.down), ff, d, spec.mlp_bias),
-        gate_up=gate_up,
+        gate_up=gate_up, act=numerics.activation(spec.activation),
+        q_norm=None if head_norm is None else head_norm(n.q_norm),
+        k_norm=None if head_norm is None else head_norm(n.k_norm),
+        attn_out_norm=None if out_norm is None else out_norm(n.attn_out_norm),
+        mlp_out_norm=None if out_norm is None else out_norm(n.mlp_out_norm),
     )
 
 
-def _embedding_and_head(fetch: _Fetcher, spec: BlockSpec) -> tuple[Any, Any]:
-    names, d, vocab = fetch.names, spec.d_model, spec.vocab
-    if not fetch.int8:
-        embed = fetch.get(names.embed, (vocab, d))
-        head = embed if spec.tied_embeddings else fetch.get(names.lm_head, (vocab, d),
-                                                            prefixed=False)
-        return embed, make_linear(head, None, in_out=False)
-    if spec.tied_embeddings:
-        blocks = fetch.blocks(names.embed, d, vocab)
-        head = None if blocks is None else int8_from_blocks(blocks, None, threads=fetch.threads)
-        if head is not None:
-            return QuantEmbedding(head.parts[0]), head
-        embed = fetch.get(names.embed, (vocab, d))
-        return embed, make_int8_linear(embed, None, in_out=False, threads=fetch.threads)
-    head = fetch.linear(names.lm_head, d, vocab, False, prefixed=False)
-    blocks = fetch.blocks(names.embed, d, vocab)
-    table = None if blocks is None else int8_from_blocks(blocks, None)
-    if table is not None:
-        return QuantEmbedding(table.parts[0]), head
-    return fetch.get(names.embed, (vocab, d)), head
-
-
-def load_weights(checkpoint: Any, spec: BlockSpec, numerics: str = "float",
-                 threads: int = 1, blocks: range | None = None,
-                 head: bool = True) -> TransformerWeights:
-    """Every tensor `spec` needs, shape-checked, as the block's objects (`numerics` "float"
-    or "int8"; `threads` for the int8 kernels). A part of the model (`layer_range.py`):
-    `blocks` only those blocks (the others None), `head=False` no embedding, positions,
-    final norm or LM head."""
+def load_weights(checkpoint: Any, spec: BlockSpec, numerics: Any,
+                 blocks: range | None = None, head: bool = True) -> TransformerWeights:
+    """Every tensor `spec` needs, shape-checked, as the block's objects built by `numerics`
+    (a `numerics.TransformerFloat` / `TransformerInt8`). A part of the model
+    (`layer_range.py`): `blocks` only those blocks (the others None), `head=False` no
+    embedding, positions, final norm or LM head."""
     names = NAMES[spec.architecture]
-    fetch = _Fetcher(checkpoint, names, numerics, threads)
+    fetch = _Fetcher(checkpoint, names, numerics)
     d = spec.d_model
     blocks = range(spec.num_layers) if blocks is None else blocks
     positions = fetch.get(names.positions, (spec.max_seq_len, d)) \
         if spec.learned_positions and head else None
-    release = getattr(checkpoint, "release_pages", None) if fetch.int8 else None
+    # the layers' int8 weights are copies: the file's pages can go after each
+    release = getattr(checkpoint, "release_pages", None) if numerics.copies_weights else None
     layers: list[LayerWeights | None] = []
     for i in range(spec.num_layers):
         layers.append(_layer(fetch, spec, i) if i in blocks else None)
-        if release is not None:  # the layer's int8 weights are copies: drop the file's pages
+        if release is not None:
             release()
     embed = lm_head = final_norm = None
     if head:
-        embed, lm_head = _embedding_and_head(fetch, spec)
+        embed, lm_head = numerics.embedding_and_head(fetch, spec)
         final_norm = fetch.norm(names.final_norm, spec)
     if release is not None:
         release()
     return TransformerWeights(
         embed=embed, positions=positions, layers=layers,
-        final_norm=final_norm, lm_head=lm_head, numerics=numerics,
+        final_norm=final_norm, lm_head=lm_head, numerics=numerics.name,
     )

@@ -1,0 +1,150 @@
+"""The transformer numerics as strategy objects, chosen once at load (issue 27 item 1).
+
+`TransformerFloat` (float32 weights and activations, BLAS products: the transformers
+reference) and `TransformerInt8` (block-scaled int8 products, pinned norms, activations, RoPE
+tables and int8 KV caches: the same bits for any chunking, batch, thread count or machine;
+docs/hf.md "Numerics (int8)") own everything that differs between the two: how a norm, a
+projection, a stored integer block, a joined projection, an activation, a RoPE table, a KV
+cache, the embedding and the LM head are built, and whether a block runs as one native call.
+The block (`block.py`), the forward (`runner.py`) and the weights (`weights.py`) only call
+them: no operation takes a numerics flag. `numerics_named` maps the user's name
+(`models/numerics.py`) to the strategy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..numerics import transformer_kind
+from .attention import KVCache
+from .int8 import ACTIVATIONS as INT8_ACTIVATIONS
+from .int8 import Int8KVCache, PinnedNorm, QuantEmbedding, RopeTable
+from .int8_fused import fused_blocks
+from .layers import ACTIVATIONS, Norm, RopeAngles
+from .linear import Int8Linear, Linear, fuse, int8_from_blocks, make_int8_linear, make_linear
+from .spec import BlockSpec
+from .window import Int8WindowCache, WindowKVCache
+
+Blocks = Callable[[], Any]  # the stored integer blocks of a weight, or None
+
+
+class TransformerFloat:
+    """Float32 numerics (`numerics="float"`)."""
+
+    name = "float"
+    exact = False  # BLAS picks kernels by shape: rows agree only to float rounding
+    copies_weights = False  # float32 tensors stay views of the mapped file
+
+    def __init__(self, threads: int = 1) -> None:
+        self.threads = threads
+
+    def norm(self, weight: np.ndarray, bias: np.ndarray | None, eps: float,
+             center: bool) -> Norm:
+        return Norm(weight, bias, eps, center)
+
+    def linear(self, weight: np.ndarray, bias: np.ndarray | None, in_out: bool) -> Linear:
+        return make_linear(weight, bias, in_out=in_out)
+
+    def stored(self, blocks: Blocks, bias: np.ndarray | None) -> None:
+        return None  # the checkpoint's dequantised float32 weight is used
+
+    def join(self, linears: Sequence[Linear]) -> None:
+        return None  # one BLAS product per projection
+
+    def activation(self, kind: str) -> Callable[[np.ndarray], np.ndarray]:
+        return ACTIVATIONS[kind]
+
+    def rope_table(self, head_dim: int, theta: float) -> RopeAngles:
+        return RopeAngles(head_dim, theta)
+
+    def kv_cache(self, spec: BlockSpec, layer: int) -> KVCache | WindowKVCache:
+        window = spec.window(layer)
+        if window is not None:
+            return WindowKVCache(spec.num_kv_heads, spec.head_dim, window)
+        return KVCache(spec.num_kv_heads, spec.head_dim, spec.max_seq_len)
+
+    def embedding_and_head(self, fetch: Any, spec: BlockSpec) -> tuple[Any, Linear]:
+        names, d, vocab = fetch.names, spec.d_model, spec.vocab
+        embed = fetch.get(names.embed, (vocab, d))
+        head = embed if spec.tied_embeddings else fetch.get(names.lm_head, (vocab, d),
+                                                            prefixed=False)
+        return embed, make_linear(head, None, in_out=False)
+
+    def fused_blocks(self, spec: BlockSpec, weights: Any) -> None:
+        return None
+
+
+class TransformerInt8:
+    """int8 numerics (`numerics="int8"` / `"deploy"`); `threads` split large products."""
+
+    name = "int8"
+    exact = True  # every row computed on its own: same bits for any chunking, split, batch
+    copies_weights = True  # weights become packed codes: the file's pages can be released
+
+    def __init__(self, threads: int = 1) -> None:
+        self.threads = threads
+
+    def norm(self, weight: np.ndarray, bias: np.ndarray | None, eps: float,
+             center: bool) -> PinnedNorm:
+        return PinnedNorm(weight, bias, eps, center)
+
+    def linear(self, weight: np.ndarray, bias: np.ndarray | None, in_out: bool) -> Int8Linear:
+        return make_int8_linear(weight, bias, in_out=in_out, threads=self.threads)
+
+    def stored(self, blocks: Blocks, bias: np.ndarray | None) -> Int8Linear | None:
+        """GGUF Q8_0 / Q4_x / Q5_x blocks as stored (None: not integer blocks)."""
+        found = blocks()
+        return None if found is None else int8_from_blocks(found, bias, threads=self.threads)
+
+    def join(self, linears: Sequence[Int8Linear]) -> Int8Linear:
+        return fuse(linears)  # one activation quantisation for q | k | v, gate | up
+
+    def activation(self, kind: str) -> Callable[[np.ndarray], np.ndarray]:
+        return INT8_ACTIVATIONS[kind]
+
+    def rope_table(self, head_dim: int, theta: float) -> RopeTable:
+        return RopeTable(head_dim, theta)
+
+    def kv_cache(self, spec: BlockSpec, layer: int) -> Int8KVCache | Int8WindowCache:
+        window = spec.window(layer)
+        if window is not None:
+            return Int8WindowCache(spec.num_kv_heads, spec.head_dim, window)
+        return Int8KVCache(spec.num_kv_heads, spec.head_dim, spec.max_seq_len)
+
+    def embedding_and_head(self, fetch: Any, spec: BlockSpec) -> tuple[Any, Int8Linear]:
+        """A tied embedding stored as integer blocks is read back from the LM head's codes
+        (`QuantEmbedding`), so the float table is never built."""
+        names, d, vocab = fetch.names, spec.d_model, spec.vocab
+        if spec.tied_embeddings:
+            blocks = fetch.blocks(names.embed, d, vocab)
+            head = None if blocks is None else int8_from_blocks(blocks, None,
+                                                                threads=self.threads)
+            if head is not None:
+                return QuantEmbedding(head.parts[0]), head
+            embed = fetch.get(names.embed, (vocab, d))
+            return embed, make_int8_linear(embed, None, in_out=False, threads=self.threads)
+        head = fetch.linear(names.lm_head, d, vocab, False, prefixed=False)
+        blocks = fetch.blocks(names.embed, d, vocab)
+        table = None if blocks is None else int8_from_blocks(blocks, None)
+        if table is not None:
+            return QuantEmbedding(table.parts[0]), head
+        return fetch.get(names.embed, (vocab, d)), head
+
+    def fused_blocks(self, spec: BlockSpec, weights: Any) -> list | None:
+        """Each block as one native call (`int8_fused.py`), or None."""
+        return fused_blocks(spec, weights)
+
+
+TransformerNumerics = TransformerFloat | TransformerInt8
+
+
+def numerics_named(numerics: str, threads: int = 1) -> TransformerNumerics:
+    """The strategy of a numerics name ("float", "int8" or "deploy")."""
+    kind = transformer_kind(numerics)
+    return TransformerFloat(threads) if kind == "float" else TransformerInt8(threads)
+
+
+__all__ = ["TransformerFloat", "TransformerInt8", "TransformerNumerics", "numerics_named"]
