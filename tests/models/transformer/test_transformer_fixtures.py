@@ -1,12 +1,13 @@
 """Float numerics reproduce transformers on shared/fixtures/hf (its README is the spec): logits at
 every position of every prompt within 1e-4, per-layer hidden states within 1e-4 x max|h|, the
-24 greedy tokens identical, and incremental decoding equal to the full forward pass."""
+24 greedy tokens identical, and incremental decoding equal to the full forward pass; for the
+Llama and GPT-2 fixtures and for Qwen2, Qwen3 and Gemma 3 (the README's second part)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from hf_helpers import HF_FIXTURES, hf_reference
+from hf_helpers import ALL_HF_FIXTURES, hf_reference
 
 import needlepoint
 from needlepoint.errors import ModelInputError
@@ -14,15 +15,19 @@ from needlepoint.models.transformer.model import TransformerModel
 
 LOGIT_TOLERANCE = 1e-4
 HIDDEN_TOLERANCE = 1e-4
+# prefill in pieces and steps against the full forward (float: BLAS sums in another order per
+# shape). The README's bound for a float32 engine with another summation order is 1e-4; the
+# Llama and GPT-2 fixtures are held to 1e-5.
+PIECES_TOLERANCE = {"llama-tiny": 1e-5, "gpt2-tiny": 1e-5}
 
 
 @pytest.fixture(scope="module")
 def models():
     return {name: needlepoint.load(hf_reference(name).folder, numerics="float")
-            for name in HF_FIXTURES}
+            for name in ALL_HF_FIXTURES}
 
 
-@pytest.mark.parametrize("name", HF_FIXTURES)
+@pytest.mark.parametrize("name", ALL_HF_FIXTURES)
 def test_logits_at_every_position_match_transformers(models, name) -> None:
     ref, model = hf_reference(name), models[name]
     assert isinstance(model, TransformerModel)
@@ -34,7 +39,7 @@ def test_logits_at_every_position_match_transformers(models, name) -> None:
         assert error <= LOGIT_TOLERANCE, (prompt["kind"], error)
 
 
-@pytest.mark.parametrize("name", HF_FIXTURES)
+@pytest.mark.parametrize("name", ALL_HF_FIXTURES)
 def test_hidden_states_match_layer_by_layer(models, name) -> None:
     ref, model = hf_reference(name), models[name]
     for i in (1, 3):
@@ -47,7 +52,7 @@ def test_hidden_states_match_layer_by_layer(models, name) -> None:
             assert error <= HIDDEN_TOLERANCE * scale, (i, layer, error, scale)
 
 
-@pytest.mark.parametrize("name", HF_FIXTURES)
+@pytest.mark.parametrize("name", ALL_HF_FIXTURES)
 def test_greedy_decoding_with_the_kv_cache_matches(models, name) -> None:
     ref, model = hf_reference(name), models[name]
     for prompt in ref.prompts:
@@ -62,18 +67,19 @@ def test_greedy_decoding_with_the_kv_cache_matches(models, name) -> None:
         assert session.position == len(ref[f"p{i}_ids"]) + len(tokens)
 
 
-@pytest.mark.parametrize("name", HF_FIXTURES)
+@pytest.mark.parametrize("name", ALL_HF_FIXTURES)
 def test_prefill_in_pieces_and_steps_equal_the_full_forward(models, name) -> None:
     ref, model = hf_reference(name), models[name]
     ids = ref["p3_ids"].tolist()  # > 300 tokens: the prefill runs in more than one chunk
     full = model.forward(ids)
+    atol = PIECES_TOLERANCE.get(name, LOGIT_TOLERANCE)
     session = model.session()
     assert session.prefill(ids[:200], logits=False) is None
-    np.testing.assert_allclose(session.prefill(ids[200:290]), full[289], atol=1e-5)
+    np.testing.assert_allclose(session.prefill(ids[200:290]), full[289], atol=atol)
     fork = session.fork()
     for position in range(290, len(ids)):
-        np.testing.assert_allclose(session.step(ids[position]), full[position], atol=1e-5)
-    np.testing.assert_allclose(fork.step(ids[290]), full[290], atol=1e-5)  # untouched by session
+        np.testing.assert_allclose(session.step(ids[position]), full[position], atol=atol)
+    np.testing.assert_allclose(fork.step(ids[290]), full[290], atol=atol)  # untouched by session
     assert fork.position == 291 and session.position == len(ids)
 
 

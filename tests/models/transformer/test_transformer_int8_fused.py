@@ -1,7 +1,9 @@
 """The fused int8 block (one native call per block, `int8_fused.py`) gives the bits of the
 block run kernel by kernel (`block.block_forward` over `Int8Linear`s, pinned norms and
 activations, `Int8KVCache`): Llama (RMSNorm, RoPE, GQA, SwiGLU) and GPT-2 (LayerNorm, biases,
-learned positions, GELU), also with a per-layer score scale, in every variant this CPU runs."""
+learned positions, GELU), Qwen2 (q/k/v biases), also with a per-layer score scale, in every
+variant this CPU runs. Blocks the kernel does not compute (Qwen3's and Gemma 3's per-head
+norms, Gemma's output norms and sliding windows) run kernel by kernel."""
 
 from __future__ import annotations
 
@@ -29,7 +31,7 @@ def _both_paths(model, ids, steps: int = 6):
     return out
 
 
-@pytest.mark.parametrize("name", HF_FIXTURES)
+@pytest.mark.parametrize("name", (*HF_FIXTURES, "qwen2-tiny"))
 def test_fused_blocks_equal_block_forward(name) -> None:
     ref = hf_reference(name)
     model = needlepoint.load(ref.folder, numerics="int8")
@@ -64,3 +66,9 @@ def test_fused_blocks_with_a_per_layer_score_scale(tmp_path) -> None:
         np.testing.assert_array_equal(fused, unfused)
     plain = needlepoint.load(hf_reference("gpt2-tiny").folder, numerics="int8").forward(ids)
     assert not np.array_equal(out[True][0], plain)  # the scale did change the attention
+
+
+@pytest.mark.parametrize("name", ["qwen3-tiny", "gemma3-tiny"])
+def test_blocks_the_kernel_does_not_compute_run_kernel_by_kernel(name) -> None:
+    model = needlepoint.load(hf_reference(name).folder, numerics="int8")
+    assert model.native_blocks() is None and model.fused_blocks is None
