@@ -81,7 +81,7 @@ def test_gemma3_splits_are_bit_identical_in_int8(cuts):
     forward, chunked prefill and steps past the 48-position window are the single-process
     int8 bits."""
     path = hf_fixture_dir("gemma3-tiny")
-    reference = _gemma3(path)
+    reference = _int8_model(path)
     ids = _ids(reference.config.vocab, 110, seed=13)
     expected = reference.forward(ids)
     with load_staged(path, cuts, numerics="int8") as staged:
@@ -89,15 +89,6 @@ def test_gemma3_splits_are_bit_identical_in_int8(cuts):
         session = staged.session(chunk=17)
         assert_bits(session.prefill(ids[:100]), expected[99], f"gemma3 prefill {cuts}")
         assert_bits(np.stack([session.step(int(t)) for t in ids[100:]]), expected[100:])
-
-
-_GEMMA3: dict = {}
-
-
-def _gemma3(path):
-    if path not in _GEMMA3:
-        _GEMMA3[path] = needlepoint.load(path, numerics="int8")
-    return _GEMMA3[path]
 
 
 @pytest.mark.parametrize("name, qtype", [("llama-tiny", "Q8_0"), ("gpt2-tiny", "F32")])
@@ -144,7 +135,7 @@ def test_smollm2_in_two_three_four_stages(stages):
     from hf_helpers import SmolLM2Reference
 
     path = SmolLM2Reference().path
-    reference = _smollm2(path)
+    reference = _int8_model(path)
     ids = _ids(reference.config.vocab, 48, seed=stages)
     expected = reference.forward(ids)
     with load_staged(path, stages, numerics="int8") as staged:
@@ -155,13 +146,14 @@ def test_smollm2_in_two_three_four_stages(stages):
         assert_bits(np.stack([session.step(int(t)) for t in ids[44:]]), expected[44:])
 
 
-_SMOLLM2: dict = {}
+_INT8_MODELS: dict = {}
 
 
-def _smollm2(path):
-    if path not in _SMOLLM2:
-        _SMOLLM2[path] = needlepoint.load(path, numerics="int8")
-    return _SMOLLM2[path]
+def _int8_model(path):
+    """The single-process int8 model of `path`, loaded once per test module."""
+    if path not in _INT8_MODELS:
+        _INT8_MODELS[path] = needlepoint.load(path, numerics="int8")
+    return _INT8_MODELS[path]
 
 
 def test_every_family_implements_the_layer_range_protocol():
@@ -193,10 +185,10 @@ def test_staged_smollm2_answers_a_tool_call_as_one_process_does():
     path = SmolLM2Reference().path
     tools = json.loads((Path(__file__).parents[2] / "examples" / "tools.json").read_text())
     query = "what is the weather in Paris"
-    alone = needlepoint.Needle(tools=tools, model=_smollm2(path), speculate=False)
+    alone = needlepoint.Needle(tools=tools, model=_int8_model(path), speculate=False)
     expected = alone.complete(query)
     with load_staged(path, 2, numerics="int8") as staged:
-        assert type(staged.chat_format) is type(_smollm2(path).chat_format)
+        assert type(staged.chat_format) is type(_int8_model(path).chat_format)
         answer = needlepoint.Needle(tools=tools, model=staged, speculate=False).complete(query)
     assert expected["type"] == "call" and expected["function_calls"][0]["name"] == "get_weather"
     assert answer["function_calls"] == expected["function_calls"]

@@ -91,6 +91,17 @@ class RopeTable:
         return self.cos[start:end], self.sin[start:end]
 
 
+def query_codes(q: np.ndarray, scale: float) -> tuple[np.ndarray, np.ndarray]:
+    """A8 codes and scales of query rows q [T, H, hd] -> [T*H, hd], [T*H]: the kernels'
+    score scale is 1/sqrt(hd), so another `scale` first multiplies q by scale * sqrt(hd)."""
+    count, heads, head_dim = q.shape
+    factor = F32(scale * math.sqrt(head_dim))
+    rows = np.ascontiguousarray(q, F32).reshape(count * heads, head_dim)
+    if factor != F32(1.0):
+        rows = rows * factor
+    return exact.a8_codes(rows)
+
+
 class Int8KVCache:
     """Keys and values of one layer as int8 rows `[positions, kv_heads, head_dim]` with
     float32 scales `[positions, kv_heads]`; `attend` appends a chunk and attends to it."""
@@ -147,13 +158,8 @@ class Int8KVCache:
                scale: float) -> np.ndarray:
         """Append k, v; q [T, H, hd] at positions start.. attends causally -> [T, H*hd]."""
         self.append(k, v)
-        count, heads, head_dim = q.shape
-        factor = F32(scale * math.sqrt(head_dim))
-        rows = np.ascontiguousarray(q, F32).reshape(count * heads, head_dim)
-        if factor != F32(1.0):
-            rows = rows * factor
-        qcode, qscale = exact.a8_codes(rows)
-        return i8_rows.attend_causal(qcode, qscale, start, heads, self.kcode, self.kscale,
+        qcode, qscale = query_codes(q, scale)
+        return i8_rows.attend_causal(qcode, qscale, start, q.shape[1], self.kcode, self.kscale,
                                      self.vcode, self.vscale)
 
     def can_rewind_to(self, position: int) -> bool:

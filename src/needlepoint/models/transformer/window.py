@@ -15,12 +15,11 @@ layers' causal kernel), so a position's bits do not depend on the chunking.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from ...kernels import exact, pinned
 from .attention import causal_attention
+from .int8 import query_codes
 
 F32 = np.float32
 RESERVE = 32  # positions kept beyond the window, for exact short rewinds
@@ -131,11 +130,7 @@ class Int8WindowCache(_Window):
             new[name + "code"] = c.reshape(count, kv_heads, head_dim)
             new[name + "scale"] = s.reshape(count, kv_heads)
         joined = self._joined(new)
-        factor = F32(scale * math.sqrt(head_dim))
-        rows = np.ascontiguousarray(q, F32).reshape(count * heads, head_dim)
-        if factor != F32(1.0):
-            rows = rows * factor
-        qcode, qscale = exact.a8_codes(rows)
+        qcode, qscale = query_codes(q, scale)
         slots, seen = window_slots(start, count, heads, kv_heads, self.base, self.window)
         held = joined["kcode"].shape[0] * kv_heads
         out = pinned.attend(qcode, qscale, joined["kcode"].reshape(held, head_dim),
