@@ -25,7 +25,7 @@ from ...formats.checkpoints import open_checkpoint
 from ..token_ids import check_kv_window
 from .numerics import TransformerNumerics, numerics_named
 from .runner import CHUNK, Request, Runner
-from .session import TransformerSession
+from .session import TransformerSession, run_sessions
 from .spec import BlockSpec, spec_from_config
 from .weights import TransformerWeights, load_weights
 
@@ -106,13 +106,14 @@ class TransformerModel:
     def run_batch(self, requests: Sequence[tuple[TransformerSession, Sequence[int], bool]]
                   ) -> list[np.ndarray | None]:
         """Per request (session, ids, all_logits): append ids to that session; its logits
-        ([len(ids), vocab] if all_logits, else the last row). Each runs on its own session
-        (rows are independent in int8 numerics, so the bits equal running it alone)."""
-        out: list[np.ndarray | None] = []
-        for session, ids, all_logits in requests:
-            logits = session.run(ids, "all" if all_logits else "last")
-            out.append(logits if all_logits or logits is None else logits[-1])
-        return out
+        ([len(ids), vocab] if all_logits, else the last row). One batch forward over the
+        sessions' caches (rows are independent in int8 numerics, so the bits equal running
+        each alone)."""
+        items = [(session, ids, "all" if every else "last", None)
+                 for session, ids, every in requests]
+        out = run_sessions(self.runner, items)
+        return [logits if every or logits is None else logits[-1]
+                for logits, (_, _, every) in zip(out, requests, strict=True)]
 
     @cached_property
     def chat_format(self) -> Any:

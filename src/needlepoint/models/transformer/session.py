@@ -100,16 +100,30 @@ class TransformerSession:
         """Consume `ids`; logits of every position (`want="all"`), of the last ("last"), or
         none. `hidden`, if given, receives [L+1, T, d] residual states per chunk (the last
         after the final norm), as transformers' `output_hidden_states`."""
-        runner = self.model.runner
-        tokens = runner.check_ids(ids, self.position)
-        request = Request(self.caches, tokens, self.position, want, self.chunk, hidden)
-        try:
-            out = runner.run([request])[0]
-        except BaseException:
-            self._cut_caches()  # a failed chunk leaves no half-written rows
-            raise
-        self.tokens.extend(int(t) for t in tokens)
-        return out
+        return run_sessions(self.model.runner, [(self, ids, want, hidden)])[0]
+
+    def request(self, ids: Any, want: str, hidden: list[np.ndarray] | None = None) -> Request:
+        """`ids` (checked) after the tokens consumed, as a request of the batch forward."""
+        tokens = self.model.runner.check_ids(ids, self.position)
+        return Request(self.caches, tokens, self.position, want, self.chunk, hidden)
 
 
-__all__ = ["CHUNK", "TransformerSession"]
+def run_sessions(runner: Runner, items: Sequence[tuple[TransformerSession, Any, str,
+                                                        list[np.ndarray] | None]]
+                 ) -> list[np.ndarray | None]:
+    """One batch forward over several sessions (session, ids, want, hidden): each session's
+    caches advance and it records its tokens; if the forward fails, every session keeps the
+    state it had (its caches cut back to its tokens)."""
+    requests = [session.request(ids, want, hidden) for session, ids, want, hidden in items]
+    try:
+        out = runner.run(requests)
+    except BaseException:
+        for session, *_ in items:
+            session._cut_caches()  # a failed chunk leaves no half-written rows
+        raise
+    for (session, *_), request in zip(items, requests, strict=True):
+        session.tokens.extend(int(t) for t in request.tokens)
+    return out
+
+
+__all__ = ["CHUNK", "TransformerSession", "run_sessions"]
