@@ -9,7 +9,9 @@ The whole answer is one grammar, from its first token (the `content` constraint 
 
 where `calls` is (list body) a JSON list of calls (`calls_lark`: one or several, a tool
 possibly more than once; `[]` only when a call is not required), or (object body) one call
-object per marker pair, pairs separated by a newline, at least one. TEXT is
+object per marker pair, at least one, laid out as the template lays them out (Qwen:
+`<tool_call>\n{...}\n</tool_call>`, blocks separated by a newline; `call_syntax.JsonBlocks`),
+or FunctionGemma's `call:NAME{...}` blocks (`functiongemma_grammar.py`). TEXT is
 any text that does not start with `<` or whitespace and never contains the call marker.
 `<end>` is the format's end-of-turn token unless that is EOS (which the engine allows
 whenever the answer is complete). `required`
@@ -27,6 +29,7 @@ import numpy as np
 
 from ..errors import ToolSchemaError
 from .content import _OPTIONS, ContentSchemaError
+from .functiongemma_grammar import functiongemma_calls_lark
 from .grammar import MAX_TOOLS, TokenVocab, ToolCallGrammar, ToolCallMatcher, tool_parts
 from .segments import MarkerIds
 from .text_markers import call_start_mask, closing_mask
@@ -77,10 +80,13 @@ def turn_vocab(chat_format: Any) -> TurnVocab:
                         im_end=ends[0], eos=ends[-1])
     types = np.asarray(tokenizer.types)
     token_bytes, special = marker_bytes(chat_format)
+    escape = getattr(chat_format, "escape_id", None)
+    if escape is not None and getattr(chat_format, "call_translator", None):
+        token_bytes[escape] = b"<escape>"  # FunctionGemma's string marker, read as text
     free = (types == NORMAL_TYPE) | (types == BYTE_TYPE) | (types == USER_DEFINED)
-    for text in (chat_format.call_open, chat_format.call_close):
+    for text in (chat_format.call_open, chat_format.call_close, "<escape>"):
         marker = getattr(tokenizer, "markers", {}).get(text)
-        if marker is not None:
+        if marker is not None and (text != "<escape>" or chat_format.call_translator):
             free[marker] = True  # a call marker that is one added token
     free[list(ends)] = True
     from .drafts import match_keys
@@ -89,7 +95,8 @@ def turn_vocab(chat_format: Any) -> TurnVocab:
                      think_close_ids=(), match_keys=match_keys(token_bytes),
                      text_markers=(chat_format.call_open, chat_format.call_close),
                      call_start=call_start_mask(token_bytes, chat_format.call_open),
-                     call_body=chat_format.call_body, closing=closing_mask(token_bytes))
+                     call_body=chat_format.call_body, closing=closing_mask(token_bytes),
+                     call_translator=getattr(chat_format, "call_translator", None))
 
 
 def calls_lark(parts: list[tuple[str, dict]], chat_format: Any, require: bool,
@@ -102,8 +109,13 @@ def calls_lark(parts: list[tuple[str, dict]], chat_format: Any, require: bool,
                 if line.startswith(("call", "args")) and not line.startswith("calls")]
     choice = "call: " + " | ".join(f"call{i}" for i in range(len(parts)))
     if chat_format.call_body == "object":
-        between = json.dumps(f"{chat_format.call_close}\n{chat_format.call_open}")
-        head = "calls_list: call" + (f" ({between} call)*" if parallel else "")
+        prefix = getattr(chat_format, "call_prefix", "")
+        suffix = getattr(chat_format, "call_suffix", "")
+        separator = getattr(chat_format, "call_separator", "\n")
+        quoted = [json.dumps(t) if t else "" for t in (prefix, suffix)]
+        block = " ".join(p for p in (quoted[0], "call", quoted[1]) if p)
+        between = json.dumps(f"{chat_format.call_close}{separator}{chat_format.call_open}")
+        head = f"calls_list: {block}" + (f" ({between} {block})*" if parallel else "")
     else:
         some = 'call ("," call)*' if parallel else "call"
         head = f'calls_list: "[" {some} "]"' + ("" if require else ' | "[]"')
@@ -143,8 +155,12 @@ class AnswerGrammar:
                 raise ToolSchemaError("a call is required, but no tools are declared")
             alternatives.append(f"{json.dumps(chat_format.call_open)} calls_list "
                                 f"{json.dumps(chat_format.call_close)} {ends}")
-            body = calls_lark(parts, chat_format, require_call, parallel_calls)
-            if getattr(chat_format, "json_style", "compact") == "spaced":
+            if getattr(chat_format, "syntax", None) == "functiongemma":
+                body = functiongemma_calls_lark(parts, chat_format.escape_id, parallel_calls)
+            else:
+                body = calls_lark(parts, chat_format, require_call, parallel_calls)
+            if getattr(chat_format, "json_style", "compact") == "spaced" and \
+                    getattr(chat_format, "syntax", None) != "functiongemma":
                 body = spaced(body)
             rules.append(body)
         if schema is not None:

@@ -15,6 +15,7 @@ before the first, `,` between, `]` at the end), so `call_text` is a list either 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -88,7 +89,11 @@ class TextMarkerParser(SegmentParser):
     call_open: str = "<tool_call>"
     call_close: str = "</tool_call>"
     body: str = "list"
+    # a factory of streaming translators of one call's text to its JSON object (FunctionGemma's
+    # `call:NAME{...}`, `formats/call_syntax.py`), None when the call text is JSON already
+    translator: Any = None
     _held: str = ""
+    _translating: Any = None
 
     def _searching(self) -> bool:
         return self.mode in (ANSWER, CALL) or (self.mode == AFTER_CALL and self.body ==
@@ -120,11 +125,23 @@ class TextMarkerParser(SegmentParser):
                 self.call = self.call if again else []
                 self.call_closed = False
                 if self.body == "object":
-                    events += self._emit("," if again else "[")
+                    events += super()._emit("," if again else "[")
             else:
+                events += self._close_translation()
                 self.call_closed = True
                 events += self._switch(AFTER_CALL)
         return events
+
+    def _emit(self, piece: str) -> list[DeltaEvent]:
+        if self.mode == CALL and self.translator is not None and piece:
+            if self._translating is None:
+                self._translating = self.translator()
+            piece = self._translating.feed(piece)
+        return super()._emit(piece)
+
+    def _close_translation(self) -> list[DeltaEvent]:
+        done, self._translating = self._translating, None
+        return super()._emit(done.finish()) if done is not None else []
 
     def _flush_held(self) -> list[DeltaEvent]:
         held, self._held = self._held, ""
@@ -132,6 +149,10 @@ class TextMarkerParser(SegmentParser):
 
     def finish(self) -> list[DeltaEvent]:
         events = self._flush_held() + super().finish()
+        if self._translating is not None:  # a call cut off: what it had, as it stands
+            self.mode, mode = CALL, self.mode
+            events += self._close_translation()
+            self.mode = mode
         if self.body == "object" and self.call is not None:
             self.call.append("]")
             events.append(ToolCallDelta("]"))
