@@ -320,3 +320,17 @@ class TemplateFormat:
                   system: str = "") -> list[int]:
         head = [{"role": "system", "content": system}] if system else []
         return self.conversation_ids([*head, {"role": "user", "content": query}], tools)
+
+
+def with_call_options(chat_format: Any, tool_format: str | None,
+                      template_kwargs: Mapping[str, Any] | None) -> Any:
+    """`chat_format` with a `tool_format` / `template_kwargs` (`Needle(tool_format=,
+    template_kwargs=)`, `--tool-format`, a request's `chat_template_kwargs`); Needle's wire
+    format has neither (ToolFormatError when one is asked of it)."""
+    if tool_format in (None, "auto") and not template_kwargs:
+        return chat_format
+    variant = getattr(chat_format, "variant", None)
+    if variant is None:
+        raise ToolFormatError(f"tool_format / template_kwargs apply to chat-template models; "
+                              f"this model speaks {getattr(chat_format, 'name', 'needle')!r}")
+    return variant(tool_format, template_kwargs)

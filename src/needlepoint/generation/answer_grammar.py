@@ -95,8 +95,19 @@ def turn_vocab(chat_format: Any) -> TurnVocab:
                      think_close_ids=(), match_keys=match_keys(token_bytes),
                      text_markers=(chat_format.call_open, chat_format.call_close),
                      call_start=call_start_mask(token_bytes, chat_format.call_open),
-                     call_body=chat_format.call_body, closing=closing_mask(token_bytes),
+                     call_body=chat_format.call_body, closing=_closing(chat_format, token_bytes),
                      call_translator=getattr(chat_format, "call_translator", None))
+
+
+def _closing(chat_format: Any, token_bytes: list[bytes]) -> np.ndarray:
+    """`closing_mask` for this format: its closing marker's characters in the last tier, and
+    FunctionGemma's `<escape>` (which ends a string) in the first."""
+    marker = getattr(chat_format, "call_suffix", "") + chat_format.call_close
+    closing = closing_mask(token_bytes, marker)
+    escape = getattr(chat_format, "escape_id", None)
+    if escape is not None and getattr(chat_format, "call_translator", None):
+        closing[0, escape] = True
+    return closing
 
 
 def calls_lark(parts: list[tuple[str, dict]], chat_format: Any, require: bool,
@@ -146,6 +157,9 @@ class AnswerGrammar:
         # EOS is never a grammar token: the engine allows it once the answer is complete
         ends = " ".join(f"<[{i}]>" for i in dict.fromkeys(vocab.end_ids) if i != vocab.eos_id)
         alternatives, rules = [], []
+        functiongemma = getattr(chat_format, "syntax", None) == "functiongemma"
+        if call and functiongemma and not tools and not require_call:
+            call = False  # no tool to call: FunctionGemma's names have no empty alternative
         if call:
             parts = [tool_parts(tool, i, strict_formats) for i, tool in enumerate(tools)]
             names = [name for name, _ in parts]
@@ -155,12 +169,11 @@ class AnswerGrammar:
                 raise ToolSchemaError("a call is required, but no tools are declared")
             alternatives.append(f"{json.dumps(chat_format.call_open)} calls_list "
                                 f"{json.dumps(chat_format.call_close)} {ends}")
-            if getattr(chat_format, "syntax", None) == "functiongemma":
+            if functiongemma:
                 body = functiongemma_calls_lark(parts, chat_format.escape_id, parallel_calls)
             else:
                 body = calls_lark(parts, chat_format, require_call, parallel_calls)
-            if getattr(chat_format, "json_style", "compact") == "spaced" and \
-                    getattr(chat_format, "syntax", None) != "functiongemma":
+            if getattr(chat_format, "json_style", "compact") == "spaced" and not functiongemma:
                 body = spaced(body)
             rules.append(body)
         if schema is not None:

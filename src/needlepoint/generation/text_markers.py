@@ -49,11 +49,13 @@ CLOSE_RESERVE = 64  # tokens kept to close a call the token budget would otherwi
 CLOSING_TIERS = (b'"}]', b'"}],', b'"}],</> ')
 
 
-def closing_mask(token_bytes: list[bytes]) -> np.ndarray:
+def closing_mask(token_bytes: list[bytes], marker: str = "") -> np.ndarray:
     """bool[tiers, vocab]: per tier of `CLOSING_TIERS`, the tokens made only of its
-    characters."""
+    characters; the last tier also takes the characters of `marker` (what closes a call in
+    a template's layout, e.g. Qwen's `\n</tool_call>` or `<end_function_call>`)."""
+    tiers = [*CLOSING_TIERS[:-1], CLOSING_TIERS[-1] + marker.encode("utf-8")]
     return np.array([[bool(b) and all(c in chars for c in b) for b in token_bytes]
-                     for chars in CLOSING_TIERS], bool)
+                     for chars in tiers], bool)
 
 
 def close_when_short(allowed: np.ndarray, closing: np.ndarray, remaining: int,
