@@ -173,6 +173,8 @@ class TemplateFormat:
         self.call_prefix, self.call_suffix = layout.prefix, layout.suffix
         self.call_separator = "" if self.syntax == "functiongemma" else layout.separator
         self.escape_id = markers.get(FG_ESCAPE)
+        self.think_ids = self._think_ids(markers)
+        self.thinking = self.think_ids is not None
         self.marker_tokens = self.call_open in markers and self.call_close in markers
         ends = [markers[m] for m in END_MARKERS if m in markers]
         eos = tokenizer.eos_id
@@ -191,6 +193,18 @@ class TemplateFormat:
         if self.syntax == "qwen" and detected == "functiongemma":
             raise ToolFormatError("tool_format 'qwen': the chat template writes FunctionGemma "
                                   "calls")
+
+    def _think_ids(self, markers: Mapping[str, int]) -> tuple[int, int] | None:
+        """(`<think>`, `</think>`) ids when the model may reason before answering: its template
+        knows think blocks and its generation prompt does not close one already (Qwen3 with
+        `enable_thinking` false appends an empty `<think>\n\n</think>\n\n`)."""
+        if "<think>" not in self.template or "<think>" not in markers or \
+                "</think>" not in markers:
+            return None
+        prompt = self._render([{"role": "user", "content": "hi"}])
+        if prompt.rstrip().endswith("</think>"):
+            return None
+        return markers["<think>"], markers["</think>"]
 
     def variant(self, tool_format: str | None = None,
                 template_kwargs: Mapping[str, Any] | None = None) -> TemplateFormat:

@@ -42,6 +42,11 @@ USER_DEFINED, CONTROL, UNKNOWN = 3, 2, 1
 # tool requests, where the marker gets 1-4%; 0.1-1.3% on chit-chat): docs/benchmarks_bfcl.md
 AUTO_CALL_THRESHOLD = 0.01
 TEXT_RULE = r"TEXT: /[^<\s](?s:.)*/ & ~/(?s:.*)<tool_call>(?s:.*)/"
+# A thinking template's reasoning block before the answer (Qwen3 with enable_thinking): any text
+# up to the first `</think>`, then optional whitespace.
+THINK_RULES = ('think_part: think_block THINK_SPACE?\n'
+               'think_block[stop="</think>"]: "<think>" /(?s:.*)/\n'
+               'THINK_SPACE: /\\s+/\n')
 
 
 def marker_bytes(chat_format: Any) -> tuple[list[bytes], set[int]]:
@@ -76,8 +81,9 @@ def turn_vocab(chat_format: Any) -> TurnVocab:
     """The turn loop's view of a template model: markers as text, the format's end ids."""
     tokenizer = chat_format.tokenizer
     ends = chat_format.end_ids
-    markers = MarkerIds(think_open=-1, think_close=-1, tool_call_open=-1, tool_call_close=-1,
-                        im_end=ends[0], eos=ends[-1])
+    thinks = getattr(chat_format, "think_ids", None) or (-1, -1)
+    markers = MarkerIds(think_open=thinks[0], think_close=thinks[1], tool_call_open=-1,
+                        tool_call_close=-1, im_end=ends[0], eos=ends[-1])
     types = np.asarray(tokenizer.types)
     token_bytes, special = marker_bytes(chat_format)
     escape = getattr(chat_format, "escape_id", None)
@@ -89,6 +95,7 @@ def turn_vocab(chat_format: Any) -> TurnVocab:
         if marker is not None and (text != "<escape>" or chat_format.call_translator):
             free[marker] = True  # a call marker that is one added token
     free[list(ends)] = True
+    free[[t for t in thinks if t >= 0]] = True
     from .drafts import match_keys
 
     return TurnVocab(token_bytes=token_bytes, markers=markers, free_mask=free, call_prefix=(),
@@ -186,7 +193,11 @@ class AnswerGrammar:
             alternatives.append(f"TEXT {ends}")
         if not alternatives:
             raise ToolSchemaError("an answer must allow a call or text")
-        self.lark = "start: " + "\n    | ".join(alternatives) + "\n" + "\n".join(rules) + "\n"
+        head = "start: " + "\n    | ".join(alternatives)
+        if getattr(chat_format, "thinking", False):  # Qwen3: `<think>...</think>` may come first
+            head = ("start: think_part? answer\n" + THINK_RULES + "answer: "
+                    + "\n    | ".join(alternatives))
+        self.lark = head + "\n" + "\n".join(rules) + "\n"
         grammar = llguidance.LLMatcher.grammar_from_lark(self.lark)
         prototype = llguidance.LLMatcher(vocab._llg, grammar, log_level=0)
         if prototype.is_error():

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from .events import DeltaEvent, ToolCallDelta
-from .segments import AFTER_CALL, ANSWER, CALL, SegmentParser
+from .segments import AFTER_CALL, ANSWER, CALL, THINK, SegmentParser
 
 
 def call_start_mask(token_bytes: list[bytes], marker: str) -> np.ndarray:
@@ -105,12 +105,18 @@ class TextMarkerParser(SegmentParser):
         self._first = False
         if token in self.markers.stops:
             return self._flush_held() + self._switch(AFTER_CALL)
+        if token == self.markers.think_open and self.mode == ANSWER and self.call is None:
+            return self._flush_held() + self._switch(THINK)  # a thinking template's reasoning
+        if token == self.markers.think_close and self.mode == THINK:
+            return self._switch(ANSWER)
         return self._scan(self._utf8.decode(self.token_bytes[token]))
 
     def _scan(self, text: str) -> list[DeltaEvent]:
         events: list[DeltaEvent] = []
         buffer = self._held + text
         self._held = ""
+        if self.mode == THINK:
+            return self._emit(buffer)
         while self._searching():
             marker = self.call_close if self.mode == CALL else self.call_open
             index = buffer.find(marker)
