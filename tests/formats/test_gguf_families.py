@@ -116,3 +116,18 @@ def test_gemma3_layer_pattern_and_rope_metadata(tmp_path) -> None:
         open_gguf(write_family_gguf("gemma3-tiny", tmp_path / "y.gguf", extra=yarn))
     with pytest.raises(UnsupportedArchitectureError, match="RoPE scaling"):
         open_gguf(write_family_gguf("qwen2-tiny", tmp_path / "q.gguf", extra=yarn))
+
+
+@pytest.mark.parametrize("name", list(FAMILY_FIXTURES))
+def test_the_gguf_chat_template_gives_the_same_syntax_and_prompt(files, name) -> None:
+    """The call syntax comes from the GGUF's `tokenizer.chat_template` as from
+    `tokenizer_config.json`: same syntax, the tool request is prompt 2 (one BOS for Gemma)."""
+    from needlepoint.formats.chat_format import TemplateFormat
+
+    ref = hf_reference(name)
+    example = json.loads((ref.folder / "chat_example.json").read_text())
+    fmt = TemplateFormat(files[name].tokenizer, template_kwargs=example["template_kwargs"])
+    assert fmt.syntax == ("functiongemma" if name == "gemma3-tiny" else "qwen")
+    tools = [t.get("function", t) for t in example["tools"]]
+    ids = fmt.conversation_ids(example["messages"][:1], tools)
+    assert ids == ref["p2_ids"].tolist()
