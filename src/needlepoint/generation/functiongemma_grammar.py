@@ -38,7 +38,7 @@ class _Rules:
         self.esc = f"<[{escape_id}]>"
         self.lines: list[str] = [
             f"fg_str: {self.esc} FG_TEXT? {self.esc}",
-            r"FG_TEXT: /(?s:.)+/",
+            r"FG_TEXT: /(?s:.)+/ & ~/(?s:.*)<escape>(?s:.*)/",  # never the marker as text
             f"FG_INT: {INT}",
             f"FG_NUM: {NUM}",
             f"FG_KEY: {KEY}",
