@@ -111,12 +111,33 @@ def _tokenizer(writer, folder: Path, arch: str) -> None:
         writer.add_chat_template(config["chat_template"])
 
 
+def q4_k_m_type(tensor_name: str, cols: int) -> str:
+    """A Q4_K_M-style choice per 2-D weight: K-quants need rows of 256, so `ffn_down` (the
+    only such rows in these fixtures) is Q4_K in even layers and Q6_K in odd ones (llama.cpp's
+    Q4_K_M also gives some `ffn_down` more bits); every other matrix Q8_0."""
+    if cols % 256 or "mlp.down_proj" not in tensor_name:
+        return "Q8_0"
+    layer = int(tensor_name.split(".")[2])
+    return "Q4_K" if layer % 2 == 0 else "Q6_K"
+
+
+def _quantised(value: np.ndarray, kind: str) -> np.ndarray:
+    from gguf import GGMLQuantizationType, quants
+
+    from needlepoint.formats.gguf_kquants import quantize_q4_k, quantize_q6_k
+
+    if kind in ("Q4_K", "Q6_K"):
+        encode = quantize_q4_k if kind == "Q4_K" else quantize_q6_k
+        return encode(value.reshape(-1)).reshape(value.shape[0], -1)
+    return quants.quantize(value, GGMLQuantizationType[kind])
+
+
 def write_family_gguf(name: str, out: Path, qtype: str = "F32", *, extra=None) -> Path:
     """The fixture `name` (qwen2-tiny, qwen3-tiny, gemma3-tiny) as llama.cpp's converter writes
     it (module doc); 2-D weights in `qtype` (F32, F16, Q8_0, Q4_0, ... as `gguf.quants`
-    quantises them), 1-D tensors F32. `extra(writer)` adds metadata (error tests)."""
+    quantises them; "Q4_K_M": `q4_k_m_type`), 1-D tensors F32. `extra(writer)` adds metadata
+    (error tests)."""
     import gguf
-    from gguf import quants
     from safetensors.numpy import load_file
 
     folder = hf_fixture_dir(name)
@@ -127,14 +148,15 @@ def write_family_gguf(name: str, out: Path, qtype: str = "F32", *, extra=None) -
     _tokenizer(writer, folder, arch)
     if extra is not None:
         extra(writer)
-    quant = gguf.GGMLQuantizationType[qtype]
     for tensor_name, value in load_file(str(folder / "model.safetensors")).items():
         value = np.asarray(value, np.float32)
         if arch == "gemma3" and tensor_name.endswith("norm.weight"):
             value = value + np.float32(1.0)
         target = gguf_tensor_name(arch, tensor_name)
         if value.ndim == 2 and qtype != "F32":
-            writer.add_tensor(target, quants.quantize(value, quant), raw_dtype=quant)
+            kind = q4_k_m_type(tensor_name, value.shape[1]) if qtype == "Q4_K_M" else qtype
+            writer.add_tensor(target, _quantised(value, kind),
+                              raw_dtype=gguf.GGMLQuantizationType[kind])
         else:
             writer.add_tensor(target, value)
     writer.write_header_to_file()

@@ -131,3 +131,32 @@ def test_the_gguf_chat_template_gives_the_same_syntax_and_prompt(files, name) ->
     tools = [t.get("function", t) for t in example["tools"]]
     ids = fmt.conversation_ids(example["messages"][:1], tools)
     assert ids == ref["p2_ids"].tolist()
+
+
+def test_a_q4_k_m_style_file_keeps_its_k_quants(tmp_path) -> None:
+    """A Q4_K_M-style gemma3-tiny: `ffn_down` Q4_K / Q6_K by layer, the rest Q8_0. Every
+    tensor decodes to what gguf's own decoder reads from the file; Q4_K is handed to the int8
+    numerics as stored 4-bit blocks, Q6_K is not (quantised at load)."""
+    import gguf
+    from gguf.quants import dequantize as gguf_dequantize
+
+    path = write_family_gguf("gemma3-tiny", tmp_path / "q4km.gguf", "Q4_K_M")
+    gguf_file = open_gguf(path)
+    raw = {t.name: t for t in gguf_file.reader.tensors}
+    seen = set()
+    for name in gguf_file.names():
+        kind = gguf_file.dtype(name)
+        seen.add(kind)
+        if kind == "F32":
+            continue
+        stored = raw[gguf_file.source_name(name)]
+        expected = gguf_dequantize(np.asarray(stored.data).reshape(-1).view(np.uint8),
+                                   gguf.GGMLQuantizationType[kind]).reshape(
+            gguf_file.shape(name))
+        np.testing.assert_array_equal(gguf_file.tensor(name), expected, name)
+        blocks = gguf_file.blocks(name)
+        assert (blocks is None) == (kind == "Q6_K"), name
+        if kind == "Q4_K":
+            codes, scale, offset = blocks
+            assert codes.min() >= 0 and codes.max() <= 15 and offset is not None
+    assert seen == {"F32", "Q8_0", "Q4_K", "Q6_K"}

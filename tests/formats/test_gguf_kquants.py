@@ -107,3 +107,25 @@ def test_truncated_k_quant_payload_names_the_tensor() -> None:
     raw = random_super_blocks("Q4_K", 2, 0)[:-5]
     with pytest.raises(UnsupportedTensorTypeError, match="'blk.3.attn_v.weight' \\(Q4_K\\)"):
         dequantize(raw, "Q4_K", (512,), "blk.3.attn_v.weight")
+
+
+@pytest.mark.parametrize(("name", "width", "levels"), [("Q4_K", 32, 15), ("Q6_K", 16, 62)])
+def test_encoders_write_blocks_gguf_decodes_to_the_weights(name, width, levels) -> None:
+    """`quantize_q4_k` / `quantize_q6_k` (for test and benchmark GGUFs) write ggml's layout:
+    gguf's own decoder reads every value back within about one step of its sub-block."""
+    from needlepoint.formats.gguf_kquants import quantize_q4_k, quantize_q6_k
+
+    weights = (np.random.default_rng(4).standard_normal(16 * 256) * 0.05).astype(np.float32)
+    weights[:256] = 0.0  # an all-zero super-block stays zero
+    encode = quantize_q4_k if name == "Q4_K" else quantize_q6_k
+    raw = encode(weights)
+    assert raw.shape == (16, SIZES[name])
+    back = gguf_dequantize(raw.reshape(-1), gguf.GGMLQuantizationType[name]).reshape(-1)
+    np.testing.assert_array_equal(dequantize(raw.reshape(-1), name, (16 * 256,), "t"), back)
+    assert not back[:256].any()
+    blocks = weights.reshape(-1, width)
+    spread = blocks.max(axis=1) - np.minimum(blocks.min(axis=1), 0) if name == "Q4_K" else \
+        2 * np.abs(blocks).max(axis=1)
+    step = spread / levels
+    error = np.abs(back.reshape(-1, width) - blocks).max(axis=1)
+    assert np.all(error <= step * 1.1 + 1e-6)

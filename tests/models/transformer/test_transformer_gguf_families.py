@@ -56,3 +56,23 @@ def test_gguf_int8_logits_equal_the_safetensors_int8_logits(gguf_paths, name) ->
     for i in (1, 2):
         ids = ref[f"p{i}_ids"]
         np.testing.assert_array_equal(from_gguf.forward(ids), from_safetensors.forward(ids))
+
+
+@pytest.mark.parametrize("name", ["qwen3-tiny", "gemma3-tiny"])
+def test_q4_k_m_style_gguf_runs_its_k_quants_as_stored_in_int8(tmp_path, name) -> None:
+    """`ffn_down` Q4_K (even layers) / Q6_K (odd), the rest Q8_0: in int8 numerics the Q4_K
+    and Q8_0 weights enter as stored (4-bit and 8-bit parts), Q6_K is quantised at load; the
+    prefill is the forward's bits at any chunk, and the argmax agrees with the float path on
+    the same file (the same dequantised weights) at most positions."""
+    from gguf_family_helpers import write_family_gguf as write
+
+    path = write(name, tmp_path / f"{name}-q4km.gguf", "Q4_K_M")
+    int8 = needlepoint.load(path, numerics="int8")
+    flt = needlepoint.load(path, numerics="float")
+    layers = int8.weights.layers
+    assert layers[0].down.parts[0].bits == 4 and layers[0].down.parts[0].offset is not None
+    assert layers[1].down.parts[0].offset is None  # Q6_K: symmetric int8 from the float values
+    ids = hf_reference(name)["p3_ids"][:120]
+    logits = int8.forward(ids)
+    np.testing.assert_array_equal(int8.session(chunk=7).prefill(ids.tolist()), logits[-1])
+    assert np.mean(logits.argmax(-1) == flt.forward(ids).argmax(-1)) >= 0.8
