@@ -71,13 +71,14 @@ class JsonBlocks:
 
 
 def detect(template: str, renders_tools: bool, blocks: JsonBlocks | None) -> str | None:
-    """The call syntax of a chat template: `functiongemma` when it writes FunctionGemma's call
-    marker, `qwen` when it renders calls as `<tool_call>` JSON blocks, `hermes` when it renders
-    no tools at all (needlepoint's prompt), None when it renders tools some other way."""
-    if FG_OPEN in template:
-        return "functiongemma"
+    """The call syntax of a chat template: `hermes` when it renders no tools at all
+    (needlepoint's prompt), `functiongemma` when it writes FunctionGemma's call marker, `qwen`
+    when it renders calls as `<tool_call>` JSON blocks, None when it renders tools some other
+    way."""
     if not renders_tools:
         return "hermes"
+    if FG_OPEN in template:
+        return "functiongemma"
     if blocks is not None:
         return "qwen"
     return None
