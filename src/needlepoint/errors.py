@@ -55,6 +55,11 @@ class NonFiniteActivationError(NeedlepointError, ArithmeticError):
     (`needlepoint inspect --verify MODEL.cact` finds the tensor)."""
 
 
+class ToolFormatError(NeedlepointError, ValueError):
+    """A chat template's tool-call syntax is not one needlepoint knows, or `tool_format`
+    names an unknown or unusable one (issue 28 item 4)."""
+
+
 class InvalidOptionError(NeedlepointError, ValueError):
     """A generation option (temperature, top_p, seed, stop, ...) has a wrong type or value;
     the message names the option and what it allows."""

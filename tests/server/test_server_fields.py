@@ -157,3 +157,13 @@ def test_non_string_content_names_the_field(client: openai.OpenAI) -> None:
         create(client, messages=[{"role": "user", "content": 42}])
     assert err.value.body["param"] == "messages.0.content"
     assert "42" in err.value.body["message"]
+
+
+def test_chat_template_kwargs_on_a_model_without_a_chat_template_is_a_400(client) -> None:
+    """`chat_template_kwargs` is honoured for chat-template models (tests/api/
+    test_api_families.py); the toy Needle model speaks its own wire format, so it is refused
+    with a message that says why, not ignored."""
+    with pytest.raises(openai.BadRequestError) as err:
+        create(client, extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    check_error(err.value, 400)
+    assert "chat-template models" in err.value.body["message"]

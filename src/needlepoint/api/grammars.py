@@ -36,17 +36,21 @@ class _TokenVocabCache:
     tokenizer."""
 
     def __init__(self) -> None:
-        self._vocabs: weakref.WeakKeyDictionary[Any, TokenVocab] = weakref.WeakKeyDictionary()
+        self._vocabs: weakref.WeakKeyDictionary[Any, dict[Any, TokenVocab]] = \
+            weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
 
     def get(self, tokenizer: Any, chat_format: Any = None) -> TokenVocab:
         """The vocab of `tokenizer` (Needle's markers), or of a template `chat_format`'s."""
+        # one per call-marker pair: a template's call syntax decides which markers are text
+        key = (getattr(chat_format, "call_open", None), getattr(chat_format, "call_close", None))
         with self._lock:
-            vocab = self._vocabs.get(tokenizer)
+            per_markers = self._vocabs.setdefault(tokenizer, {})
+            vocab = per_markers.get(key)
             if vocab is None:
                 vocab = TokenVocab.from_tokenizer(tokenizer) if not text_markers(chat_format) \
                     else answer_grammar.token_vocab(chat_format)
-                self._vocabs[tokenizer] = vocab
+                per_markers[key] = vocab
             return vocab
 
 

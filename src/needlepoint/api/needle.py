@@ -27,6 +27,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from ..errors import InvalidOptionError, InvalidQueryError, NeedlepointError
+from ..formats.chat_format import with_call_options
 from ..generation import prompt as wire
 from ..generation.events import DeltaEvent, Done
 from ..generation.grammar import MAX_TOOLS, ToolCallGrammar
@@ -103,10 +104,11 @@ class Needle:
         retrieve_threshold: int = DEFAULT_RETRIEVE_THRESHOLD,
         speculate: bool = True,
         threads: int | None = None,
+        tool_format: str | None = None, template_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
         self.model = load_model(model, cache, threads)
         self.tokenizer = self.model.tokenizer
-        self.format = chat_format_of(self.model)
+        self.format = with_call_options(chat_format_of(self.model), tool_format, template_kwargs)
         self.whole_answer = text_markers(self.format)  # a template model (answer_grammar.py)
         self.tools: list[ToolSpec] = tool_specs(tools)
         self.system = system

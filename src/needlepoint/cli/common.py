@@ -33,10 +33,20 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
                         help="do not constrain tool calls to the schemas")
     parser.add_argument("--no-speculate", action="store_true",
                         help="decode one forward pass per token (no drafts; same tokens)")
+    add_tool_format_argument(parser)
     from ..stages.options import add_stage_arguments
 
     add_stage_arguments(parser)  # --stages, --ray, --placement (docs/distributed.md)
     add_threads_argument(parser)
+
+
+def add_tool_format_argument(parser: argparse.ArgumentParser) -> None:
+    """--tool-format, shared by run, chat and serve (`Needle(tool_format=...)`, issue 28)."""
+    from ..formats.call_syntax import TOOL_FORMATS
+
+    parser.add_argument("--tool-format", choices=TOOL_FORMATS, default=None,
+                        help="a chat-template model's tool-call syntax (default auto: the one "
+                        "its chat template uses)")
 
 
 def add_threads_argument(parser: argparse.ArgumentParser) -> None:
@@ -99,6 +109,7 @@ def build_needle(args: argparse.Namespace) -> Any:
         auto_date=args.auto_date, grammar=not args.no_grammar,
         speculate=not getattr(args, "no_speculate", False),
         threads=getattr(args, "threads", None),
+        tool_format=getattr(args, "tool_format", None),
     )
 
 

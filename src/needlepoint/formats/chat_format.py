@@ -11,7 +11,12 @@ A model supplies its format (`model.chat_format`, `models/protocol.py`):
   Hermes-style tool prompt goes in the system turn: the tools as JSON inside
   `<tools></tools>`, calls as `<tool_call>[{"name": ..., "arguments": {...}}]</tool_call>`,
   results as `<tool_response>...</tool_response>` in a user turn. The call markers are
-  matched as text when they are not single tokens (as vLLM's tool parsers do).
+  matched as text when they are not single tokens (as vLLM's tool parsers do). The call
+  syntax (`hermes`, `qwen`, `functiongemma`) is the template's own (`call_syntax.py`, issue 28
+  item 4), or the one `tool_format` names; `template_kwargs` (Qwen3's `enable_thinking`) are
+  passed to the template. Tools go to the template as it reads them (OpenAI's
+  `{"type": "function", "function": {...}}`, or the bare function dict when that is what it
+  reads), past calls with their arguments as objects, tool results as the strings they are.
 
 Messages are OpenAI-shaped dicts: `{"role": "user" | "system", "content": str}`,
 `{"role": "assistant", "content": str, "tool_calls": [{"name", "arguments"}] | None}`,
@@ -24,8 +29,17 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..errors import TokenizerError
+from ..errors import TokenizerError, ToolFormatError
 from . import needle_wire as wire
+from .call_syntax import (
+    FG_CLOSE,
+    FG_ESCAPE,
+    FG_OPEN,
+    FunctionGemmaToJson,
+    JsonBlocks,
+    check_tool_format,
+    detect,
+)
 from .chat_template import render_chat_template
 
 Message = Mapping[str, Any]
@@ -133,16 +147,34 @@ class TemplateFormat:
     call_open, call_close = "<tool_call>", "</tool_call>"
     json_style = "spaced"  # calls as json.dumps writes them: `{"name": ..., "arguments": ...}`
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: Any, tool_format: str | None = None,
+                 template_kwargs: Mapping[str, Any] | None = None) -> None:
         if not getattr(tokenizer, "chat_template", None):
             raise TokenizerError(f"{tokenizer!r} has no chat template: it cannot chat")
         self.tokenizer = tokenizer
         self.template = tokenizer.chat_template
-        self.renders_tools = self._renders_tools()
+        self.template_kwargs = dict(template_kwargs or {})
+        self.tool_format = check_tool_format(tool_format)
+        self._variants: dict[Any, TemplateFormat] = {}
+        self.tools_shape = self._tools_shape()
+        self.renders_tools = self.tools_shape is not None
+        self.blocks = JsonBlocks.probe(lambda m: self._render(m, None, False)) \
+            if self.renders_tools else None
+        detected = detect(self.template, self.renders_tools, self.blocks)
+        self.syntax = detected if self.tool_format == "auto" else self.tool_format
+        markers = getattr(tokenizer, "markers", {})
+        self._check_syntax(detected, markers)
+        if self.syntax == "functiongemma":
+            self.call_open, self.call_close = FG_OPEN, FG_CLOSE
         # templates that render tools ask for one call object per marker pair (Hermes / Qwen
         # style); the Hermes-style prompt of this module asks for one list
-        self.call_body = "object" if self.renders_tools else "list"
-        markers = getattr(tokenizer, "markers", {})
+        self.call_body = "list" if self.syntax == "hermes" else "object"
+        layout = self.blocks or JsonBlocks()
+        self.call_prefix, self.call_suffix = layout.prefix, layout.suffix
+        self.call_separator = "" if self.syntax == "functiongemma" else layout.separator
+        self.escape_id = markers.get(FG_ESCAPE)
+        self.think_ids = self._think_ids(markers)
+        self.thinking = self.think_ids is not None
         self.marker_tokens = self.call_open in markers and self.call_close in markers
         ends = [markers[m] for m in END_MARKERS if m in markers]
         eos = tokenizer.eos_id
@@ -150,22 +182,87 @@ class TemplateFormat:
         if not self._end_ids:
             raise TokenizerError(f"{tokenizer!r}: no end-of-turn token (EOS or {END_MARKERS})")
 
+    def _check_syntax(self, detected: str | None, markers: Mapping[str, int]) -> None:
+        if self.syntax in ("qwen", "functiongemma") and not self.renders_tools:
+            raise ToolFormatError(f"tool_format {self.syntax!r}: the chat template renders no "
+                                  f"tools (use 'hermes', needlepoint's own tool prompt)")
+        if self.syntax == "functiongemma" and not all(m in markers for m in
+                                                      (FG_OPEN, FG_CLOSE, FG_ESCAPE)):
+            raise ToolFormatError("tool_format 'functiongemma': the tokenizer has no "
+                                  f"{FG_OPEN} / {FG_CLOSE} / {FG_ESCAPE} tokens")
+        if self.syntax == "qwen" and detected == "functiongemma":
+            raise ToolFormatError("tool_format 'qwen': the chat template writes FunctionGemma "
+                                  "calls")
+
+    def _think_ids(self, markers: Mapping[str, int]) -> tuple[int, int] | None:
+        """(`<think>`, `</think>`) ids when the model may reason before answering: its template
+        knows think blocks and its generation prompt does not close one already (Qwen3 with
+        `enable_thinking` false appends an empty `<think>\n\n</think>\n\n`)."""
+        if "<think>" not in self.template or "<think>" not in markers or \
+                "</think>" not in markers:
+            return None
+        prompt = self._render([{"role": "user", "content": "hi"}])
+        if prompt.rstrip().endswith("</think>"):
+            return None
+        return markers["<think>"], markers["</think>"]
+
+    def variant(self, tool_format: str | None = None,
+                template_kwargs: Mapping[str, Any] | None = None) -> TemplateFormat:
+        """This format with another `tool_format` / `template_kwargs` (memoised: a server makes
+        a `Needle` per request, and each format has its own turn vocabulary)."""
+        kwargs = {**self.template_kwargs, **(template_kwargs or {})}
+        fmt = check_tool_format(tool_format) if tool_format is not None else self.tool_format
+        if fmt == self.tool_format and kwargs == self.template_kwargs:
+            return self
+        key = (fmt, json.dumps(kwargs, sort_keys=True, default=str))
+        if key not in self._variants:
+            self._variants[key] = TemplateFormat(self.tokenizer, fmt, kwargs)
+        return self._variants[key]
+
+    @property
+    def call_translator(self) -> Any:
+        """A factory of streaming translators of one call body to JSON (FunctionGemma), or
+        None when the body is JSON already."""
+        return FunctionGemmaToJson if self.syntax == "functiongemma" else None
+
     @property
     def end_ids(self) -> tuple[int, ...]:
         return self._end_ids
 
-    def _render(self, messages: Sequence[Message], tools: Any = None) -> str:
+    def _render(self, messages: Sequence[Message], tools: Any = None,
+                generation_prompt: bool = True) -> str:
         return render_chat_template(self.template, messages, tools=tools,
-                                    add_generation_prompt=True,
-                                    special_tokens=getattr(self.tokenizer, "special_tokens", {}))
+                                    add_generation_prompt=generation_prompt,
+                                    special_tokens=getattr(self.tokenizer, "special_tokens", {}),
+                                    **self.template_kwargs)
 
-    def _renders_tools(self) -> bool:
-        probe = {"type": "function", "function": {"name": "zq_probe_tool", "parameters": {}}}
-        try:
-            text = self._render([{"role": "user", "content": "hi"}], [probe])
-        except TokenizerError:
-            return False
-        return "zq_probe_tool" in text
+    def _tools_shape(self) -> str | None:
+        """How the template reads a tool: "openai" (`{"type": "function", "function": {...}}`,
+        what OpenAI clients send and most templates print), "plain" (the function dict: a
+        template that wraps it itself, or reads `tool['name']`), None: it renders no tools."""
+        function = {"name": "zq_probe_tool", "description": "zq", "parameters": {}}
+        seen = {}
+        for shape, tool in (("plain", function),
+                            ("openai", {"type": "function", "function": function})):
+            try:
+                text = self._render([{"role": "user", "content": "hi"}], [tool])
+            except TokenizerError:
+                continue
+            if "zq_probe_tool" in text:
+                seen[shape] = text
+        if "plain" in seen and ('"function"' in seen["plain"] or "openai" not in seen):
+            return "plain"  # the template writes the wrapper itself, or only reads the dict
+        return "openai" if "openai" in seen else None
+
+    def _tools_arg(self, tools: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        if self.syntax is None:
+            raise ToolFormatError(
+                "the chat template renders tools in a call syntax needlepoint does not know "
+                "(known: <tool_call> JSON blocks, FunctionGemma's <start_function_call>); name "
+                "one with tool_format= / --tool-format (hermes, qwen, functiongemma)")
+        if self.tools_shape == "plain":
+            return [dict(t) for t in tools]
+        return [{"type": "function", "function": dict(t)} for t in tools]
 
     def tool_prompt(self, tools: Sequence[Mapping[str, Any]]) -> str:
         """The Hermes-style system text that shows `tools` (template without tools)."""
@@ -186,7 +283,8 @@ class TemplateFormat:
                  ) -> tuple[list[dict[str, Any]], Any]:
         """The messages and tools argument the template renders."""
         system, rest = split_turns(messages)
-        if tools and self.renders_tools:
+        if tools and self.syntax != "hermes":
+            tools_arg = self._tools_arg(tools)
             out = [{"role": "system", "content": system}] if system else []
             for m in rest:
                 if m.get("role") == "assistant" and m.get("tool_calls"):
@@ -195,11 +293,13 @@ class TemplateFormat:
                     out.append({"role": "assistant", "content": m.get("content") or "",
                                 "tool_calls": calls})
                 elif m.get("role") == "tool":
-                    out.append({"role": "tool", "name": m.get("name", ""),
-                                "content": json.dumps(m.get("content"), ensure_ascii=False)})
+                    content = m.get("content")  # a string as given (OpenAI), else its JSON
+                    out.append({"role": "tool", "name": m.get("name", ""), "content": content
+                                if isinstance(content, str) else
+                                json.dumps(content, ensure_ascii=False)})
                 else:
                     out.append(dict(m))
-            return out, [{"type": "function", "function": dict(t)} for t in tools]
+            return out, tools_arg
         if tools:
             system = f"{system}\n\n{self.tool_prompt(tools)}" if system else \
                 self.tool_prompt(tools)
@@ -234,3 +334,17 @@ class TemplateFormat:
                   system: str = "") -> list[int]:
         head = [{"role": "system", "content": system}] if system else []
         return self.conversation_ids([*head, {"role": "user", "content": query}], tools)
+
+
+def with_call_options(chat_format: Any, tool_format: str | None,
+                      template_kwargs: Mapping[str, Any] | None) -> Any:
+    """`chat_format` with a `tool_format` / `template_kwargs` (`Needle(tool_format=,
+    template_kwargs=)`, `--tool-format`, a request's `chat_template_kwargs`); Needle's wire
+    format has neither (ToolFormatError when one is asked of it)."""
+    if tool_format in (None, "auto") and not template_kwargs:
+        return chat_format
+    variant = getattr(chat_format, "variant", None)
+    if variant is None:
+        raise ToolFormatError(f"tool_format / template_kwargs apply to chat-template models; "
+                              f"this model speaks {getattr(chat_format, 'name', 'needle')!r}")
+    return variant(tool_format, template_kwargs)

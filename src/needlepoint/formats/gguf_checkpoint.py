@@ -1,18 +1,20 @@
 """A GGUF file (llama.cpp's format) as a checkpoint with Hugging Face names and config.
 
 Read by `gguf_reader.GGUFFile` (the metadata decoded once, the file one read-only memory map;
-the `gguf` package supplies the type tables and the K-quant decoders). The metadata is translated
-to the `config.json` fields the model layer reads (`config`), and the tensors are offered under
-their Hugging Face names, float32, in Hugging Face layout:
+the `gguf` package supplies the type tables). The metadata is translated to the `config.json`
+fields the model layer reads (`config`), and the tensors are offered under their Hugging Face
+names, float32, in Hugging Face layout; the per-architecture tables are `gguf_arch`:
 
 * every ggml type decodes through `gguf_quants.dequantize` (F32 stays a view of the file);
-* llama.cpp's converter permutes the rows of `attn_q` / `attn_k` into interleaved-pair RoPE
-  order (ggml's "normal" rope); they are permuted back to the half-split order, so one RoPE
-  rule serves both formats;
+* for Llama, llama.cpp's converter permutes the rows of `attn_q` / `attn_k` into
+  interleaved-pair RoPE order (ggml's "normal" rope); they are permuted back to the half-split
+  order, so one RoPE rule serves both formats (Qwen 2/3 and Gemma 3 are stored unpermuted);
+* Gemma 3's norm weights, stored as `1 + w`, are offered as `w`;
 * GPT-2's linear weights, stored `[out, in]` in GGUF, are transposed back to `Conv1D` `[in, out]`.
 
-Supported architectures: `llama` (Llama, SmolLM, TinyLlama, ...) and `gpt2`; any other
-`general.architecture`, RoPE scaling, or a `rope_freqs` tensor is an
+Supported architectures: `llama` (Llama, SmolLM, TinyLlama, ...), `gpt2`, `qwen2` (Qwen2 /
+Qwen2.5 and their fine-tunes), `qwen3`, `gemma3` (its text model); any other
+`general.architecture`, unsupported RoPE scaling, or a `rope_freqs` tensor is an
 `UnsupportedArchitectureError`.
 """
 
@@ -28,35 +30,11 @@ from typing import Any
 import numpy as np
 
 from ..errors import CheckpointError, MissingTensorError, UnsupportedArchitectureError
+from .gguf_arch import ARCHITECTURES, GPT2_CONV1D, REQUIRED, GGUFArch
 from .gguf_quants import dequantize, integer_blocks
 from .gguf_reader import GGUFFile
 from .hf_tokenizer import HFTokenizer
 
-_LLAMA_LAYER = {
-    "attn_norm": "model.layers.{i}.input_layernorm",
-    "attn_q": "model.layers.{i}.self_attn.q_proj",
-    "attn_k": "model.layers.{i}.self_attn.k_proj",
-    "attn_v": "model.layers.{i}.self_attn.v_proj",
-    "attn_output": "model.layers.{i}.self_attn.o_proj",
-    "ffn_norm": "model.layers.{i}.post_attention_layernorm",
-    "ffn_gate": "model.layers.{i}.mlp.gate_proj",
-    "ffn_up": "model.layers.{i}.mlp.up_proj",
-    "ffn_down": "model.layers.{i}.mlp.down_proj",
-}
-_LLAMA_GLOBAL = {"token_embd": "model.embed_tokens", "output_norm": "model.norm",
-                 "output": "lm_head"}
-_GPT2_LAYER = {
-    "attn_norm": "transformer.h.{i}.ln_1",
-    "attn_qkv": "transformer.h.{i}.attn.c_attn",
-    "attn_output": "transformer.h.{i}.attn.c_proj",
-    "ffn_norm": "transformer.h.{i}.ln_2",
-    "ffn_up": "transformer.h.{i}.mlp.c_fc",
-    "ffn_down": "transformer.h.{i}.mlp.c_proj",
-}
-_GPT2_GLOBAL = {"token_embd": "transformer.wte", "position_embd": "transformer.wpe",
-                "output_norm": "transformer.ln_f", "output": "lm_head"}
-_TABLES = {"llama": (_LLAMA_GLOBAL, _LLAMA_LAYER), "gpt2": (_GPT2_GLOBAL, _GPT2_LAYER)}
-_GPT2_CONV1D = ("attn_qkv", "attn_output", "ffn_up", "ffn_down")
 _NAME = re.compile(r"(?:blk\.(\d+)\.)?([a-z_]+)\.(weight|bias)")
 
 
@@ -97,10 +75,11 @@ class GGUFCheckpoint:
         self.reader = reader
         self.metadata = reader.values
         self.architecture = self.value("general.architecture")
-        if self.architecture not in _TABLES:
+        if self.architecture not in ARCHITECTURES:
             raise UnsupportedArchitectureError(
                 f"{path.name}: GGUF architecture {self.architecture!r} is not supported "
-                f"(supported: {', '.join(_TABLES)})")
+                f"(supported: {', '.join(ARCHITECTURES)})")
+        self.arch: GGUFArch = ARCHITECTURES[self.architecture]
         self._tensors: dict[str, tuple[Any, str | None]] = {}
         for tensor in reader.tensors:
             mapped = self._hf_name(tensor.name)
@@ -116,54 +95,27 @@ class GGUFCheckpoint:
     def _arch(self, key: str, default: Any = None) -> Any:
         return self.value(f"{self.architecture}.{key}", default)
 
-    def _required(self, key: str) -> Any:
+    def _meta(self, key: str, default: Any = None) -> Any:
         value = self._arch(key)
-        if value is None:
+        if value is None and default is REQUIRED:
             raise CheckpointError(f"{self.path.name}: missing GGUF metadata "
                                   f"{self.architecture}.{key}")
-        return value
+        return default if value is None else value
 
     def _config(self) -> dict[str, Any]:
-        arch = self.architecture
-        embed = "model.embed_tokens.weight" if arch == "llama" else "transformer.wte.weight"
+        embed = self.arch.embed
         if embed not in self._tensors:
             raise MissingTensorError(f"{self.path.name}: missing tensor 'token_embd.weight'")
-        vocab = self.shape(embed)[0]
-        tied = "lm_head.weight" not in self._tensors
-        d = int(self._required("embedding_length"))
-        heads = int(self._required("attention.head_count"))
+        if any(t.name.startswith("rope_freqs") for t in self.reader.tensors):
+            raise UnsupportedArchitectureError(
+                f"{self.path.name}: RoPE scaling (rope_freqs tensor) is not supported "
+                f"(only plain RoPE)")
         common = {"bos_token_id": self.value("tokenizer.ggml.bos_token_id"),
                   "eos_token_id": self.value("tokenizer.ggml.eos_token_id"),
-                  "tie_word_embeddings": tied, "vocab_size": vocab}
-        if arch == "gpt2":
-            return {"model_type": "gpt2", "n_embd": d, "n_head": heads,
-                    "n_layer": int(self._required("block_count")),
-                    "n_inner": int(self._required("feed_forward_length")),
-                    "n_positions": int(self._required("context_length")),
-                    "layer_norm_epsilon": float(self._arch("attention.layer_norm_epsilon", 1e-5)),
-                    "activation_function": "gelu_new", **common}
-        scaling = self._arch("rope.scaling.type")
-        if scaling not in (None, "none") or any(n.startswith("rope_freqs") for n in
-                                                 (t.name for t in self.reader.tensors)):
-            raise UnsupportedArchitectureError(
-                f"{self.path.name}: RoPE scaling ({scaling or 'rope_freqs tensor'}) is not "
-                f"supported (only plain RoPE)")
-        head_dim = int(self._arch("attention.key_length", d // heads))
-        rotary = int(self._arch("rope.dimension_count", head_dim))
-        if rotary != head_dim:
-            raise UnsupportedArchitectureError(
-                f"{self.path.name}: partial RoPE ({rotary} of {head_dim} dims) is not supported")
-        return {
-            "model_type": "llama", "hidden_size": d, "num_attention_heads": heads,
-            "num_key_value_heads": int(self._arch("attention.head_count_kv", heads)),
-            "head_dim": head_dim, "num_hidden_layers": int(self._required("block_count")),
-            "intermediate_size": int(self._required("feed_forward_length")),
-            "max_position_embeddings": int(self._required("context_length")),
-            "rms_norm_eps": float(self._arch("attention.layer_norm_rms_epsilon", 1e-5)),
-            "rope_theta": float(self._arch("rope.freq_base", 10000.0)), "hidden_act": "silu",
-            "attention_bias": "model.layers.0.self_attn.q_proj.bias" in self._tensors,
-            "mlp_bias": "model.layers.0.mlp.gate_proj.bias" in self._tensors, **common,
-        }
+                  "tie_word_embeddings": "lm_head.weight" not in self._tensors,
+                  "vocab_size": self.shape(embed)[0], "_path": self.path.name,
+                  "_has": self._tensors.__contains__}
+        return self.arch.config(self._meta, common)
 
     # ------------------------------------------------------------------ tensors
     def _hf_name(self, name: str) -> tuple[str, str | None] | None:
@@ -172,20 +124,22 @@ class GGUFCheckpoint:
         if match is None:
             return None
         layer, base, suffix = match.groups()
-        globals_, per_layer = _TABLES[self.architecture]
-        target = per_layer.get(base) if layer is not None else globals_.get(base)
+        arch = self.arch
+        target = arch.layer.get(base) if layer is not None else arch.globals_.get(base)
         if target is None:
             return None
         transform = None
-        if self.architecture == "llama" and base in ("attn_q", "attn_k"):
+        if arch.permuted_qk and base in ("attn_q", "attn_k"):
             transform = base
-        elif self.architecture == "gpt2" and base in _GPT2_CONV1D and suffix == "weight":
+        elif arch.name == "gpt2" and base in GPT2_CONV1D and suffix == "weight":
             transform = "transpose"
+        elif arch.norm_shift and arch.is_norm(base) and suffix == "weight":
+            transform = "norm_shift"
         return f"{target.format(i=layer)}.{suffix}", transform
 
     def source_name(self, name: str) -> str | None:
         """The GGUF tensor name that holds (or would hold) the Hugging Face tensor `name`."""
-        globals_, per_layer = _TABLES[self.architecture]
+        globals_, per_layer = self.arch.globals_, self.arch.layer
         stem, _, suffix = name.rpartition(".")
         for base, target in globals_.items():
             if target == stem:
@@ -225,6 +179,8 @@ class GGUFCheckpoint:
         values = dequantize(tensor.data, tensor.tensor_type.name, stored, tensor.name)
         if transform == "transpose":
             return values.T
+        if transform == "norm_shift":  # Gemma 3: llama.cpp stores 1 + w (gguf_arch doc)
+            return values - np.float32(self.arch.norm_shift)
         if transform in ("attn_q", "attn_k"):
             key = "attention.head_count" if transform == "attn_q" else "attention.head_count_kv"
             heads = int(self._arch(key, self._arch("attention.head_count")))

@@ -13,14 +13,16 @@ its low nibble and value j+16 in its high nibble):
 | Q5_0 | 22 | `d`, `qh` u32, `qs` u8[16] | `d * ((q | h << 4) - 16)` |
 | Q5_1 | 24 | `d`, `m`, `qh` u32, `qs` u8[16] | `d * (q | h << 4) + m` |
 
-(bit j of `qh` is the fifth bit of value j.) Any other ggml type goes through the `gguf`
-package's own numpy decoders (`gguf.quants.dequantize`: the K-quants, IQ types, ...); a type it
-cannot decode either is an `UnsupportedTensorTypeError` naming the tensor.
+(bit j of `qh` is the fifth bit of value j.) The K-quants Q2_K, Q3_K, Q4_K, Q5_K and Q6_K are
+decoded by `gguf_kquants` (their layouts are in its docstring). Any other ggml type (IQ types,
+TQ, ...) goes through the `gguf` package's own numpy decoders (`gguf.quants.dequantize`); a type
+it cannot decode either is an `UnsupportedTensorTypeError` naming the tensor.
 
 `integer_blocks` gives the same five block types as integers instead (the int8 numerics run
 them as stored): codes, one float32 scale per block and an optional offset, with
 `value = scale * code + offset` per block of 32 (Q8_0: `d * q`; Q4_0: `d * q - 8 d`; Q4_1:
-`d * q + m`; Q5_0: `d * q5 - 16 d`; Q5_1: `d * q5 + m`).
+`d * q + m`; Q5_0: `d * q5 - 16 d`; Q5_1: `d * q5 + m`), and Q4_K / Q5_K, whose 32-value
+sub-blocks have the same form (`d * sc * q - dmin * m`, `gguf_kquants.sub_blocks_32`).
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ from collections.abc import Callable
 import numpy as np
 
 from ..errors import UnsupportedTensorTypeError
+from .gguf_kquants import SIZES as K_SIZES
+from .gguf_kquants import dequantize_k, sub_blocks_32
 
 F32 = np.float32
 QK = 32
@@ -111,12 +115,19 @@ _INTEGER = {"Q8_0": (34, _integer_q8_0), "Q4_0": (18, lambda b: _integer_q4(b, F
 def integer_blocks(raw: np.ndarray, type_name: str, rows: int, cols: int
                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None] | None:
     """(codes int8 [rows, cols], scale float32 [rows, cols / 32], offset or None) of a
-    Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 payload (module doc); None for any other type."""
+    Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q4_K / Q5_K payload (module doc); None for any other
+    type (Q2_K, Q3_K, Q6_K: scales per 16 values)."""
     entry = _INTEGER.get(type_name)
-    if entry is None or cols % QK:
+    if cols % QK or (entry is None and type_name not in K_SIZES):
         return None
-    size, decode = entry
-    codes, scale, offset = decode(_blocks(raw, size))
+    if entry is None:
+        found = sub_blocks_32(raw, type_name) if cols % 256 == 0 else None
+        if found is None:
+            return None
+        codes, scale, offset = found
+    else:
+        size, decode = entry
+        codes, scale, offset = decode(_blocks(raw, size))
     nb = cols // QK
     shaped = lambda a: np.ascontiguousarray(a.reshape(rows, nb))  # noqa: E731
     return (np.ascontiguousarray(codes.reshape(rows, cols)), shaped(scale),
@@ -136,6 +147,7 @@ def _plain(kind: str) -> Callable[[np.ndarray], np.ndarray]:
 DECODERS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "F32": _plain("F32"), "F16": _plain("F16"), "BF16": _plain("BF16"),
     "Q8_0": q8_0, "Q4_0": q4_0, "Q4_1": q4_1, "Q5_0": q5_0, "Q5_1": q5_1,
+    **{name: (lambda raw, name=name: dequantize_k(raw, name)) for name in K_SIZES},
 }
 
 

@@ -9,7 +9,9 @@ The whole answer is one grammar, from its first token (the `content` constraint 
 
 where `calls` is (list body) a JSON list of calls (`calls_lark`: one or several, a tool
 possibly more than once; `[]` only when a call is not required), or (object body) one call
-object per marker pair, pairs separated by a newline, at least one. TEXT is
+object per marker pair, at least one, laid out as the template lays them out (Qwen:
+`<tool_call>\n{...}\n</tool_call>`, blocks separated by a newline; `call_syntax.JsonBlocks`),
+or FunctionGemma's `call:NAME{...}` blocks (`functiongemma_grammar.py`). TEXT is
 any text that does not start with `<` or whitespace and never contains the call marker.
 `<end>` is the format's end-of-turn token unless that is EOS (which the engine allows
 whenever the answer is complete). `required`
@@ -27,6 +29,7 @@ import numpy as np
 
 from ..errors import ToolSchemaError
 from .content import _OPTIONS, ContentSchemaError
+from .functiongemma_grammar import functiongemma_calls_lark
 from .grammar import MAX_TOOLS, TokenVocab, ToolCallGrammar, ToolCallMatcher, tool_parts
 from .segments import MarkerIds
 from .text_markers import call_start_mask, closing_mask
@@ -39,6 +42,11 @@ USER_DEFINED, CONTROL, UNKNOWN = 3, 2, 1
 # tool requests, where the marker gets 1-4%; 0.1-1.3% on chit-chat): docs/benchmarks_bfcl.md
 AUTO_CALL_THRESHOLD = 0.01
 TEXT_RULE = r"TEXT: /[^<\s](?s:.)*/ & ~/(?s:.*)<tool_call>(?s:.*)/"
+# A thinking template's reasoning block before the answer (Qwen3 with enable_thinking): any text
+# up to the first `</think>`, then optional whitespace.
+THINK_RULES = ('think_part: think_block THINK_SPACE?\n'
+               'think_block[stop="</think>"]: "<think>" /(?s:.*)/\n'
+               'THINK_SPACE: /\\s+/\n')
 
 
 def marker_bytes(chat_format: Any) -> tuple[list[bytes], set[int]]:
@@ -73,23 +81,40 @@ def turn_vocab(chat_format: Any) -> TurnVocab:
     """The turn loop's view of a template model: markers as text, the format's end ids."""
     tokenizer = chat_format.tokenizer
     ends = chat_format.end_ids
-    markers = MarkerIds(think_open=-1, think_close=-1, tool_call_open=-1, tool_call_close=-1,
-                        im_end=ends[0], eos=ends[-1])
+    thinks = getattr(chat_format, "think_ids", None) or (-1, -1)
+    markers = MarkerIds(think_open=thinks[0], think_close=thinks[1], tool_call_open=-1,
+                        tool_call_close=-1, im_end=ends[0], eos=ends[-1])
     types = np.asarray(tokenizer.types)
     token_bytes, special = marker_bytes(chat_format)
+    escape = getattr(chat_format, "escape_id", None)
+    if escape is not None and getattr(chat_format, "call_translator", None):
+        token_bytes[escape] = b"<escape>"  # FunctionGemma's string marker, read as text
     free = (types == NORMAL_TYPE) | (types == BYTE_TYPE) | (types == USER_DEFINED)
-    for text in (chat_format.call_open, chat_format.call_close):
+    for text in (chat_format.call_open, chat_format.call_close, "<escape>"):
         marker = getattr(tokenizer, "markers", {}).get(text)
-        if marker is not None:
+        if marker is not None and (text != "<escape>" or chat_format.call_translator):
             free[marker] = True  # a call marker that is one added token
     free[list(ends)] = True
+    free[[t for t in thinks if t >= 0]] = True
     from .drafts import match_keys
 
     return TurnVocab(token_bytes=token_bytes, markers=markers, free_mask=free, call_prefix=(),
                      think_close_ids=(), match_keys=match_keys(token_bytes),
                      text_markers=(chat_format.call_open, chat_format.call_close),
                      call_start=call_start_mask(token_bytes, chat_format.call_open),
-                     call_body=chat_format.call_body, closing=closing_mask(token_bytes))
+                     call_body=chat_format.call_body, closing=_closing(chat_format, token_bytes),
+                     call_translator=getattr(chat_format, "call_translator", None))
+
+
+def _closing(chat_format: Any, token_bytes: list[bytes]) -> np.ndarray:
+    """`closing_mask` for this format: its closing marker's characters in the last tier, and
+    FunctionGemma's `<escape>` (which ends a string) in the first."""
+    marker = getattr(chat_format, "call_suffix", "") + chat_format.call_close
+    closing = closing_mask(token_bytes, marker)
+    escape = getattr(chat_format, "escape_id", None)
+    if escape is not None and getattr(chat_format, "call_translator", None):
+        closing[0, escape] = True
+    return closing
 
 
 def calls_lark(parts: list[tuple[str, dict]], chat_format: Any, require: bool,
@@ -102,8 +127,13 @@ def calls_lark(parts: list[tuple[str, dict]], chat_format: Any, require: bool,
                 if line.startswith(("call", "args")) and not line.startswith("calls")]
     choice = "call: " + " | ".join(f"call{i}" for i in range(len(parts)))
     if chat_format.call_body == "object":
-        between = json.dumps(f"{chat_format.call_close}\n{chat_format.call_open}")
-        head = "calls_list: call" + (f" ({between} call)*" if parallel else "")
+        prefix = getattr(chat_format, "call_prefix", "")
+        suffix = getattr(chat_format, "call_suffix", "")
+        separator = getattr(chat_format, "call_separator", "\n")
+        quoted = [json.dumps(t) if t else "" for t in (prefix, suffix)]
+        block = " ".join(p for p in (quoted[0], "call", quoted[1]) if p)
+        between = json.dumps(f"{chat_format.call_close}{separator}{chat_format.call_open}")
+        head = f"calls_list: {block}" + (f" ({between} {block})*" if parallel else "")
     else:
         some = 'call ("," call)*' if parallel else "call"
         head = f'calls_list: "[" {some} "]"' + ("" if require else ' | "[]"')
@@ -134,6 +164,9 @@ class AnswerGrammar:
         # EOS is never a grammar token: the engine allows it once the answer is complete
         ends = " ".join(f"<[{i}]>" for i in dict.fromkeys(vocab.end_ids) if i != vocab.eos_id)
         alternatives, rules = [], []
+        functiongemma = getattr(chat_format, "syntax", None) == "functiongemma"
+        if call and functiongemma and not tools and not require_call:
+            call = False  # no tool to call: FunctionGemma's names have no empty alternative
         if call:
             parts = [tool_parts(tool, i, strict_formats) for i, tool in enumerate(tools)]
             names = [name for name, _ in parts]
@@ -143,8 +176,11 @@ class AnswerGrammar:
                 raise ToolSchemaError("a call is required, but no tools are declared")
             alternatives.append(f"{json.dumps(chat_format.call_open)} calls_list "
                                 f"{json.dumps(chat_format.call_close)} {ends}")
-            body = calls_lark(parts, chat_format, require_call, parallel_calls)
-            if getattr(chat_format, "json_style", "compact") == "spaced":
+            if functiongemma:
+                body = functiongemma_calls_lark(parts, chat_format.escape_id, parallel_calls)
+            else:
+                body = calls_lark(parts, chat_format, require_call, parallel_calls)
+            if getattr(chat_format, "json_style", "compact") == "spaced" and not functiongemma:
                 body = spaced(body)
             rules.append(body)
         if schema is not None:
@@ -157,7 +193,11 @@ class AnswerGrammar:
             alternatives.append(f"TEXT {ends}")
         if not alternatives:
             raise ToolSchemaError("an answer must allow a call or text")
-        self.lark = "start: " + "\n    | ".join(alternatives) + "\n" + "\n".join(rules) + "\n"
+        head = "start: " + "\n    | ".join(alternatives)
+        if getattr(chat_format, "thinking", False):  # Qwen3: `<think>...</think>` may come first
+            head = ("start: think_part? answer\n" + THINK_RULES + "answer: "
+                    + "\n    | ".join(alternatives))
+        self.lark = head + "\n" + "\n".join(rules) + "\n"
         grammar = llguidance.LLMatcher.grammar_from_lark(self.lark)
         prototype = llguidance.LLMatcher(vocab._llg, grammar, log_level=0)
         if prototype.is_error():

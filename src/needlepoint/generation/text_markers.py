@@ -15,11 +15,12 @@ before the first, `,` between, `]` at the end), so `call_text` is a list either 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from .events import DeltaEvent, ToolCallDelta
-from .segments import AFTER_CALL, ANSWER, CALL, SegmentParser
+from .segments import AFTER_CALL, ANSWER, CALL, THINK, SegmentParser
 
 
 def call_start_mask(token_bytes: list[bytes], marker: str) -> np.ndarray:
@@ -48,11 +49,13 @@ CLOSE_RESERVE = 64  # tokens kept to close a call the token budget would otherwi
 CLOSING_TIERS = (b'"}]', b'"}],', b'"}],</> ')
 
 
-def closing_mask(token_bytes: list[bytes]) -> np.ndarray:
+def closing_mask(token_bytes: list[bytes], marker: str = "") -> np.ndarray:
     """bool[tiers, vocab]: per tier of `CLOSING_TIERS`, the tokens made only of its
-    characters."""
+    characters; the last tier also takes the characters of `marker` (what closes a call in
+    a template's layout, e.g. Qwen's `\n</tool_call>` or `<end_function_call>`)."""
+    tiers = [*CLOSING_TIERS[:-1], CLOSING_TIERS[-1] + marker.encode("utf-8")]
     return np.array([[bool(b) and all(c in chars for c in b) for b in token_bytes]
-                     for chars in CLOSING_TIERS], bool)
+                     for chars in tiers], bool)
 
 
 def close_when_short(allowed: np.ndarray, closing: np.ndarray, remaining: int,
@@ -88,7 +91,11 @@ class TextMarkerParser(SegmentParser):
     call_open: str = "<tool_call>"
     call_close: str = "</tool_call>"
     body: str = "list"
+    # a factory of streaming translators of one call's text to its JSON object (FunctionGemma's
+    # `call:NAME{...}`, `formats/call_syntax.py`), None when the call text is JSON already
+    translator: Any = None
     _held: str = ""
+    _translating: Any = None
 
     def _searching(self) -> bool:
         return self.mode in (ANSWER, CALL) or (self.mode == AFTER_CALL and self.body ==
@@ -98,12 +105,18 @@ class TextMarkerParser(SegmentParser):
         self._first = False
         if token in self.markers.stops:
             return self._flush_held() + self._switch(AFTER_CALL)
+        if token == self.markers.think_open and self.mode == ANSWER and self.call is None:
+            return self._flush_held() + self._switch(THINK)  # a thinking template's reasoning
+        if token == self.markers.think_close and self.mode == THINK:
+            return self._switch(ANSWER)
         return self._scan(self._utf8.decode(self.token_bytes[token]))
 
     def _scan(self, text: str) -> list[DeltaEvent]:
         events: list[DeltaEvent] = []
         buffer = self._held + text
         self._held = ""
+        if self.mode == THINK:
+            return self._emit(buffer)
         while self._searching():
             marker = self.call_close if self.mode == CALL else self.call_open
             index = buffer.find(marker)
@@ -120,11 +133,23 @@ class TextMarkerParser(SegmentParser):
                 self.call = self.call if again else []
                 self.call_closed = False
                 if self.body == "object":
-                    events += self._emit("," if again else "[")
+                    events += super()._emit("," if again else "[")
             else:
+                events += self._close_translation()
                 self.call_closed = True
                 events += self._switch(AFTER_CALL)
         return events
+
+    def _emit(self, piece: str) -> list[DeltaEvent]:
+        if self.mode == CALL and self.translator is not None and piece:
+            if self._translating is None:
+                self._translating = self.translator()
+            piece = self._translating.feed(piece)
+        return super()._emit(piece)
+
+    def _close_translation(self) -> list[DeltaEvent]:
+        done, self._translating = self._translating, None
+        return super()._emit(done.finish()) if done is not None else []
 
     def _flush_held(self) -> list[DeltaEvent]:
         held, self._held = self._held, ""
@@ -132,6 +157,10 @@ class TextMarkerParser(SegmentParser):
 
     def finish(self) -> list[DeltaEvent]:
         events = self._flush_held() + super().finish()
+        if self._translating is not None:  # a call cut off: what it had, as it stands
+            self.mode, mode = CALL, self.mode
+            events += self._close_translation()
+            self.mode = mode
         if self.body == "object" and self.call is not None:
             self.call.append("]")
             events.append(ToolCallDelta("]"))

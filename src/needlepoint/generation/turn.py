@@ -147,6 +147,7 @@ class TurnVocab:
     call_body: str = "list"  # "object": one call per marker pair (`text_markers.py`)
     call_start: np.ndarray | None = None  # bool[vocab]: tokens that begin the text marker
     closing: np.ndarray | None = None  # bool[vocab]: tokens that close a call (text_markers)
+    call_translator: Any = None  # call text to JSON (FunctionGemma; formats/call_syntax.py)
 
     def parser(self, stops: tuple[str, ...]) -> SegmentParser:
         """A fresh splitter of one answer's tokens."""
@@ -154,7 +155,8 @@ class TurnVocab:
             return SegmentParser(self.token_bytes, self.markers, stops=stops)
         return TextMarkerParser(self.token_bytes, self.markers, strip_dummy_space=False,
                                 stops=stops, call_open=self.text_markers[0],
-                                call_close=self.text_markers[1], body=self.call_body)
+                                call_close=self.text_markers[1], body=self.call_body,
+                                translator=self.call_translator)
 
     @classmethod
     def from_tokenizer(cls, tokenizer: Any) -> TurnVocab:

@@ -51,6 +51,7 @@ def serve(
     speculate: bool = True,
     api_keys: Sequence[str] | None = None,
     body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
+    tool_format: str | None = None,
 ) -> None:
     """Load `model` once (a path; None: `$NEEDLEPOINT_MODEL`, else the bundled demo model)
     and serve it until interrupted (blocking). `threads`: `needlepoint.load(threads=...)`.
@@ -83,9 +84,17 @@ def serve(
             from ..models.hub import load_model
 
             model = load_model(model, threads=threads)
+    factory = None
+    if tool_format not in (None, "auto"):  # a template model's call syntax (issue 28 item 4)
+        from functools import partial
+
+        from ..api.needle import Needle
+
+        factory = partial(Needle, tool_format=tool_format)
     app = create_app(model, workers=workers, max_queue=max_queue, max_body_bytes=max_body_bytes,
                      batching=batching, max_kv_bytes=max_kv_bytes, step_tokens=step_tokens,
-                     speculate=speculate, api_keys=keys, body_timeout_s=body_timeout_s)
+                     speculate=speculate, api_keys=keys, body_timeout_s=body_timeout_s,
+                     needle_factory=factory)
     warning = exposure_warning(host, port, keys)
     if warning is not None:
         print(warning, file=sys.stderr, flush=True)
@@ -163,6 +172,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="CPU threads for the model (default: $NEEDLEPOINT_THREADS, else 1)")
     parser.add_argument("--no-speculate", dest="speculate", action="store_false",
                         help="decode one forward pass per token (no drafts; same tokens)")
+    from ..formats.call_syntax import TOOL_FORMATS
+
+    parser.add_argument("--tool-format", choices=TOOL_FORMATS, default=None,
+                        help="a chat-template model's tool-call syntax (default auto: the one "
+                        "its chat template uses)")
     from ..stages.options import add_stage_arguments
 
     parser.add_argument("--api-key", dest="api_keys", action="append", metavar="KEY",
@@ -190,6 +204,7 @@ def run(args: argparse.Namespace) -> int:
         speculate=getattr(args, "speculate", True),
         api_keys=getattr(args, "api_keys", None),
         body_timeout_s=getattr(args, "body_timeout", DEFAULT_BODY_TIMEOUT_S),
+        tool_format=getattr(args, "tool_format", None),
     )
     return 0
 

@@ -122,10 +122,13 @@ class Engine:
         self.context_length = _context_length(model)
         self.created = int(time.time())
 
-    def needle(self, tools: list[dict[str, Any]], system: str, model: Any = None) -> Any:
+    def needle(self, tools: list[dict[str, Any]], system: str, model: Any = None,
+               template_kwargs: dict[str, Any] | None = None) -> Any:
         """A fresh `Needle` (own session) over the shared model (or `model`, a lease's view
         of it); bad tools raise here."""
-        options = {} if self.speculate else {"speculate": False}
+        options: dict[str, Any] = {} if self.speculate else {"speculate": False}
+        if template_kwargs:  # a request's chat_template_kwargs
+            options["template_kwargs"] = template_kwargs
         return self.factory(tools=tools, model=model or self.model, system=system or None,
                             **options)
 
@@ -254,6 +257,8 @@ def _chat_options(req: ChatCompletionRequest) -> dict[str, Any]:
         options["response_format"] = fmt.json_schema.schema_
     if req.reasoning_effort is not None:
         options["reasoning_budget"] = REASONING_BUDGETS[req.reasoning_effort]
+    if req.chat_template_kwargs:
+        options["template_kwargs"] = dict(req.chat_template_kwargs)
     return options
 
 
@@ -287,8 +292,9 @@ class ChatJob(Cancellable):
 
     def _stream(self, model: Any) -> Iterator[Delta | ChatResult]:
         conv = self.conversation
-        needle = self.engine.needle(conv.tools, conv.system, model)
         options = dict(self.options)
+        needle = self.engine.needle(conv.tools, conv.system, model,
+                                    options.pop("template_kwargs", None))
         if conv.force is not None:
             options["require_call"] = True
         if not conv.tools:  # tool_choice "none", or no tools: the answer is text

@@ -3,11 +3,12 @@ neutral value, or refused with a 400 that names it (`param`) and says what is al
 
 Honoured: model, messages, tools, tool_choice (incl. `allowed_tools`), parallel_tool_calls,
 max_tokens / max_completion_tokens, stream, stream_options.include_usage, n (1), temperature,
-top_p, top_k (ours), seed, stop, logprobs, top_logprobs, response_format, reasoning_effort
-(a reasoning budget), and the caller's identifiers user / safety_identifier /
-prompt_cache_key (logged at debug level only: by OpenAI's definition they do not change the
-answer). Neutral values only: presence_penalty and frequency_penalty 0, logit_bias {},
-store false, metadata {}, service_tier "auto"/"default", modalities ["text"],
+top_p, top_k (ours), seed, stop, logprobs, top_logprobs, response_format, reasoning_effort (a
+reasoning budget), chat_template_kwargs (variables for a template model's chat template, e.g.
+Qwen3's enable_thinking, as vLLM and llama.cpp take them), and the caller's identifiers user /
+safety_identifier / prompt_cache_key (logged at debug level only: by OpenAI's definition they
+do not change the answer). Neutral values only: presence_penalty and frequency_penalty 0,
+logit_bias {}, store false, metadata {}, service_tier "auto"/"default", modalities ["text"],
 stream_options.include_obfuscation false. Refused whenever set: the legacy `functions` /
 `function_call` (use `tools` / `tool_choice`), audio, prediction, web_search_options,
 verbosity, moderation, prompt_cache_options, prompt_cache_retention; legacy "function"
@@ -56,6 +57,8 @@ RULES: dict[str, str] = {
     "response_format": '{"type": "text"}, {"type": "json_object"} or {"type": "json_schema", '
                        '"json_schema": {"name": ..., "schema": {...}}}',
     "reasoning_effort": ", ".join(REASONING_BUDGETS),
+    "chat_template_kwargs": "an object of chat-template variables (e.g. "
+                            '{"enable_thinking": false}), for a chat-template model',
     "presence_penalty": "0 (penalties are not supported)",
     "frequency_penalty": "0 (penalties are not supported)",
     "logit_bias": "{} (logit bias is not supported)",
