@@ -44,8 +44,8 @@ def eval_set(model: Any, examples: list[dict], grammar_on: bool, warmup: int,
     """Both modes over the examples (after `warmup` untimed ones); totals per mode. Each
     example is decoded `repeat` times per mode (the modes alternating) and its fastest
     prefill and decode kept, which filters out bursts of load from other processes."""
+    from needlepoint.formats.needle_wire import prompt_ids, render_prompt
     from needlepoint.generation.grammar import TokenVocab, ToolCallGrammar
-    from needlepoint.generation.prompt import prompt_ids, render_prompt
     from needlepoint.generation.turn import GenerationConfig, TurnVocab, run_turn
 
     vocab = TurnVocab.from_tokenizer(model.tokenizer)

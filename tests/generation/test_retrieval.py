@@ -17,8 +17,8 @@ from conftest import get_fixture
 import needlepoint
 from needlepoint import NeedlepointError, ToolSchemaError
 from needlepoint.api.needle import Needle, RetrievalUnavailableError
+from needlepoint.formats.needle_wire import continuation_ids
 from needlepoint.generation.grammar import MAX_TOOLS, GrammarError
-from needlepoint.generation.prompt import continuation_ids
 from needlepoint.generation.retrieval import (
     DEFAULT_RETRIEVE_K,
     DEFAULT_RETRIEVE_THRESHOLD,

@@ -15,10 +15,10 @@ from conftest import shared_dir, toy_model_path
 
 import needlepoint
 from needlepoint.errors import NonFiniteActivationError
+from needlepoint.formats.needle_wire import prompt_ids, render_prompt
 from needlepoint.generation.draft_policy import DraftPolicy, policy_for
 from needlepoint.generation.drafts import LOOKUP, Drafter, DraftState, NgramIndex
 from needlepoint.generation.grammar import TokenVocab, ToolCallGrammar
-from needlepoint.generation.prompt import prompt_ids, render_prompt
 from needlepoint.generation.speculate import (
     LOOKUP_MAX,
     PlainStepper,

@@ -12,8 +12,8 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from ..formats.needle_wire import continuation_ids, render_user_turn
 from ..generation.events import DeltaEvent, Done, TurnComplete
-from ..generation.prompt import continuation_ids, render_user_turn
 from ..generation.turn import Constraint, GenerationConfig, TurnResult, TurnVocab, generate_turn
 from .envelope import combine_confidence, turn_envelope
 from .history import check_fits

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from ..errors import ModelInputError
-from ..generation.prompt import continuation_ids, render_user_turn
+from ..formats.needle_wire import continuation_ids, render_user_turn
 
 MIN_ANSWER_ROOM = 32  # context kept free for the answer: min(max_new_tokens, this or 1/8)
 

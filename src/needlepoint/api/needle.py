@@ -27,7 +27,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from ..errors import InvalidOptionError, InvalidQueryError, NeedlepointError
-from ..generation import prompt as wire
+from ..formats import needle_wire as wire
 from ..generation.events import DeltaEvent, Done
 from ..generation.grammar import MAX_TOOLS, ToolCallGrammar
 from ..generation.retrieval import (

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import NeedlepointError
-from .prompt import compact_json
+from ..formats.needle_wire import compact_json
 
 # Defaults of `Needle(retrieve_k=..., retrieve_threshold=...)`: up to 8 tools are all shown
 # (a small prompt the model handles as trained); beyond that only the best 5 are.

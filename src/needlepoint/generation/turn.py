@@ -40,10 +40,10 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..errors import InvalidOptionError, NonFiniteActivationError
+from ..formats.needle_wire import TOOL_CALL_OPEN, continuation_ids, turn_prefix_ids
 from .drafts import Drafter, DraftState, NgramIndex, match_keys
 from .events import DeltaEvent, LogprobDelta, TurnComplete
 from .logprobs import MAX_TOP_LOGPROBS, token_logprob
-from .prompt import TOOL_CALL_OPEN, continuation_ids, turn_prefix_ids
 from .sampling import SamplingConfig, choose_token, resolve_seed, softmax
 from .segments import ANSWER, CALL, THINK, MarkerIds, SegmentParser
 from .speculate import stepper

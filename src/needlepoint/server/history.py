@@ -3,7 +3,7 @@
 `needlepoint.api.Needle` continues conversations it generated itself (`chat`,
 `send_tool_results`); an OpenAI client instead sends the whole history, earlier assistant
 answers included, with every request. The server is stateless, so those answers are *fed*,
-not regenerated, using the library's own multi-turn convention (`needlepoint.prompt`):
+not regenerated, using the library's own multi-turn convention (`formats/needle_wire.py`):
 
     [BOS] first prompt (system, tools, query)
     encode(answer) <|im_end|>                          an earlier assistant turn
@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from ..generation.prompt import (
+from ..formats.needle_wire import (
     IM_END,
     TOOL_CALL_CLOSE,
     TOOL_CALL_OPEN,
