@@ -344,7 +344,7 @@ def test_conversation_reuses_the_cache(tokenizer, vocab, grammar):
     envelopes = [e for e in conversation.turn(ids, GenerationConfig(), grammar)]
     assert envelopes[-1].envelope["type"] == "call"
     follow = conversation.user_turn_ids(render_tool_results([{"name": "set_alarm",
-                                                              "result": "ok"}]), tokenizer)
+                                                              "result": "ok"}]))
     assert follow[0] == vocab.markers.im_end  # the first turn's stop token, fed now
     done = list(conversation.turn(follow, GenerationConfig(), grammar))[-1].envelope
     assert done["type"] == "respond" and done["text"] == "Done."

@@ -22,6 +22,7 @@ from needlepoint.generation.grammar import GrammarError, TokenVocab, ToolCallGra
 from needlepoint.generation.sampling import SamplingConfig, check_seed, position_rng
 from needlepoint.generation.stops import StopFilter
 from needlepoint.generation.turn import GenerationConfig, TurnVocab, generate_turn, run_turn
+from needlepoint.models.protocol import SessionCapabilities
 
 ALARM = {"name": "set_alarm", "description": "Set an alarm.",
          "parameters": {"type": "object", "properties": {"time": {"type": "string"}},
@@ -209,6 +210,8 @@ class NaNSession:
         if self.steps == self.bad_step:
             x[7] = np.nan
         return x
+
+    capabilities = SessionCapabilities()  # prefill and step only
 
     def prefill(self, ids, logits=True):
         self.position += len(ids)

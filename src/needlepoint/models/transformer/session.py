@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..protocol import SessionCapabilities
 from .attention import KVCache
 from .int8 import Int8KVCache
 
@@ -45,6 +46,12 @@ class TransformerSession:
             return [Int8KVCache(spec.num_kv_heads, spec.head_dim, spec.max_seq_len)
                     for _ in layers]
         return [KVCache(spec.num_kv_heads, spec.head_dim, spec.max_seq_len) for _ in layers]
+
+    @property
+    def capabilities(self) -> SessionCapabilities:
+        """`models/protocol.py`: extend/rewind (exact in int8 numerics), fork, a chunk."""
+        return SessionCapabilities(extend=True, rewind=True, fork=True, chunk=self.chunk,
+                                   exact=self.model.numerics == "int8")
 
     @property
     def position(self) -> int:
