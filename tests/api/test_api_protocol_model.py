@@ -115,3 +115,29 @@ def test_the_server_serves_it(tokenizer, batching):
         assert health["batching"] is batching
         if batching:
             assert health["scheduler"]["steps"] > 0 and health["scheduler"]["batched"] is False
+
+
+# model and session attributes (`fork` is left out: a grammar matcher's own `fork` is
+# generation's matcher interface, `drafts.py`)
+PROBED = frozenset({"extend", "rewind", "confidence_logit", "run_batch", "embed",
+                    "pipeline_depth", "exact_extend", "chunk", "has_confidence_head",
+                    "has_contrastive_head", "config", "cfg", "model", "max_seq_len",
+                    "context_length", "check_ids", "chat_format", "archive"})
+
+
+def test_no_layer_above_the_models_probes_for_them():
+    """`api/`, `generation/` and `server/` read `capabilities` (issue 27 item 3): no
+    `getattr` / `hasattr` of a model or session attribute is left to creep back."""
+    import ast
+    from pathlib import Path
+
+    root = Path(needlepoint.__file__).parent
+    found = []
+    for folder in ("api", "generation", "server"):
+        for path in sorted((root / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and \
+                        node.func.id in ("getattr", "hasattr") and len(node.args) >= 2 and \
+                        isinstance(node.args[1], ast.Constant) and node.args[1].value in PROBED:
+                    found.append(f"{path.relative_to(root)}:{node.lineno} {node.args[1].value}")
+    assert found == []
