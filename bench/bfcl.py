@@ -93,6 +93,7 @@ class Needlepoint:
     def run(self, ids: list[int], tools: list[dict[str, Any]], mode: str) -> dict[str, Any]:
         from needlepoint.api.envelope import turn_envelope
         from needlepoint.generation import answer_grammar
+        from needlepoint.generation.draft_policy import policy_for
         from needlepoint.generation.turn import GenerationConfig, run_turn
 
         required = mode == "required"
@@ -107,7 +108,8 @@ class Needlepoint:
                                   call_threshold=None if required else
                                   answer_grammar.AUTO_CALL_THRESHOLD)
         result = run_turn(self.model.session(), self.turn_vocab, ids, config, None,
-                          content=grammar, context_limit=self.model.config.max_seq_len)
+                          content=grammar, context_limit=self.model.config.max_seq_len,
+                          policy=policy_for(self.model))
         envelope = turn_envelope(result)
         calls = envelope["function_calls"] if envelope["type"] in ("call", "refuse") else None
         return {"calls": calls, "text": envelope.get("text", ""),

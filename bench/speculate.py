@@ -44,8 +44,9 @@ def eval_set(model: Any, examples: list[dict], grammar_on: bool, warmup: int,
     """Both modes over the examples (after `warmup` untimed ones); totals per mode. Each
     example is decoded `repeat` times per mode (the modes alternating) and its fastest
     prefill and decode kept, which filters out bursts of load from other processes."""
+    from needlepoint.formats.needle_wire import prompt_ids, render_prompt
+    from needlepoint.generation.draft_policy import policy_for
     from needlepoint.generation.grammar import TokenVocab, ToolCallGrammar
-    from needlepoint.generation.prompt import prompt_ids, render_prompt
     from needlepoint.generation.turn import GenerationConfig, TurnVocab, run_turn
 
     vocab = TurnVocab.from_tokenizer(model.tokenizer)
@@ -67,7 +68,7 @@ def eval_set(model: Any, examples: list[dict], grammar_on: bool, warmup: int,
                 config = GenerationConfig(max_new_tokens=80, reasoning_budget=None,
                                           speculate=mode == "speculate")
                 result = run_turn(model.session(), vocab, ids, config, grammar,
-                                  context_limit=limit)
+                                  context_limit=limit, policy=policy_for(model))
                 if mode in tokens:
                     mismatches += result.tokens != tokens[mode]
                     best[mode] = [min(best[mode][0], result.decode_s),

@@ -1,9 +1,13 @@
-"""A scripted stand-in for a model session, for testing the generator without real weights.
+"""A scripted stand-in for a model, for testing the generator without real weights.
 
 `ScriptedModel(tokenizer, script)` gives logits that put `strength` on `script[k]` at the
 k-th token of each assistant turn (counted from the end of that turn's prefill), over
 deterministic noise keyed by the absolute position. It records every prefill and step so
 tests can check how the generator drives a session.
+
+It is written only against `models/protocol.py` (`ModelProtocol`, `SessionProtocol`) and
+declares no optional capability beyond the confidence head (issue 27 item 3): no `extend`,
+`rewind`, `fork` or `run_batch`, so everything above the models must work with the core.
 """
 
 from __future__ import annotations
@@ -11,6 +15,10 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import numpy as np
+
+from needlepoint.errors import ModelInputError
+from needlepoint.formats.chat_format import NeedleFormat
+from needlepoint.models.protocol import ModelCapabilities, SessionCapabilities
 
 
 class ScriptedSession:
@@ -24,6 +32,10 @@ class ScriptedSession:
     @property
     def position(self) -> int:
         return len(self.ids)
+
+    @property
+    def capabilities(self) -> SessionCapabilities:
+        return SessionCapabilities()  # prefill and step only
 
     def _logits(self) -> np.ndarray:
         model = self.model
@@ -64,10 +76,30 @@ class ScriptedModel:
         self.strength = strength
         self.noise = noise
         self.vocab = tokenizer.vocab_size
-        self.config = SimpleNamespace(max_seq_len=max_seq_len, logits_vocab=self.vocab)
+        self.config = SimpleNamespace(max_seq_len=max_seq_len, logits_vocab=self.vocab,
+                                      vocab=self.vocab)
         self.head_logit = head_logit
         self.sessions: list[ScriptedSession] = []
         self.confidence_calls: list[list[int]] = []
+
+    @property
+    def capabilities(self) -> ModelCapabilities:
+        return ModelCapabilities(confidence_head=True, name="scripted")
+
+    @property
+    def chat_format(self) -> NeedleFormat:
+        return NeedleFormat(self.tokenizer)
+
+    def check_ids(self, ids, position: int = 0) -> np.ndarray:
+        tokens = np.asarray(ids, dtype=np.int64).reshape(-1)
+        if tokens.size == 0 or tokens.min() < 0 or tokens.max() >= self.vocab:
+            raise ModelInputError(f"token ids must be in [0, {self.vocab}), got {ids!r}")
+        return tokens
+
+    def forward(self, ids) -> np.ndarray:
+        session = ScriptedSession(self)
+        tokens = [int(t) for t in self.check_ids(ids)]
+        return np.stack([session.prefill(tokens[:1])] + [session.step(t) for t in tokens[1:]])
 
     def session(self, kv_window: int | None = None) -> ScriptedSession:
         session = ScriptedSession(self)

@@ -33,7 +33,7 @@ def test_confidence_matches_the_head_on_a_fixture():
                            "required": ["city"]}}
     needle = Needle(tools=[tool], model=model, reasoning_budget=0, max_new_tokens=40)
     envelope = needle.complete("weather in Lagos?")
-    conversation = needle._conversation
+    conversation = needle.history.conversation
     head = model.confidence_logit(conversation.ids)
     assert head is not None
     assert conversation.confidence_logit()[0] == pytest.approx(head, abs=1e-4)

@@ -81,8 +81,8 @@ def test_instances_do_not_share_state(toy):
     b = Needle(tools=[tools["get_weather"]], model=toy)
     first = a.complete("can you time 50 minutes for me")
     b.complete("what is the weather in Paris")
-    assert a._conversation is not b._conversation
-    assert a._conversation.session is not b._conversation.session
+    assert a.history.conversation is not b.history.conversation
+    assert a.history.conversation.session is not b.history.conversation.session
     assert a.complete("can you time 50 minutes for me")["function_calls"] == \
         first["function_calls"]
 
@@ -103,7 +103,7 @@ def test_run_executes_and_feeds_results_back(toy):
     assert envelope["results"] == [{"name": "set_timer", "arguments": {"minutes": 50},
                                     "result": {"ok": True, "minutes": 50}}]
     assert len(envelope["turns"]) >= 2
-    conversation = needle._conversation
+    conversation = needle.history.conversation
     text = needle.tokenizer.decode(conversation.ids)
     assert '<tool_result>[{"name":"set_timer","result":{"ok":true,"minutes":50}}]' \
            '</tool_result>' in text
@@ -124,13 +124,13 @@ def test_chat_continues_and_reset_forgets(toy):
     needle = Needle(tools=[tools["set_timer"], tools["set_alarm"]], model=toy,
                     max_new_tokens=60)
     needle.chat("can you time 50 minutes for me")
-    session = needle._conversation.session
+    session = needle.history.conversation.session
     before = session.position
     needle.chat("and wake me at 06:45")
-    assert needle._conversation.session is session and session.position > before
+    assert needle.history.conversation.session is session and session.position > before
     needle.reset()
     needle.chat("can you time 50 minutes for me")
-    assert needle._conversation.session is not session
+    assert needle.history.conversation.session is not session
 
 
 def test_extract_dict_and_pydantic(toy):
@@ -147,7 +147,7 @@ def test_extract_dict_and_pydantic(toy):
 
     alarm = needle.extract("wake me up at 06:45", Alarm)
     assert type(alarm) is Alarm and alarm == Alarm(time="06:45")
-    assert needle._conversation is None
+    assert needle.history.conversation is None
 
 
 def test_extract_raises_when_declined():

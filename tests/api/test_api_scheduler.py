@@ -26,6 +26,7 @@ from conftest import get_fixture, toy_model_path
 
 import needlepoint
 from needlepoint.api.scheduler import RequestCancelled, Scheduler, SchedulerFull
+from needlepoint.models.protocol import SessionCapabilities
 
 EXAMPLES = [json.loads(line) for line in EVAL.read_text().splitlines()[:17]]
 MAX_NEW = 12
@@ -48,6 +49,14 @@ class Recorder:
     def position(self) -> int:
         return self.inner.position
 
+    @property
+    def capabilities(self) -> SessionCapabilities:
+        # fork and confidence_logit (the confidence head) only: without extend/rewind the
+        # turn decodes one step at a time, alone as through the scheduler's proxies, so
+        # every logits row it is handed is recorded
+        inner = self.inner.capabilities
+        return SessionCapabilities(fork=inner.fork, confidence=inner.confidence)
+
     def prefill(self, ids: Any, logits: bool = True) -> Any:
         out = self.inner.prefill(ids, logits=logits)
         if out is not None:
@@ -61,9 +70,6 @@ class Recorder:
         return out
 
     def __getattr__(self, name: str) -> Any:
-        # fork and confidence_logit (the confidence head) only: without extend/rewind the
-        # turn decodes one step at a time, alone as through the scheduler's proxies, so
-        # every logits row it is handed is recorded
         if name in ("fork", "confidence_logit"):
             return getattr(self.inner, name)
         raise AttributeError(name)

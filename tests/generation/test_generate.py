@@ -14,9 +14,7 @@ from fake_model import ScriptedModel, answer_ids
 from needlepoint import open_archive
 from needlepoint.api.conversation import Conversation
 from needlepoint.api.envelope import combine_confidence, sigmoid, turn_envelope
-from needlepoint.generation.events import ReasoningDelta, TextDelta, ToolCallDelta, TurnComplete
-from needlepoint.generation.grammar import TokenVocab, ToolCallGrammar
-from needlepoint.generation.prompt import (
+from needlepoint.formats.needle_wire import (
     continuation_ids,
     date_fact,
     prompt_ids,
@@ -24,6 +22,8 @@ from needlepoint.generation.prompt import (
     render_tool_results,
     with_date,
 )
+from needlepoint.generation.events import ReasoningDelta, TextDelta, ToolCallDelta, TurnComplete
+from needlepoint.generation.grammar import TokenVocab, ToolCallGrammar
 from needlepoint.generation.sampling import (
     SamplingConfig,
     choose_token,
@@ -344,7 +344,7 @@ def test_conversation_reuses_the_cache(tokenizer, vocab, grammar):
     envelopes = [e for e in conversation.turn(ids, GenerationConfig(), grammar)]
     assert envelopes[-1].envelope["type"] == "call"
     follow = conversation.user_turn_ids(render_tool_results([{"name": "set_alarm",
-                                                              "result": "ok"}]), tokenizer)
+                                                              "result": "ok"}]))
     assert follow[0] == vocab.markers.im_end  # the first turn's stop token, fed now
     done = list(conversation.turn(follow, GenerationConfig(), grammar))[-1].envelope
     assert done["type"] == "respond" and done["text"] == "Done."

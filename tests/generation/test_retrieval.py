@@ -17,8 +17,8 @@ from conftest import get_fixture
 import needlepoint
 from needlepoint import NeedlepointError, ToolSchemaError
 from needlepoint.api.needle import Needle, RetrievalUnavailableError
+from needlepoint.formats.needle_wire import continuation_ids
 from needlepoint.generation.grammar import MAX_TOOLS, GrammarError
-from needlepoint.generation.prompt import continuation_ids
 from needlepoint.generation.retrieval import (
     DEFAULT_RETRIEVE_K,
     DEFAULT_RETRIEVE_THRESHOLD,
@@ -166,7 +166,7 @@ def test_over_threshold_offers_top_k_to_prompt_and_grammar(models, name):
     offered = [NAMES[i] for i in chosen]
 
     envelope = needle.complete(QUERY)
-    fed = needle._conversation.ids
+    fed = needle.history.conversation.ids
     prompt = needle.prompt_ids(QUERY)
     assert fed[:len(prompt)] == prompt
     assert shown_names(needle, prompt) == offered
@@ -174,7 +174,7 @@ def test_over_threshold_offers_top_k_to_prompt_and_grammar(models, name):
     for tool_name in NAMES:
         assert (f'"name":"{tool_name}"' in text) == (tool_name in offered)
 
-    grammar = needle._turn_grammar
+    grammar = needle.history.grammar
     assert grammar is not None and list(grammar.tool_names) == offered
     feed(grammar, needle.tokenizer, f'[{{"name":"{offered[0]}","arguments":')
     other = next(n for n in NAMES if n not in offered)
@@ -185,7 +185,7 @@ def test_over_threshold_offers_top_k_to_prompt_and_grammar(models, name):
     for call in envelope["function_calls"]:
         assert call["name"] in offered
     assert envelope["confidence"] is not None  # the Needle 2 fixtures have a head
-    assert needle._grammar_for(needle.offered_tools(QUERY)) is grammar  # cached per subset
+    assert needle.planner.grammar_for(needle.offered_tools(QUERY)) is grammar  # cached per subset
 
 
 @pytest.mark.parametrize("name", NEEDLE2)
@@ -195,9 +195,9 @@ def test_at_or_below_threshold_offers_every_tool(models, name):
     needle = Needle(tools=few, model=model, reasoning_budget=0, max_new_tokens=60)
     assert not needle.retrieval_active
     envelope = needle.complete(QUERY)
-    assert shown_names(needle, needle._conversation.ids) == NAMES[:3]
-    assert needle._turn_grammar is needle._grammar
-    assert list(needle._grammar.tool_names) == NAMES[:3]
+    assert shown_names(needle, needle.history.conversation.ids) == NAMES[:3]
+    assert needle.history.grammar is needle.planner.grammar
+    assert list(needle.planner.grammar.tool_names) == NAMES[:3]
     assert envelope["type"] in ("call", "refuse") and envelope["stop_reason"] == "end"
     assert all(call["name"] in NAMES[:3] for call in envelope["function_calls"])
     # Exactly at the threshold still shows everything; `retrieve_tools` ranks regardless.
@@ -233,10 +233,10 @@ def test_more_tools_than_the_grammar_limit_with_retrieval(models):
     many = [enum_tool(f"tool_{i}", f"Tool number {i}.", "x", ["a", "b"])
             for i in range(MAX_TOOLS + 2)]
     needle = Needle(tools=many, model=model, retrieve_k=3)
-    assert needle.retrieval_active and needle._grammar is None
+    assert needle.retrieval_active and needle.planner.grammar is None
     offered = [spec.name for spec in needle.offered_tools("tool 7")]
     assert len(offered) == 3
-    assert list(needle._grammar_for(needle.offered_tools("tool 7")).tool_names) == offered
+    assert list(needle.planner.grammar_for(needle.offered_tools("tool 7")).tool_names) == offered
     with pytest.raises(ToolSchemaError):  # without retrieval the full list must compile
         Needle(tools=many, model=model, retrieve_k=None)
     bad = {"name": "bad", "parameters": {"type": "object", "properties": {

@@ -15,10 +15,10 @@ from conftest import shared_dir, toy_model_path
 
 import needlepoint
 from needlepoint.errors import NonFiniteActivationError
+from needlepoint.formats.needle_wire import prompt_ids, render_prompt
 from needlepoint.generation.draft_policy import DraftPolicy, policy_for
 from needlepoint.generation.drafts import LOOKUP, Drafter, DraftState, NgramIndex
 from needlepoint.generation.grammar import TokenVocab, ToolCallGrammar
-from needlepoint.generation.prompt import prompt_ids, render_prompt
 from needlepoint.generation.speculate import (
     LOOKUP_MAX,
     PlainStepper,
@@ -27,6 +27,7 @@ from needlepoint.generation.speculate import (
     stepper,
 )
 from needlepoint.generation.turn import GenerationConfig, TurnVocab, run_turn
+from needlepoint.models.protocol import SessionCapabilities
 
 VOCAB = 32
 
@@ -36,6 +37,12 @@ class LogSession:
     and `rewind`; it logs every call."""
 
     exact_extend = True
+    chunk: int | None = None  # a prefill chunk, when a test gives it one
+
+    @property
+    def capabilities(self) -> SessionCapabilities:
+        return SessionCapabilities(extend=True, rewind=True, exact=self.exact_extend,
+                                   chunk=self.chunk)
 
     def __init__(self, poison: int | None = None) -> None:
         self.ids: list[int] = []
@@ -151,8 +158,8 @@ def test_acceptance_is_counted_on_reached_tokens_and_shared_per_model():
     counts = {kind: tuple(c) for kind, c in policy.counts.items()}
     assert sum(c[1] for c in counts.values()) == 2 and sum(c[0] for c in counts.values()) == 1
     model = needlepoint.load(toy_model_path())
-    assert policy_for(model.session()) is policy_for(model.session())
-    assert policy_for(LogSession()) is not policy_for(LogSession())  # no model: fresh
+    assert policy_for(model) is policy_for(model)
+    assert policy_for(None) is not policy_for(None)  # no model: fresh
 
 
 def test_room_limits_drafts_to_the_context_and_the_turn():
@@ -228,6 +235,7 @@ def test_speculation_supported():
 
     class Steps:
         position = 0
+        capabilities = SessionCapabilities()  # the protocol's core only
 
         def prefill(self, ids, logits=True): ...
 
@@ -259,6 +267,8 @@ def _examples(n):
 
 class StepsOnly:
     """A session proxy without extend/rewind (what a scheduler proxy may look like)."""
+
+    capabilities = SessionCapabilities()  # the protocol's core only
 
     def __init__(self, session):
         self.inner = session

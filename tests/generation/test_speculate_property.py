@@ -25,10 +25,10 @@ from hypothesis import strategies as st
 from test_toolcall_property import random_tools
 
 import needlepoint
+from needlepoint.formats.needle_wire import prompt_ids, render_prompt
 from needlepoint.generation.content import JSON_OBJECT, ContentGrammar
 from needlepoint.generation.events import TurnComplete
 from needlepoint.generation.grammar import TokenVocab, ToolCallGrammar
-from needlepoint.generation.prompt import prompt_ids, render_prompt
 from needlepoint.generation.sampling import SamplingConfig
 from needlepoint.generation.turn import GenerationConfig, TurnVocab, generate_turn
 

@@ -19,8 +19,8 @@ from conftest import get_fixture, toy_model_path
 
 import needlepoint
 from needlepoint.api.conversation import Conversation
+from needlepoint.formats.needle_wire import prompt_ids, render_prompt
 from needlepoint.generation.grammar import TokenVocab, ToolCallGrammar
-from needlepoint.generation.prompt import prompt_ids, render_prompt
 from needlepoint.generation.sampling import SamplingConfig
 from needlepoint.generation.turn import GenerationConfig, TurnVocab
 

@@ -15,13 +15,14 @@ from fake_model import ScriptedModel, answer_ids
 
 from needlepoint import open_archive
 from needlepoint.errors import InvalidOptionError, NonFiniteActivationError
+from needlepoint.formats.needle_wire import prompt_ids, render_prompt
 from needlepoint.generation.content import JSON_OBJECT, ContentGrammar
 from needlepoint.generation.events import LogprobDelta, TextDelta
 from needlepoint.generation.grammar import GrammarError, TokenVocab, ToolCallGrammar
-from needlepoint.generation.prompt import prompt_ids, render_prompt
 from needlepoint.generation.sampling import SamplingConfig, check_seed, position_rng
 from needlepoint.generation.stops import StopFilter
 from needlepoint.generation.turn import GenerationConfig, TurnVocab, generate_turn, run_turn
+from needlepoint.models.protocol import SessionCapabilities
 
 ALARM = {"name": "set_alarm", "description": "Set an alarm.",
          "parameters": {"type": "object", "properties": {"time": {"type": "string"}},
@@ -209,6 +210,8 @@ class NaNSession:
         if self.steps == self.bad_step:
             x[7] = np.nan
         return x
+
+    capabilities = SessionCapabilities()  # prefill and step only
 
     def prefill(self, ids, logits=True):
         self.position += len(ids)

@@ -12,8 +12,10 @@ from hf_helpers import hf_fixture_dir
 import needlepoint
 from needlepoint.errors import ModelInputError, TokenizerError
 from needlepoint.models.protocol import (
+    ModelCapabilities,
     ModelNotFoundError,
     ModelProtocol,
+    SessionCapabilities,
     SessionProtocol,
     resolve_model_name,
 )
@@ -40,6 +42,45 @@ def test_every_family_implements_the_protocol(tiny_int8) -> None:
     staged = needlepoint.load(toy_model_path(), stages=2)
     try:
         assert isinstance(staged, ModelProtocol) and staged.chat_format.name == "needle"
+    finally:
+        staged.close()
+
+
+def test_every_family_declares_its_capabilities(tiny_int8) -> None:
+    """What `api/`, `generation/` and `server/` read instead of probing (issue 27 item 3):
+    each declared capability is one the object really has, and what each family lacks is
+    declared absent."""
+    deploy = needlepoint.load(toy_model_path())
+    float_toy = needlepoint.load(toy_model_path(), numerics="float")
+    needle2 = needlepoint.load(get_fixture("needle2", "tiny").cact)
+    float_tf = needlepoint.load(hf_fixture_dir("llama-tiny"), numerics="float")
+    for model in (deploy, float_toy, needle2, tiny_int8, float_tf):
+        caps, session = model.capabilities, model.session()
+        assert isinstance(caps, ModelCapabilities) and caps.run_batch
+        assert caps.pipeline_depth == 1 and caps.name
+        assert caps.confidence_head == (model.confidence_logit(IDS) is not None)
+        sc = session.capabilities
+        assert isinstance(sc, SessionCapabilities) and sc.extend and sc.rewind and sc.fork
+        session.prefill(IDS[:4], logits=False)
+        fork = session.fork()
+        rows = fork.extend(IDS[4:6])
+        fork.rewind(2)
+        assert rows.shape[0] == 2 and fork.position == 4 == session.position
+        if sc.confidence:
+            session.confidence_logit()
+        if sc.chunk is not None:
+            assert sc.chunk == session.chunk > 0
+    assert deploy.session().capabilities.exact and tiny_int8.session().capabilities.exact
+    assert not any(m.session().capabilities.exact for m in (float_toy, needle2, float_tf))
+    assert needle2.capabilities.embedding == needle2.has_contrastive_head
+    assert needle2.embed("lock the door").shape[-1] > 0
+    assert not deploy.capabilities.embedding and not tiny_int8.capabilities.embedding
+    assert deploy.capabilities.name == toy_model_path().stem
+    staged = needlepoint.load(toy_model_path(), stages=2)
+    try:
+        caps = staged.capabilities
+        assert caps.pipeline_depth == 2 and caps.run_batch and caps.name == deploy.capabilities.name
+        assert staged.session().capabilities.exact
     finally:
         staged.close()
 

@@ -20,8 +20,8 @@ from v3_helpers import model
 
 import needlepoint
 from needlepoint.errors import ModelInputError
+from needlepoint.formats.needle_wire import prompt_ids, render_prompt
 from needlepoint.generation.events import TurnComplete
-from needlepoint.generation.prompt import prompt_ids, render_prompt
 from needlepoint.generation.sampling import SamplingConfig
 from needlepoint.generation.speculate import speculation_supported
 from needlepoint.generation.turn import GenerationConfig, TurnVocab, generate_turn

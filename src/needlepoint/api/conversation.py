@@ -12,9 +12,12 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from ..generation.draft_policy import policy_for
 from ..generation.events import DeltaEvent, Done, TurnComplete
-from ..generation.prompt import continuation_ids, render_user_turn
-from ..generation.turn import Constraint, GenerationConfig, TurnResult, TurnVocab, generate_turn
+from ..generation.turn import generate_turn
+from ..generation.turn_config import Constraint, GenerationConfig, TurnVocab
+from ..generation.turn_result import TurnResult
+from ..models.protocol import ModelProtocol
 from .envelope import combine_confidence, turn_envelope
 from .history import check_fits
 
@@ -25,8 +28,10 @@ CUT_ANSWER = ("the answer was cut at max_new_tokens before its JSON was complete
 class Conversation:
     """Token history and session of one conversation. Not thread-safe (one per `Needle`)."""
 
-    def __init__(self, model: Any, vocab: TurnVocab, *, kv_window: int | None = None) -> None:
+    def __init__(self, model: ModelProtocol, vocab: TurnVocab, *,
+                 kv_window: int | None = None) -> None:
         self.model = model
+        self.policy = policy_for(model)  # speculative drafts learnt per model
         self.vocab = vocab
         self.kv_window = kv_window
         self.session = model.session(kv_window=kv_window)
@@ -41,18 +46,8 @@ class Conversation:
         return len(self.ids)
 
     @property
-    def context_limit(self) -> int | None:
-        config = getattr(self.model, "config", None)
-        return getattr(config, "max_seq_len", None)
-
-    def _closing_ids(self) -> list[int]:
-        """What must precede the next user turn: the last turn's unfed stop token, as an
-        `<|im_end|>` (an EOS stop or a cut-off turn is closed the same way)."""
-        m = self.vocab.markers
-        tokens = [t for t in self.pending if t != m.eos]
-        if not tokens or tokens[-1] != m.im_end:
-            tokens.append(m.im_end)
-        return tokens
+    def context_limit(self) -> int:
+        return int(self.model.config.max_seq_len)
 
     def resume(self, ids: Sequence[int]) -> list[int]:
         """Continue with the whole conversation `ids` (a re-rendered history): keep the
@@ -67,7 +62,7 @@ class Conversation:
             common += 1
         common = min(common, len(ids) - 1)
         if common < len(fed):
-            if callable(getattr(self.session, "rewind", None)):
+            if self.session.capabilities.rewind:
                 self.session.rewind(len(fed) - common)
             else:
                 self.session = self.model.session(kv_window=self.kv_window)
@@ -75,11 +70,13 @@ class Conversation:
         self.ids, self.pending = ids[:common], []
         return ids[common:]
 
-    def user_turn_ids(self, content: str, tokenizer: Any) -> list[int]:
-        """Ids that close the previous turn and open a user turn with `content`."""
+    def user_turn_ids(self, content: str) -> list[int]:
+        """Ids that close the previous turn (its unfed stop token, as an `<|im_end|>`: an EOS
+        stop or a cut-off turn is closed the same way) and open a user turn with `content`
+        (Needle's format: `NeedleFormat.next_turn_ids`)."""
         if self.turns == 0:
             raise ValueError("the first turn needs a full prompt (tools and query)")
-        return self._closing_ids() + continuation_ids(tokenizer, render_user_turn(content))
+        return self.model.chat_format.next_turn_ids(self.pending, content)
 
     def turn(
         self,
@@ -102,7 +99,8 @@ class Conversation:
         self.ids.extend(new_ids)
         result: TurnResult | None = None
         for event in generate_turn(self.session, self.vocab, new_ids, config, constraint,
-                                   context_limit=self.context_limit, content=content):
+                                   context_limit=self.context_limit, content=content,
+                                   policy=self.policy):
             if isinstance(event, TurnComplete):
                 result = event.result
             else:
@@ -131,19 +129,18 @@ class Conversation:
 
         A session that pools the head online (`fork` + `confidence_logit`) is forked and fed
         only the unfed stop token; otherwise the model recomputes it over all the ids."""
-        if not getattr(self.model, "has_confidence_head", True):
+        if not self.model.capabilities.confidence_head:
             return None, 0.0
         eos = self.vocab.markers.eos
         start = time.perf_counter()
-        if hasattr(self.session, "fork") and hasattr(self.session, "confidence_logit"):
+        caps = self.session.capabilities
+        if caps.fork and caps.confidence:
             branch = self.session.fork()
             tail = [t for t in self.pending if t != eos]
             if tail:
                 branch.prefill(tail, logits=False)
             logit = branch.confidence_logit()
         else:
-            head = getattr(self.model, "confidence_logit", None)
-            if head is None:
-                return None, 0.0
-            logit = head(self.ids[:-1] if self.ids and self.ids[-1] == eos else list(self.ids))
+            ids = self.ids[:-1] if self.ids and self.ids[-1] == eos else list(self.ids)
+            logit = self.model.confidence_logit(ids)
         return (None if logit is None else float(logit)), time.perf_counter() - start

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..generation.call_check import call_errors
-from ..generation.turn import TurnResult
+from ..generation.turn_result import TurnResult
 
 
 def parse_calls(call_text: str) -> list[dict[str, Any]]:

@@ -19,10 +19,13 @@ from typing import Any
 
 from ..errors import NeedlepointError
 from ..generation import answer_grammar
+from ..generation.draft_policy import policy_for
 from ..generation.grammar import TokenVocab, ToolCallGrammar
-from ..generation.turn import GenerationConfig, TurnVocab, run_turn
+from ..generation.turn import run_turn
+from ..generation.turn_config import GenerationConfig, TurnVocab
+from ..models.protocol import ModelProtocol
 from .envelope import turn_envelope
-from .grammars import chat_format_of, text_markers
+from .grammars import text_markers
 
 MODES = ("grammar", "free")
 
@@ -105,7 +108,7 @@ class Evaluator:
     """Decodes examples on one model; the tokenizer-derived tables are built once."""
 
     def __init__(
-        self, model: Any, *, max_new_tokens: int = 80, modes: Iterable[str] = MODES,
+        self, model: ModelProtocol, *, max_new_tokens: int = 80, modes: Iterable[str] = MODES,
         speculate: bool = True,
     ):
         self.model = model
@@ -115,7 +118,7 @@ class Evaluator:
             raise ValueError(f"unknown eval modes {sorted(unknown)}; choose from {MODES}")
         tokenizer = model.tokenizer
         self.tokenizer = tokenizer
-        self.format = chat_format_of(model)
+        self.format = model.chat_format
         self.whole_answer = text_markers(self.format)  # a template model: answer_grammar.py
         if self.whole_answer:
             self.vocab = answer_grammar.turn_vocab(self.format)
@@ -128,13 +131,14 @@ class Evaluator:
             max_new_tokens=max_new_tokens, reasoning_budget=None, speculate=speculate,
             call_threshold=answer_grammar.AUTO_CALL_THRESHOLD if self.whole_answer else None)
         self.scores = {mode: ModeScore() for mode in self.modes}
-        self.limit = getattr(getattr(model, "config", None), "max_seq_len", None)
+        self.limit = int(model.config.max_seq_len)
+        self.policy = policy_for(model)
 
     def predict(self, example: dict[str, Any]) -> dict[str, dict[str, Any]]:
         """Each mode's envelope for one example."""
         ids = self.format.first_ids(example["tools"], example["query"])
         base = self.model.session()
-        can_fork = hasattr(base, "fork")
+        can_fork = base.capabilities.fork
         if can_fork:
             base.prefill(ids[:-1], logits=False)
         envelopes = {}
@@ -150,7 +154,7 @@ class Evaluator:
             elif mode == "grammar":
                 grammar = ToolCallGrammar(self.grammar_vocab, example["tools"])
             result = run_turn(session, self.vocab, feed, self.config, grammar,
-                              context_limit=self.limit, content=content)
+                              context_limit=self.limit, content=content, policy=self.policy)
             envelope = turn_envelope(result)
             envelope["timings"]["prefill_tokens"] = len(ids)
             envelopes[mode] = envelope

@@ -76,21 +76,10 @@ class _TurnVocabCache:
 TURN_VOCABS = _TurnVocabCache()
 
 
-def chat_format_of(model: Any) -> Any:
-    """The model's chat format (`models.protocol`); Needle's wire format for a model object
-    that names none (test doubles with a Needle tokenizer)."""
-    found = getattr(model, "chat_format", None)
-    if found is not None:
-        return found
-    from ..formats.chat_format import NeedleFormat
-
-    return NeedleFormat(model.tokenizer)
-
-
 def text_markers(chat_format: Any) -> bool:
     """Whether a chat format is a chat template's (whole-answer grammars with call markers
     matched as text, `generation/answer_grammar.py`) rather than Needle's wire format."""
-    return chat_format is not None and getattr(chat_format, "name", "needle") == "template"
+    return chat_format is not None and chat_format.name == "template"
 
 
 def content_schema(response_format: Any) -> dict[str, Any] | None:

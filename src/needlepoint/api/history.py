@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from ..errors import ModelInputError
-from ..generation.prompt import continuation_ids, render_user_turn
+from ..formats.chat_format import NeedleFormat
 
 MIN_ANSWER_ROOM = 32  # context kept free for the answer: min(max_new_tokens, this or 1/8)
 
@@ -43,26 +43,23 @@ def check_fits(tokens: int, limit: int | None, first_turn: bool) -> None:
                           f"{limit} in all (max_seq_len), the answer included: {fix}")
 
 
-def replay_ids(first_prompt: Callable[[str], list[int]], tokenizer, im_end: int, eos: int,
+def replay_ids(first_prompt: Callable[[str], list[int]], chat_format: NeedleFormat,
                kept: Sequence[Turn], user: str) -> list[int]:
     """Token ids of a conversation of the `kept` turns followed by the user turn `user`."""
     users = [turn.user for turn in kept] + [user]
     ids = list(first_prompt(users[0]))
     for turn, following in zip(kept, users[1:], strict=True):
-        answer = [t for t in turn.answer if t != eos]
-        if not answer or answer[-1] != im_end:
-            answer.append(im_end)
-        ids += answer + continuation_ids(tokenizer, render_user_turn(following))
+        ids += chat_format.next_turn_ids(turn.answer, following)
     return ids
 
 
-def fitting_replay(first_prompt: Callable[[str], list[int]], tokenizer, im_end: int, eos: int,
+def fitting_replay(first_prompt: Callable[[str], list[int]], chat_format: NeedleFormat,
                    history: Sequence[Turn], user: str, limit: int, room: int
                    ) -> tuple[int, list[int]]:
     """(turns dropped, ids) for the fewest oldest turns dropped so that the rebuilt prompt
     leaves `room` tokens free; every earlier turn dropped if even that does not fit."""
     for dropped in range(1, len(history) + 1):
-        ids = replay_ids(first_prompt, tokenizer, im_end, eos, history[dropped:], user)
+        ids = replay_ids(first_prompt, chat_format, history[dropped:], user)
         if len(ids) + room <= limit or dropped == len(history):
             return dropped, ids
-    return 0, replay_ids(first_prompt, tokenizer, im_end, eos, history, user)
+    return 0, replay_ids(first_prompt, chat_format, history, user)

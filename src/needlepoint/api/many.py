@@ -49,7 +49,8 @@ def complete_many(
     def one(index: int) -> dict[str, Any]:
         ids, plan = prepared[index]
         with scheduler.lease(wait=True) as lease:
-            conversation = Conversation(lease.model, needle._vocab, kv_window=needle.kv_window)
+            conversation = Conversation(lease.model, needle.planner.vocab,
+                                        kv_window=needle.kv_window)
             events = conversation.turn(ids, plan.config, plan.grammar, content=plan.content,
                                        check_tools=plan.check_tools,
                                        parallel_calls=plan.parallel)
@@ -68,4 +69,4 @@ def complete_many(
 def _prepare(needle: Any, query: Any, options: dict[str, Any]) -> tuple[list[int], Any]:
     """What `Needle.stream` computes before decoding: the prompt ids and the turn's plan."""
     ids = needle.prompt_ids(query)  # checks the query first (InvalidQueryError)
-    return ids, needle._plan(needle.offered_tools(query), options)
+    return ids, needle.planner.plan(needle.offered_tools(query), options)

@@ -26,47 +26,33 @@ import dataclasses
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-from ..errors import InvalidOptionError, InvalidQueryError, NeedlepointError
+from ..errors import InvalidQueryError, NeedlepointError
+from ..formats import needle_wire as wire
 from ..formats.chat_format import with_call_options
-from ..generation import prompt as wire
 from ..generation.events import DeltaEvent, Done
-from ..generation.grammar import MAX_TOOLS, ToolCallGrammar
 from ..generation.retrieval import (
     DEFAULT_RETRIEVE_K,
     DEFAULT_RETRIEVE_THRESHOLD,
     RetrievalUnavailableError,
-    ToolIndex,
 )
-from ..generation.sampling import SamplingConfig
-from ..generation.turn import GenerationConfig, TurnVocab
+from ..generation.turn_config import GenerationConfig
 from ..models.hub import MODEL_CACHE, ModelCache, load_model
+from .chat_history import ChatHistory, tool_messages
 from .conversation import Conversation
-from .grammars import (
-    GRAMMAR_VOCABS,
-    TURN_VOCABS,
-    GrammarCache,
-    chat_format_of,
-    content_schema,
-    text_markers,
-)
-from .history import Turn, answer_room, fitting_replay
+from .grammars import GRAMMAR_VOCABS
+from .history import answer_room, fitting_replay
 from .many import complete_many
-from .plan import Plan as _Plan
+from .plan import Plan
+from .planner import NO_TOOLS_NOTE, TurnPlanner
 from .results import annotated, call_key, check_rounds, final, jsonable, summary
-from .template_chat import answer_plan, assistant_message, template_turn, tool_messages
+from .template_chat import template_turn
 from .tools import ToolSpec, from_dict, from_pydantic, tool, tool_specs
 
-__all__ = ["ExtractionError", "GRAMMAR_VOCABS", "Needle", "RetrievalUnavailableError",
-           "jsonable", "tool"]
+__all__ = ["ExtractionError", "GRAMMAR_VOCABS", "NO_TOOLS_NOTE", "Needle",
+           "RetrievalUnavailableError", "jsonable", "tool"]
 
 EXTRACT_TOOL = "extract"
 EXTRACT_DESCRIPTION = "Extract the requested fields from the text."
-SAMPLING_OPTIONS = ("temperature", "top_k", "top_p", "seed")
-TURN_OPTIONS = ("max_new_tokens", "reasoning_budget", "require_call", "allow_call", "stop",
-                "logprobs", "speculate", "call_threshold")
-GRAMMAR_OPTIONS = ("parallel_tool_calls", "response_format")
-NO_TOOLS_NOTE = ("no tools were declared, so there is nothing to call: the turn refused at "
-                 "once (pass allow_call=False for a plain text answer)")
 
 
 class ExtractionError(NeedlepointError):
@@ -84,7 +70,8 @@ def check_query(text: Any) -> str:
 
 
 class Needle:
-    """A tool-calling assistant over one Needle model."""
+    """A tool-calling assistant over one model: a `TurnPlanner` (tools, options, grammars,
+    retrieval) and a `ChatHistory` (the conversation it continues), each its own object."""
 
     def __init__(
         self, tools: Iterable[Any] = (), model: Any = None,
@@ -108,129 +95,52 @@ class Needle:
     ) -> None:
         self.model = load_model(model, cache, threads)
         self.tokenizer = self.model.tokenizer
-        self.format = with_call_options(chat_format_of(self.model), tool_format, template_kwargs)
-        self.whole_answer = text_markers(self.format)  # a template model (answer_grammar.py)
         self.tools: list[ToolSpec] = tool_specs(tools)
         self.system = system
         self.auto_date = auto_date
         self.max_rounds = check_rounds(max_rounds)
         self.kv_window = kv_window
-        self.defaults = {"temperature": temperature, "top_k": top_k, "top_p": top_p,
-                         "seed": seed, "max_new_tokens": max_new_tokens,
-                         "reasoning_budget": reasoning_budget, "speculate": speculate}
-        self.config()  # validate the defaults now, not at the first query
-        if retrieve_k is not None and (not isinstance(retrieve_k, int) or retrieve_k < 1):
-            raise ValueError(f"retrieve_k must be a positive int or None, got {retrieve_k!r}")
-        if not isinstance(retrieve_threshold, int) or retrieve_threshold < 0:
-            raise ValueError(f"retrieve_threshold must be an int >= 0, got {retrieve_threshold!r}")
-        self.retrieve_k = retrieve_k
-        self.retrieve_threshold = retrieve_threshold
-        self._index = ToolIndex(self.model, [spec.schema() for spec in self.tools])
-        self._offer_memo: tuple[str, list[ToolSpec]] | None = None
-        self._vocab = TURN_VOCABS.get(self.format) if self.whole_answer else \
-            TurnVocab.from_tokenizer(self.tokenizer)
-        self._grammars = GrammarCache(self.tokenizer, tool_grammar=grammar,
-                                      chat_format=self.format)
-        if grammar:
-            GRAMMAR_VOCABS.get(self.tokenizer, self.format)  # built now, not at the first query
-        if self.retrieval_active and len(self.tools) > MAX_TOOLS:
-            # Only subsets are ever compiled, so the full list may exceed the grammar's tool
-            # limit; still check every schema now, not at the first query.
-            for spec in self.tools:
-                self._compile([spec])
-            self._grammar = None
-        else:
-            self._grammar = self._compile(self.tools)
-        self._conversation: Conversation | None = None
-        self._turn_specs: list[ToolSpec] = self.tools  # the tools the conversation offers
-        self._turn_grammar: ToolCallGrammar | None = self._grammar  # the conversation's
-        self._history: list[Turn] = []  # finished turns, for dropping the oldest
-        self._messages: list[dict[str, Any]] = []  # a template model's history (OpenAI shape)
+        defaults = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "seed": seed,
+                    "max_new_tokens": max_new_tokens, "reasoning_budget": reasoning_budget,
+                    "speculate": speculate}
+        chat_format = with_call_options(self.model.chat_format, tool_format, template_kwargs)
+        self.planner = TurnPlanner(self.model, self.tools, defaults, grammar=grammar,
+                                   retrieve_k=retrieve_k, retrieve_threshold=retrieve_threshold,
+                                   chat_format=chat_format)
+        self.format = self.planner.format
+        self.whole_answer = self.planner.whole_answer  # a template model (answer_grammar.py)
+        self.history = ChatHistory(specs=self.tools, grammar=self.planner.grammar)
 
     # ------------------------------------------------------------------ configuration
+    @property
+    def defaults(self) -> dict[str, Any]:
+        return self.planner.defaults
+
     def config(self, **overrides: Any) -> GenerationConfig:
         """The generation settings of one call: the constructor's, with `overrides`."""
-        unknown = set(overrides) - set(SAMPLING_OPTIONS) - set(TURN_OPTIONS)
-        if unknown:
-            raise TypeError(f"unknown generation options: {sorted(unknown)}")
-        merged = {**self.defaults, **overrides}
-        return GenerationConfig(
-            sampling=SamplingConfig(**{k: merged[k] for k in SAMPLING_OPTIONS}),
-            **{k: merged[k] for k in TURN_OPTIONS if k in merged},
-        )
-
-    def _compile(self, specs: list[ToolSpec], **flags: bool) -> ToolCallGrammar | None:
-        return self._grammars.compile([spec.schema() for spec in specs], **flags)
-
-    def _grammar_for(self, specs: list[ToolSpec], require_call: bool = False,
-                     parallel_calls: bool = True) -> ToolCallGrammar | None:
-        """The grammar for the tools offered in a conversation: the full list's, or a cached
-        one per (subset, flags) (LRU)."""
-        if len(specs) == len(self.tools) and self._grammar is not None and \
-                not require_call and parallel_calls:
-            return self._grammar
-        return self._grammars.calls([spec.schema() for spec in specs],
-                                    require_call=require_call, parallel_calls=parallel_calls)
-
-    def _plan(self, specs: list[ToolSpec], options: dict[str, Any]) -> _Plan:
-        """Split one call's options into the turn config and the constraints it needs."""
-        options = dict(options)
-        extra = {k: options.pop(k) for k in GRAMMAR_OPTIONS if k in options}
-        parallel = extra.get("parallel_tool_calls", True)
-        if not isinstance(parallel, bool):
-            raise InvalidOptionError(f"parallel_tool_calls must be true or false, got "
-                                     f"{parallel!r}")
-        schema = content_schema(extra.get("response_format"))
-        if self.whole_answer:
-            return answer_plan(self, specs, options, schema, parallel)
-        notes: dict[str, Any] = {}
-        if not specs and options.get("allow_call", True) and schema is None:
-            if options.get("require_call"):
-                raise InvalidOptionError("require_call needs at least one tool to call")
-            options["reasoning_budget"] = 0  # the only possible call is `[]`: say so now
-            notes["note"] = NO_TOOLS_NOTE
-        config = self.config(**options)
-        grammar = self._grammar_for(specs, config.require_call, parallel)
-        content = None
-        if schema is not None and not config.require_call:
-            content = self._grammars.content(schema, allow_call=config.allow_call and
-                                             bool(specs))
-        check = None if self._grammars.tool_grammar else [spec.schema() for spec in specs]
-        return _Plan(config, grammar, content, check, parallel, notes)
+        return self.planner.config(**overrides)
 
     # ------------------------------------------------------------------ tool retrieval
     @property
     def retrieval_active(self) -> bool:
         """Whether conversations offer only the top `retrieve_k` tools: retrieval is on, the
         model has a contrastive head, and there are more than `retrieve_threshold` tools."""
-        return (self.retrieve_k is not None and len(self.tools) > self.retrieve_threshold
-                and self._index.available)
+        return self.planner.retrieval_active
 
     def rank_tools(self, query: str) -> list[tuple[float, dict[str, Any]]]:
         """Every tool's `(cosine similarity to query, schema)`, best first (ties in the
         original order). Raises `RetrievalUnavailableError` without a contrastive head."""
-        return [(score, self.tools[i].schema()) for score, i in self._index.ranked(query)]
+        return self.planner.rank(query)
 
     def retrieve_tools(self, query: str, k: int | None = None) -> list[dict[str, Any]]:
         """The schemas of the `k` tools closest to `query` (default `retrieve_k`, or 5 when
         retrieval is off), best first."""
-        k = k if k is not None else (self.retrieve_k or DEFAULT_RETRIEVE_K)
-        if k < 1:
-            raise ValueError(f"k must be at least 1, got {k}")
-        return [schema for _, schema in self.rank_tools(query)[:k]]
+        return self.planner.retrieve(query, k)
 
     def offered_tools(self, query: str) -> list[ToolSpec]:
         """The tools a conversation starting with `query` shows the model: all of them, or,
         when `retrieval_active`, the top `retrieve_k` in their original order."""
-        if not self.retrieval_active:
-            return self.tools
-        # The server renders a prompt to check its length, then streams the same query:
-        # remember the last answer instead of embedding the query twice.
-        if self._offer_memo is None or self._offer_memo[0] != query:
-            assert self.retrieve_k is not None
-            chosen = self._index.top_k(query, self.retrieve_k)
-            self._offer_memo = (query, [self.tools[i] for i in chosen])
-        return self._offer_memo[1]
+        return self.planner.offered(query)
 
     def system_text(self) -> str:
         system = self.system
@@ -242,49 +152,44 @@ class Needle:
         query = check_query(query)
         tools = [spec.schema() for spec in (self.offered_tools(query) if specs is None
                                             else specs)]
-        if self.whole_answer:
-            return self.format.first_ids(tools, query, self.system_text())
-        text = wire.render_prompt(tools, query, self.system_text())
-        return wire.prompt_ids(self.tokenizer, text)
+        return self.format.first_ids(tools, query, self.system_text())
 
     # ------------------------------------------------------------------ turns
     def reset(self) -> None:
         """Forget the conversation (the next `chat` starts a new one)."""
-        self._conversation = None
-        self._history = []
+        self.history.reset()
 
-    def _turn(self, conversation: Conversation, ids: list[int], plan: _Plan, user: str
+    def _new_conversation(self) -> Conversation:
+        """A fresh conversation (its own session) on this Needle's model and settings."""
+        return Conversation(self.model, self.planner.vocab, kv_window=self.kv_window)
+
+    def _turn(self, conversation: Conversation, ids: list[int], plan: Plan, user: str
               ) -> Iterator[DeltaEvent | Done]:
         events = conversation.turn(ids, plan.config, plan.grammar, content=plan.content,
                                    check_tools=plan.check_tools, parallel_calls=plan.parallel)
         for event in annotated(events, plan.notes):
             if self.whole_answer and isinstance(event, Done):
-                self._messages.append(assistant_message(event.envelope))
+                self.history.answered(event.envelope)
             yield event
-        self._history.append(Turn(user, list(conversation.last_answer)))
+        self.history.finished(user, conversation.last_answer)
 
     def stream(self, text: str, **options: Any) -> Iterator[DeltaEvent | Done]:
         """Start a new conversation with `text`; yield events as tokens are decoded."""
         text = check_query(text)
         specs = self.offered_tools(text)
-        plan = self._plan(specs, options)
+        plan = self.planner.plan(specs, options)
         # Later turns keep these tools: the model only ever saw their schemas.
-        self._turn_specs = specs
-        self._turn_grammar = self._grammar_for(specs)
-        self._conversation = Conversation(self.model, self._vocab, kv_window=self.kv_window)
-        self._history = []
-        self._messages = [{"role": "user", "content": text}]
-        yield from self._turn(self._conversation, self.prompt_ids(text, specs), plan, text)
+        conversation = self._new_conversation()
+        self.history.start(conversation, specs, self.planner.grammar_for(specs), text)
+        yield from self._turn(conversation, self.prompt_ids(text, specs), plan, text)
 
     def stream_ids(self, ids: Sequence[int], query: str, **options: Any
                    ) -> Iterator[DeltaEvent | Done]:
         """Decode one turn after `ids` (a whole conversation as token ids, e.g. a replayed
         client history) on a fresh session, constrained to the tools `query` (the first user
         turn) is offered; the instance's own conversation is left alone."""
-        specs = self.offered_tools(check_query(query))
-        plan = self._plan(specs, options)
-        conversation = Conversation(self.model, self._vocab, kv_window=self.kv_window)
-        yield from annotated(conversation.turn(
+        plan = self.planner.plan(self.offered_tools(check_query(query)), options)
+        yield from annotated(self._new_conversation().turn(
             list(ids), plan.config, plan.grammar, content=plan.content,
             check_tools=plan.check_tools, parallel_calls=plan.parallel), plan.notes)
 
@@ -299,27 +204,25 @@ class Needle:
         the context cannot hold it and an answer, the oldest turns are dropped and the
         envelope's `dropped_turns` says how many."""
         text = check_query(text)
-        if self._conversation is None:
+        conversation = self.history.conversation
+        if conversation is None:
             yield from self.stream(text, **options)
             return
         if self.whole_answer:
-            yield from template_turn(self, [{"role": "user", "content": text}], options)
+            yield from template_turn(self.planner, self.history, self.system_text(),
+                                     [{"role": "user", "content": text}], options)
             return
-        plan = self._plan(self._turn_specs, options)
-        conversation = self._conversation
-        ids = conversation.user_turn_ids(text, self.tokenizer)
+        specs = self.history.specs
+        plan = self.planner.plan(specs, options)
+        ids = conversation.user_turn_ids(text)
         limit = conversation.context_limit
-        if limit is not None:
-            room = answer_room(limit, plan.config.max_new_tokens)
-            if conversation.position - len(conversation.pending) + len(ids) + room > limit:
-                m = self._vocab.markers
-                dropped, ids = fitting_replay(
-                    lambda first: self.prompt_ids(first, self._turn_specs), self.tokenizer,
-                    m.im_end, m.eos, self._history, text, limit, room)
-                self._history = self._history[dropped:]
-                conversation = Conversation(self.model, self._vocab, kv_window=self.kv_window)
-                self._conversation = conversation
-                plan.notes["dropped_turns"] = dropped
+        room = answer_room(limit, plan.config.max_new_tokens)
+        if conversation.position - len(conversation.pending) + len(ids) + room > limit:
+            dropped, ids = fitting_replay(lambda first: self.prompt_ids(first, specs),
+                                          self.format, self.history.turns, text, limit, room)
+            conversation = self._new_conversation()
+            self.history.dropped(dropped, conversation)
+            plan.notes["dropped_turns"] = dropped
         yield from self._turn(conversation, ids, plan, text)
 
     def chat(self, text: str, **options: Any) -> dict[str, Any]:
@@ -328,11 +231,12 @@ class Needle:
 
     def send_tool_results(self, results: list[dict[str, Any]], **options: Any) -> dict[str, Any]:
         """Give tool results back as the next user turn (`<tool_result>...</tool_result>`)."""
-        if self._conversation is None:
+        if self.history.conversation is None:
             raise NeedlepointError("no conversation to send tool results to")
         if self.whole_answer:
-            return final(template_turn(self, tool_messages(results), options))
-        return self.chat(wire.render_tool_results(results), **options)
+            return final(template_turn(self.planner, self.history, self.system_text(),
+                                       tool_messages(results), options))
+        return self.chat(self.format.tool_results_content(results), **options)
 
     # ------------------------------------------------------------------ agent loop
     def execute(self, call: Mapping[str, Any]) -> dict[str, Any]:
@@ -386,12 +290,11 @@ class Needle:
         else:
             spec = from_dict({"name": EXTRACT_TOOL, "description": EXTRACT_DESCRIPTION,
                               "parameters": schema})
-        grammar, content = (None, self._grammars.compile([spec.schema()], require_call=True)) \
-            if self.whole_answer else (self._compile([spec]), None)
+        grammar, content = (None, self.planner.compile([spec], require_call=True)) \
+            if self.whole_answer else (self.planner.compile([spec]), None)
         options = {"reasoning_budget": 0, "require_call": True, **options}
         # A conversation of its own: extraction leaves the chat conversation untouched.
-        conversation = Conversation(self.model, self._vocab, kv_window=self.kv_window)
-        envelope = final(conversation.turn(self.prompt_ids(text, [spec]),
+        envelope = final(self._new_conversation().turn(self.prompt_ids(text, [spec]),
                                             self.config(**options), grammar, content=content))
         calls = envelope["function_calls"]
         if envelope["type"] != "call" or calls[0]["name"] != EXTRACT_TOOL:

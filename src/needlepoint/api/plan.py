@@ -6,7 +6,7 @@ import dataclasses
 from typing import Any
 
 from ..generation.grammar import ToolCallGrammar
-from ..generation.turn import GenerationConfig
+from ..generation.turn_config import GenerationConfig
 
 
 @dataclasses.dataclass

@@ -6,7 +6,7 @@ pending work of every live request as one batched model call.
         needle = Needle(tools, model=lease.model)    # sessions of lease.model are batched
         needle.complete("wake me at 6:45")
 
-Each request runs its turn on its own thread, on `BatchedSession` proxies (`batched.py`):
+Each request runs its turn on its own thread, on `BatchedSession` proxies (`lease.py`):
 `prefill`/`step` queue a `Work` item and wait. The engine thread, per step:
 
 1. frees the sessions of cancelled leases (their waiting work fails with
@@ -49,77 +49,32 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import NeedlepointError
-from .batched import BatchedSession, LeasedModel, Work, plan_step, run_batch, session_bytes
+from ..models.protocol import ModelProtocol
+from .batched import Work, plan_step, run_batch, session_bytes
+from .lease import BatchedSession, Lease, RequestCancelled, SchedulerClosed, SchedulerFull
+
+__all__ = ["DEFAULT_STEP_TOKENS", "Lease", "RequestCancelled", "Scheduler", "SchedulerClosed",
+           "SchedulerFull"]
 
 DEFAULT_STEP_TOKENS = 256
 DEFAULT_GATHER_S = 0.003
 DEFAULT_MAX_GATHER_S = 0.05
 
 
-class SchedulerFull(NeedlepointError):
-    """No room for another request: the live-session or the KV-bytes cap is reached."""
-
-
-class RequestCancelled(NeedlepointError):
-    """The request was cancelled (its client went away); its session has been freed."""
-
-
-class SchedulerClosed(RequestCancelled):
-    """The scheduler was shut down while the request was running."""
-
-
-class Lease:
-    """One request's place in the scheduler: its KV reservation and every session it opens
-    (`lease.model.session()`). `cancel()` (any thread) frees them at the next engine step;
-    `close()` when the request is done. Both are idempotent."""
-
-    def __init__(self, scheduler: Scheduler, kv_bytes: int, number: int) -> None:
-        self.scheduler = scheduler
-        self.kv_bytes = kv_bytes
-        self.number = number  # 1, 2, ... in admission order (the step log names leases so)
-        self.model = LeasedModel(scheduler.model, self)
-        self.cancelled = False
-        self.closed = False
-
-    def check(self) -> None:
-        """RequestCancelled (or SchedulerClosed) if this lease can no longer run work."""
-        if self.scheduler.stopped:
-            raise SchedulerClosed("the scheduler was shut down")
-        if self.cancelled:
-            raise RequestCancelled("the request was cancelled")
-        if self.closed:
-            raise RequestCancelled("the request's lease is closed")
-
-    def submit(self, work: Work) -> Any:
-        return self.scheduler.submit(self, work)
-
-    def cancel(self) -> None:
-        self.scheduler.release(self, cancelled=True)
-
-    def close(self) -> None:
-        self.scheduler.release(self, cancelled=False)
-
-    def __enter__(self) -> Lease:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
 class Scheduler:
     """Owns a model's sessions and batches their work (see the module docstring).
 
-    `batched=None` uses `model.run_batch` when the model has it; False runs each item alone
-    (still one engine thread, the same chunking and admission). `new_first=False` mixes new
-    prompts' first chunks into the decode steps like later chunks. `max_kv_bytes=None` caps KV
-    bytes at `max_sessions` sessions' worth. The engine thread starts with the first lease
-    (`autostart=False`: only at `start()`) and ends with `close()`. `log_steps=True` keeps,
-    per engine step, the `(lease.number, rows)` of every item it ran (`step_log`)."""
+    `batched=None` uses `model.run_batch` when the model's capabilities offer it; False
+    runs each item alone (still one engine thread, the same chunking and admission).
+    `new_first=False` mixes new prompts' first chunks into the decode steps like later chunks.
+    `max_kv_bytes=None` caps KV bytes at `max_sessions` sessions' worth. The engine thread
+    starts with the first lease (`autostart=False`: only at `start()`) and ends with
+    `close()`. `log_steps=True` keeps, per engine step, the `(lease.number, rows)` of every
+    item it ran (`step_log`)."""
 
     def __init__(
         self,
-        model: Any,
+        model: ModelProtocol,
         *,
         max_sessions: int = 16,
         max_kv_bytes: int | None = None,
@@ -135,7 +90,8 @@ class Scheduler:
             raise ValueError(f"max_sessions must be >= 1, got {max_sessions}")
         if step_tokens < 1:
             raise ValueError(f"step_tokens must be >= 1, got {step_tokens}")
-        has_batch = callable(getattr(model, "run_batch", None))
+        caps = model.capabilities
+        has_batch = caps.run_batch
         if batched and not has_batch:
             raise ValueError("batched=True needs a model with run_batch")
         self.model = model
@@ -158,7 +114,7 @@ class Scheduler:
         self._last_arrival = 0.0
         self._kv_reserved = 0
         self._thread: threading.Thread | None = None
-        self.loops = max(1, int(getattr(model, "pipeline_depth", 1))) if self.batched else 1
+        self.loops = max(1, caps.pipeline_depth) if self.batched else 1
         self._threads: list[threading.Thread] = []
         self._in_flight: set[int] = set()  # id() of work a loop is running
         self._stats = {"steps": 0, "rows": 0, "sessions_stepped": 0, "max_batch": 0, "calls": 0,
@@ -318,9 +274,9 @@ class Scheduler:
     def _drop_cancelled(self) -> None:
         keep = []
         for work in self._queue:
-            lease = work.proxy._lease
+            lease = work.proxy.lease
             if (lease.cancelled or self.stopped) and id(work) not in self._in_flight:
-                work.proxy._session = None  # the KV cache goes with the last reference
+                work.proxy.free()  # the KV cache goes with the last reference
                 work.finish(error=RequestCancelled("the request was cancelled"))
             else:
                 keep.append(work)
@@ -365,8 +321,8 @@ class Scheduler:
                 done.append((work, result, None))
         with self._cond:
             # Awaited before they are answered: an answered request may submit at once.
-            self._awaiting.update(w.proxy._lease for w, _, _ in done
-                                  if w.proxy._lease in self._leases)
+            self._awaiting.update(w.proxy.lease for w, _, _ in done
+                                  if w.proxy.lease in self._leases)
             finished = {id(w) for w, _, _ in done}
             self._queue = [w for w in self._queue if id(w) not in finished]
             self._in_flight.difference_update(taken)
@@ -386,7 +342,7 @@ class Scheduler:
         stats["sessions_stepped"] += len(plan)
         stats["max_batch"] = max(stats["max_batch"], len(plan))
         if self.step_log is not None:
-            self.step_log.append([(w.proxy._lease.number, n) for w, n in plan])
+            self.step_log.append([(w.proxy.lease.number, n) for w, n in plan])
 
     def stats(self) -> dict[str, Any]:
         """Counters for /health and benchmarks (steps, rows, sessions per step, caps)."""

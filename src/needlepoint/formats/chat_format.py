@@ -102,6 +102,17 @@ class NeedleFormat:
         """The user-turn content that carries `[{"name", "result"}]` back to the model."""
         return wire.render_tool_results(results)
 
+    def next_turn_ids(self, answer: Sequence[int], content: str) -> list[int]:
+        """The one multi-turn step of Needle's format (issue 27 item 4; `conversation_ids`,
+        `Needle.chat` and the replay of kept turns all use it): an assistant answer's tokens
+        (EOS dropped, closed by `<|im_end|>` unless they end with it), then the next user
+        turn with `content`."""
+        im_end, eos = self.end_ids
+        tokens = [int(t) for t in answer if t != eos]
+        if not tokens or tokens[-1] != im_end:
+            tokens.append(im_end)
+        return tokens + self.user_ids(content)
+
     def answer_text(self, text: str, calls: Sequence[Mapping[str, Any]] | None) -> str:
         """An earlier assistant answer as the model writes it."""
         if calls:
@@ -115,14 +126,13 @@ class NeedleFormat:
         turn, whose content is the tool results and/or the user's text)."""
         system, rest = split_turns(messages)
         ids = self.first_ids(tools, str(rest[0].get("content") or ""), system)
-        im_end = self.end_ids[0]
         k = 1
         while k < len(rest):
             answer = rest[k]
             if answer.get("role") != "assistant":
                 raise ValueError(f"message {k}: expected an assistant turn")
-            ids += self.tokenizer.encode(self.answer_text(
-                str(answer.get("content") or ""), answer.get("tool_calls"))) + [im_end]
+            answer_ids = self.tokenizer.encode(self.answer_text(
+                str(answer.get("content") or ""), answer.get("tool_calls")))
             k += 1
             group = []
             while k < len(rest) and rest[k].get("role") == "tool":
@@ -136,7 +146,7 @@ class NeedleFormat:
                 parts.append(user)
             if not parts:
                 raise ValueError("an assistant turn must be followed by a user or tool turn")
-            ids += self.user_ids("\n".join(parts))
+            ids += self.next_turn_ids(answer_ids, "\n".join(parts))
         return ids
 
 

@@ -33,7 +33,7 @@ from .functiongemma_grammar import functiongemma_calls_lark
 from .grammar import MAX_TOOLS, TokenVocab, ToolCallGrammar, ToolCallMatcher, tool_parts
 from .segments import MarkerIds
 from .text_markers import call_start_mask, closing_mask
-from .turn import BYTE_TYPE, NORMAL_TYPE, TurnVocab
+from .turn_config import BYTE_TYPE, NORMAL_TYPE, TurnVocab
 
 USER_DEFINED, CONTROL, UNKNOWN = 3, 2, 1
 # `tool_choice="auto"` on a template model: call when the call marker's first tokens get at

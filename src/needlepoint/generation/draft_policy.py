@@ -103,10 +103,10 @@ _POLICIES: weakref.WeakKeyDictionary[Any, DraftPolicy] = weakref.WeakKeyDictiona
 _POLICIES_LOCK = threading.Lock()
 
 
-def policy_for(session: Any) -> DraftPolicy:
-    """The policy shared by the sessions of `session.model` (a fresh one when there is no
-    model to key it by)."""
-    model = getattr(session, "model", None)
+def policy_for(model: Any) -> DraftPolicy:
+    """The policy shared by every turn decoded on `model` (a fresh one for None or a model
+    that cannot be weakly referenced). The caller names the model (`api/conversation.py`):
+    a session does not have to know its model."""
     if model is None:
         return DraftPolicy()
     with _POLICIES_LOCK:
@@ -117,3 +117,11 @@ def policy_for(session: Any) -> DraftPolicy:
         except TypeError:  # not weakly referenceable
             return DraftPolicy()
     return policy
+
+
+def share_policy(view: Any, model: Any) -> None:
+    """Turns decoded on `view` (a scheduler lease's view of `model`, `api/batched.py`) learn
+    into `model`'s policy, for as long as the view lives."""
+    policy = policy_for(model)
+    with _POLICIES_LOCK:
+        _POLICIES[view] = policy

@@ -12,10 +12,9 @@ each answer-text token is followed by a `LogprobDelta`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .turn import TurnResult
+from .turn_result import TurnResult
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,8 @@ from typing import Any
 import numpy as np
 
 from ..errors import NeedlepointError
-from .prompt import compact_json
+from ..formats.needle_wire import compact_json
+from ..models.protocol import ModelProtocol
 
 # Defaults of `Needle(retrieve_k=..., retrieve_threshold=...)`: up to 8 tools are all shown
 # (a small prompt the model handles as trained); beyond that only the best 5 are.
@@ -41,13 +42,11 @@ class RetrievalUnavailableError(NeedlepointError, ValueError):
     """The model has no contrastive embedding head, so tools cannot be ranked."""
 
 
-def has_embedding_head(model: Any) -> bool:
-    """True when `model.embed` can run (a Needle 2 archive with a contrastive head).
-
-    Needle 3 models expose no `has_contrastive_head` (their `embedding_head` is not
-    implemented), so a missing attribute means no head."""
-    return bool(getattr(model, "has_contrastive_head", False)) and callable(
-        getattr(model, "embed", None))
+def has_embedding_head(model: ModelProtocol) -> bool:
+    """True when `model.embed(text)` can run: the model's capabilities declare an embedding
+    head (a Needle 2 archive with a contrastive head; Needle 3's `embedding_head` is not
+    implemented, transformers have none)."""
+    return model.capabilities.embedding
 
 
 def require_embedding_head(model: Any) -> None:

@@ -11,8 +11,8 @@ from __future__ import annotations
 import codecs
 from dataclasses import dataclass, field
 
+from ..formats.needle_wire import IM_END, THINK_CLOSE, THINK_OPEN, TOOL_CALL_CLOSE, TOOL_CALL_OPEN
 from .events import DeltaEvent, ReasoningDelta, TextDelta, ToolCallDelta
-from .prompt import IM_END, THINK_CLOSE, THINK_OPEN, TOOL_CALL_CLOSE, TOOL_CALL_OPEN
 from .stops import StopFilter
 
 ANSWER, THINK, CALL, AFTER_CALL = "answer", "think", "call", "after_call"

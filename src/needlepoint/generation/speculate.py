@@ -34,32 +34,26 @@ from typing import Any
 import numpy as np
 
 from ..errors import NonFiniteActivationError
-from .draft_policy import DraftPolicy, policy_for
+from ..models.protocol import SessionProtocol
+from .draft_policy import DraftPolicy
 from .drafts import MAX_DRAFT, OPENING, SOURCES, Draft, Drafter, DraftState
 
 LOOKUP_MAX = 16  # lookup tokens per draft, before the policy cuts it
 SHORT_TAIL = 8  # a last prompt chunk this short carries the opening (its logits are cheap)
 
 
-def speculation_supported(session: Any) -> bool:
-    """Whether `session` can verify drafts exactly: it has `extend` and `rewind`, and its
-    multi-position logits are the bits of single steps (`exact_extend` when the session says
-    so, else a Needle 3 session in deploy numerics)."""
-    if not (callable(getattr(session, "extend", None)) and
-            callable(getattr(session, "rewind", None))):
-        return False
-    exact = getattr(session, "exact_extend", None)
-    if exact is not None:
-        return bool(exact)
-    from ..models.needle3.session import V3Session  # docs/numerics.md: batch-invariant
-
-    return isinstance(session, V3Session) and session.model.quantized is True
+def speculation_supported(session: SessionProtocol) -> bool:
+    """Whether `session` can verify drafts exactly: its capabilities (`models/protocol.py`)
+    declare `extend` and `rewind` whose multi-position logits are the bits of single steps
+    (`exact`: Needle 3 in deploy numerics, transformers in int8, their stages)."""
+    caps = session.capabilities
+    return caps.extend and caps.rewind and caps.exact
 
 
 class PlainStepper:
     """A session as the turn loop uses it, one forward pass per step (counted)."""
 
-    def __init__(self, session: Any) -> None:
+    def __init__(self, session: SessionProtocol) -> None:
         self.session = session
         self.passes = 0
 
@@ -87,11 +81,12 @@ class Speculator(PlainStepper):
     (grammar matcher, free phase) when a draft is proposed; `limit` is the context length
     (no draft reaches past it); `max_steps` the most steps the turn can still ask for;
     `opening` the tokens drafted with the prompt (see `prefill`); `policy` how much of a
-    draft is worth verifying (`draft_policy.py`; by default the one learnt for this
-    session's model)."""
+    draft is worth verifying (`draft_policy.py`: the caller passes the one learnt for
+    its model, `policy_for`; by default a fresh one)."""
 
-    def __init__(self, session: Any, drafter: Drafter, state: Callable[[], DraftState], *,
-                 limit: int | None = None, max_steps: int | None = None,
+    def __init__(self, session: SessionProtocol, drafter: Drafter,
+                 state: Callable[[], DraftState], *, limit: int | None = None,
+                 max_steps: int | None = None,
                  opening: Sequence[int] = (), policy: DraftPolicy | None = None) -> None:
         super().__init__(session)
         self.drafter = drafter
@@ -99,7 +94,7 @@ class Speculator(PlainStepper):
         self.limit = limit
         self.opening = [int(t) for t in opening]
         self.steps_left = max_steps if max_steps is not None else 1 << 62
-        self.policy = policy if policy is not None else policy_for(session)
+        self.policy = policy if policy is not None else DraftPolicy()
         # fed to the session ahead of the turn, not yet asked for: (token, row, source, kind)
         self.ahead: deque[tuple[int, np.ndarray, str, str]] = deque()
         self.drafted = dict.fromkeys(SOURCES, 0)
@@ -125,8 +120,8 @@ class Speculator(PlainStepper):
         if not opening:
             return self.session.prefill(ids, logits=logits)
         cut = len(ids) - 1  # the prompt before the pass that drafts the opening
-        chunk = getattr(self.session, "chunk", None)
-        if isinstance(chunk, int) and chunk > 0:
+        chunk = self.session.capabilities.chunk
+        if chunk is not None and chunk > 0:
             aligned = cut // chunk * chunk  # where the prompt's last chunk starts
             if len(ids) - aligned <= SHORT_TAIL and len(ids) - aligned + len(opening) <= chunk:
                 cut = aligned
@@ -206,7 +201,7 @@ class Speculator(PlainStepper):
                 **{f"{s}_accepted": self.accepted[s] for s in SOURCES}}
 
 
-def stepper(session: Any, speculate: bool, drafter: Callable[[], Drafter],
+def stepper(session: SessionProtocol, speculate: bool, drafter: Callable[[], Drafter],
             state: Callable[[], DraftState], **options: Any) -> PlainStepper:
     """A `Speculator` (with `options`) when asked for and the session supports it, else a
     `PlainStepper`."""

@@ -6,10 +6,7 @@ module globals, so tests can run several servers side by side in one process.
 
 from __future__ import annotations
 
-import asyncio
 import json
-import logging
-import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
@@ -18,24 +15,15 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ..errors import (
-    InvalidOptionError,
-    InvalidQueryError,
-    ModelInputError,
-    NeedlepointError,
-    NonFiniteActivationError,
-    StageError,
-    ToolSchemaError,
-)
-from ..generation.content import ContentSchemaError
+from ..errors import NeedlepointError
 from .auth import ApiKeyMiddleware, KeyChecker
 from .concurrency import ClientGone, EventPump, WorkerPool
 from .engine import ChatResult, Delta, Engine
-from .errors import ApiError, bad_request, body_timeout, body_too_large
+from .errors import ApiError, as_api_error, bad_request
 from .fields import validation_message
 from .metrics import Metrics, install_metrics
+from .middleware import BodyLimitMiddleware, CatchAllMiddleware
 from .observe import ObserveMiddleware
 from .openapi import install_openapi
 from .playground import install_playground
@@ -49,8 +37,6 @@ from .settings import (
     default_workers,
 )
 from .streaming import ChunkWriter
-
-log = logging.getLogger("needlepoint.server")
 
 
 def create_app(
@@ -202,7 +188,7 @@ async def _sse(
             yield _event(chunk)
         yield "data: [DONE]\n\n"
     except Exception as exc:  # headers are sent: report in-band, as OpenAI does
-        yield _event(_as_api_error(exc).body())
+        yield _event(as_api_error(exc).body())
     finally:
         pump.cancel()
 
@@ -214,34 +200,6 @@ def _event(payload: dict[str, Any]) -> str:
 # ---------------------------------------------------------------------------------------------
 # Errors: everything a client can cause is a 4xx with an OpenAI-style error object
 # ---------------------------------------------------------------------------------------------
-def _as_api_error(exc: BaseException) -> ApiError:
-    if isinstance(exc, ApiError):
-        return exc
-    if isinstance(exc, ToolSchemaError):
-        return bad_request(f"Invalid tool schema: {exc}", param="tools", code="invalid_tool")
-    if isinstance(exc, ModelInputError):
-        return bad_request(str(exc), param="messages", code="invalid_model_input")
-    if isinstance(exc, ContentSchemaError):
-        return bad_request(f"Invalid 'response_format': {exc}", param="response_format",
-                           code="invalid_response_format")
-    if isinstance(exc, InvalidQueryError):
-        return bad_request(str(exc), param="messages", code="empty_query")
-    if isinstance(exc, InvalidOptionError):
-        return bad_request(str(exc), code="invalid_option")
-    if isinstance(exc, NonFiniteActivationError):  # the server's model is broken, not the request
-        log.error("model failure: %s", exc)
-        return ApiError(500, f"The model failed: {exc}", type="server_error",
-                        code="model_error")
-    if isinstance(exc, StageError):  # a stage of the server's own model failed: retry later
-        log.error("stage failure: %s", exc)
-        return ApiError(503, f"A model stage is unavailable: {exc}", type="server_error",
-                        code="stage_unavailable")
-    if isinstance(exc, NeedlepointError):
-        return bad_request(str(exc))
-    log.exception("unhandled error while serving a request", exc_info=exc)
-    return ApiError(500, "Internal server error.", type="server_error", code="internal_error")
-
-
 def _validation_error(exc: RequestValidationError, content_type: str = "") -> ApiError:
     errors = exc.errors()
     first = errors[0] if errors else {}
@@ -264,7 +222,7 @@ def _validation_error(exc: RequestValidationError, content_type: str = "") -> Ap
 
 def _install_error_handlers(app: FastAPI) -> None:
     async def api_error(_: Request, exc: Exception) -> JSONResponse:
-        return _as_api_error(exc).response()
+        return as_api_error(exc).response()
 
     async def validation(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)
@@ -283,111 +241,6 @@ def _install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(StarletteHTTPException, http_error)
     # No handler for `Exception`: Starlette would answer it and then re-raise, and uvicorn
     # resets the connection. `CatchAllMiddleware` answers it instead.
-
-
-class CatchAllMiddleware:
-    """The last line: an exception no handler took becomes a 500 with an error object.
-
-    Only bugs get here (client errors are `ApiError`s or validation errors). Once a response
-    has started (a stream), nothing more can be sent, and the exception is only logged.
-    """
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        started = False
-
-        async def tracking_send(message: Message) -> None:
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
-            await send(message)
-
-        try:
-            await self.app(scope, receive, tracking_send)
-        except Exception as exc:
-            error = _as_api_error(exc)  # logs the traceback
-            if not started:
-                await error.response()(scope, receive, send)
-
-
-class BodyLimitMiddleware:
-    """Reads the whole request body up front and refuses it (413) past `limit` bytes.
-
-    Buffering is cheap at these sizes and makes the check independent of Content-Length
-    (chunked uploads are counted too). The rest of an oversized body is still drained, so the
-    client gets the 413 instead of a reset connection, but only up to a bound, after which
-    the connection is dropped rather than reading an endless body. A body not complete
-    `timeout` seconds after the first read gets a 408 (a client that sends the headers and
-    stalls no longer holds its connection forever).
-    """
-
-    DRAIN_FACTOR = 64
-
-    def __init__(self, app: ASGIApp, limit: int,
-                 timeout: float = DEFAULT_BODY_TIMEOUT_S) -> None:
-        self.app = app
-        self.limit = limit
-        self.timeout = timeout
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        declared = _content_length(scope)
-        too_big = declared is not None and declared > self.limit
-        chunks: list[bytes] = []
-        size = 0
-        more = True
-        deadline = time.monotonic() + self.timeout
-        while more:
-            try:
-                message = await asyncio.wait_for(receive(), deadline - time.monotonic())
-            except TimeoutError:
-                await body_timeout(self.timeout).response()(scope, receive, send)
-                return
-            if message["type"] == "http.disconnect":
-                return
-            body = message.get("body", b"")
-            size += len(body)
-            more = message.get("more_body", False)
-            if size > self.limit:
-                too_big = True
-            if too_big:
-                if size > self.limit * self.DRAIN_FACTOR:
-                    break
-                continue
-            chunks.append(body)
-        if too_big:
-            await body_too_large(self.limit).response()(scope, receive, send)
-            return
-        await self.app(scope, _replay(b"".join(chunks), receive), send)
-
-
-def _content_length(scope: Scope) -> int | None:
-    for name, value in scope.get("headers", ()):
-        if name == b"content-length":
-            try:
-                return int(value)
-            except ValueError:
-                return None
-    return None
-
-
-def _replay(body: bytes, receive: Receive) -> Receive:
-    sent = False
-
-    async def replay() -> Message:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()  # after the body: wait for the disconnect, as ASGI expects
-
-    return replay
 
 
 def _version() -> str:

@@ -1,7 +1,7 @@
 """OpenAI chat messages -> a Needle conversation (system text, tools, turns, forcing).
 
 Needle's wire format has one system turn, a first user turn that carries the tools JSON, and
-(our multi-turn convention, `needlepoint.prompt`) later user turns after each assistant answer;
+(our multi-turn convention, `formats/needle_wire.py`) later user turns after each assistant answer;
 tool results go back as a user turn `<tool_result>[{"name", "result"}, ...]</tool_result>`.
 The mapping:
 

@@ -74,28 +74,6 @@ class ChatResult:
         )
 
 
-def _model_name(model: Any, path: Path | None) -> str:
-    if path is not None:
-        return path.stem
-    for attr in ("name", "path"):
-        value = getattr(model, attr, None)
-        if isinstance(value, str | os.PathLike) and str(value):
-            return Path(value).stem
-    archive = getattr(model, "archive", None)
-    if archive is not None and getattr(archive, "path", None) is not None:
-        return Path(archive.path).stem
-    return "needle"
-
-
-def _context_length(model: Any) -> int | None:
-    for owner in (model, getattr(model, "config", None), getattr(model, "cfg", None)):
-        for attr in ("context_length", "max_seq_len"):
-            value = getattr(owner, attr, None)
-            if isinstance(value, int) and value > 0:
-                return value
-    return None
-
-
 class Engine:
     def __init__(
         self,
@@ -118,8 +96,9 @@ class Engine:
             needle_factory = Needle
         self.model = model
         self.factory = needle_factory
-        self.name = model_name or _model_name(model, path)
-        self.context_length = _context_length(model)
+        # models/protocol.py: the name clients see, and the context length
+        self.name = model_name or (path.stem if path is not None else model.capabilities.name)
+        self.context_length = int(model.config.max_seq_len)
         self.created = int(time.time())
 
     def needle(self, tools: list[dict[str, Any]], system: str, model: Any = None,

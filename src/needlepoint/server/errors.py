@@ -7,11 +7,24 @@ to its exception classes (400 BadRequestError, 404 NotFoundError, 413/422 APISta
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from fastapi.responses import JSONResponse
 
+from ..errors import (
+    InvalidOptionError,
+    InvalidQueryError,
+    ModelInputError,
+    NeedlepointError,
+    NonFiniteActivationError,
+    StageError,
+    ToolSchemaError,
+)
+from ..generation.content import ContentSchemaError
 from .schemas import ErrorBody, ErrorResponse
+
+log = logging.getLogger("needlepoint.server")
 
 
 class ApiError(Exception):
@@ -105,3 +118,33 @@ def context_exceeded(context: int, prompt: int, requested: int | None) -> ApiErr
         )
         param = "max_tokens"
     return ApiError(400, message, param=param, code="context_length_exceeded")
+
+
+def as_api_error(exc: BaseException) -> ApiError:
+    """What a client gets for `exc`: its own 4xx for what it can cause, 500 / 503 (logged)
+    for the server's model or a bug."""
+    if isinstance(exc, ApiError):
+        return exc
+    if isinstance(exc, ToolSchemaError):
+        return bad_request(f"Invalid tool schema: {exc}", param="tools", code="invalid_tool")
+    if isinstance(exc, ModelInputError):
+        return bad_request(str(exc), param="messages", code="invalid_model_input")
+    if isinstance(exc, ContentSchemaError):
+        return bad_request(f"Invalid 'response_format': {exc}", param="response_format",
+                           code="invalid_response_format")
+    if isinstance(exc, InvalidQueryError):
+        return bad_request(str(exc), param="messages", code="empty_query")
+    if isinstance(exc, InvalidOptionError):
+        return bad_request(str(exc), code="invalid_option")
+    if isinstance(exc, NonFiniteActivationError):  # the server's model is broken, not the request
+        log.error("model failure: %s", exc)
+        return ApiError(500, f"The model failed: {exc}", type="server_error",
+                        code="model_error")
+    if isinstance(exc, StageError):  # a stage of the server's own model failed: retry later
+        log.error("stage failure: %s", exc)
+        return ApiError(503, f"A model stage is unavailable: {exc}", type="server_error",
+                        code="stage_unavailable")
+    if isinstance(exc, NeedlepointError):
+        return bad_request(str(exc))
+    log.exception("unhandled error while serving a request", exc_info=exc)
+    return ApiError(500, "Internal server error.", type="server_error", code="internal_error")

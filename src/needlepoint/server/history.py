@@ -3,7 +3,7 @@
 `needlepoint.api.Needle` continues conversations it generated itself (`chat`,
 `send_tool_results`); an OpenAI client instead sends the whole history, earlier assistant
 answers included, with every request. The server is stateless, so those answers are *fed*,
-not regenerated, using the library's own multi-turn convention (`needlepoint.prompt`):
+not regenerated, using the library's own multi-turn convention (`formats/needle_wire.py`):
 
     [BOS] first prompt (system, tools, query)
     encode(answer) <|im_end|>                          an earlier assistant turn
@@ -20,29 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from ..generation.prompt import (
-    IM_END,
-    TOOL_CALL_CLOSE,
-    TOOL_CALL_OPEN,
-    compact_json,
-    continuation_ids,
-    render_tool_results,
-    render_user_turn,
-)
-from .conversation import AssistantTurn, Conversation, Turn
-
-
-def _answer_text(answer: AssistantTurn) -> str:
-    if answer.calls is not None:
-        return f"{TOOL_CALL_OPEN}{compact_json(answer.calls)}{TOOL_CALL_CLOSE}"
-    return answer.text
-
-
-def _user_content(turn: Turn) -> str:
-    if turn.tool_results is None:
-        return turn.user
-    results = render_tool_results(turn.tool_results)
-    return f"{results}\n{turn.user}" if turn.user else results
+from .conversation import Conversation
 
 
 def history_messages(conversation: Conversation) -> list[dict[str, Any]]:
@@ -62,22 +40,13 @@ def history_messages(conversation: Conversation) -> list[dict[str, Any]]:
 
 
 def history_ids(needle: Any, conversation: Conversation) -> list[int]:
-    """Token ids of the whole conversation up to the assistant turn to be generated: a
-    template model's chat template renders it whole; Needle's format as described above."""
-    if needle.whole_answer:
-        system = needle.system_text()
-        head = [{"role": "system", "content": system}] if system else []
-        tools = [spec.schema() for spec in needle.offered_tools(conversation.query)]
-        return needle.format.conversation_ids(head + history_messages(conversation), tools)
-    tokenizer = needle.tokenizer
-    im_end = tokenizer.marker_id(IM_END)
-    turns = conversation.turns
-    ids = list(needle.prompt_ids(turns[0].user))
-    for previous, turn in zip(turns, turns[1:], strict=False):
-        assert previous.answer is not None  # guaranteed by `from_messages`
-        ids += tokenizer.encode(_answer_text(previous.answer)) + [im_end]
-        ids += continuation_ids(tokenizer, render_user_turn(_user_content(turn)))
-    return ids
+    """Token ids of the whole conversation up to the assistant turn to be generated, built
+    by the model's chat format (`formats/chat_format.py`: a chat template renders it whole;
+    Needle's format appends turns as described above)."""
+    system = needle.system_text()
+    head = [{"role": "system", "content": system}] if system else []
+    tools = [spec.schema() for spec in needle.offered_tools(conversation.query)]
+    return needle.format.conversation_ids(head + history_messages(conversation), tools)
 
 
 def stream_ids(

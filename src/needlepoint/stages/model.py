@@ -18,6 +18,7 @@ import os
 import threading
 from collections.abc import Sequence
 from functools import cached_property
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -26,6 +27,7 @@ from ..errors import ModelInputError, StagePlanError
 from ..models.layer_range import LayerRange
 from ..models.loader import resolve_threads
 from ..models.parts import load_part, part_numerics
+from ..models.protocol import ModelCapabilities
 from .pipeline import run_batch
 from .placement import check_stage_cpus
 from .plan import StagePlan, plan_stages
@@ -68,6 +70,14 @@ class StagedModel:
     @property
     def has_confidence_head(self) -> bool:
         return self.part.has_confidence_head
+
+    @property
+    def capabilities(self) -> ModelCapabilities:
+        """What this model offers beyond the core interface (`models/protocol.py`): one engine
+        step in flight per stage."""
+        return ModelCapabilities(run_batch=True, pipeline_depth=self.pipeline_depth,
+                                 confidence_head=self.has_confidence_head,
+                                 name=Path(self.path).stem)
 
     @property
     def stages(self) -> int:

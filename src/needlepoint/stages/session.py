@@ -29,6 +29,7 @@ from ..errors import (
     StageNonFiniteError,
     StageSessionLostError,
 )
+from ..models.protocol import SessionCapabilities
 from .stage import check_kv_window, finite
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -71,6 +72,12 @@ class StagedSession:
         self._finalizer.atexit = False  # at exit the stages go with the process / Ray
 
     # -- state -------------------------------------------------------------------------------
+    @property
+    def capabilities(self) -> SessionCapabilities:
+        """`models/protocol.py`: extend/rewind (exact in exact numerics), fork, pooled head."""
+        return SessionCapabilities(extend=True, rewind=True, exact=self.exact_extend, fork=True,
+                                   confidence=True, chunk=self.chunk)
+
     @property
     def position(self) -> int:
         """Tokens consumed so far (the position the next token takes)."""

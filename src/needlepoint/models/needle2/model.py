@@ -19,6 +19,7 @@ from ...errors import ModelInputError, NeedlepointError
 from ...formats.cact import CactArchive
 from ...formats.chat_format import NeedleFormat
 from ...formats.needle2_geometry import V2Config
+from ..protocol import ModelCapabilities
 from ..token_ids import check_token_ids
 from .forward import Core, Trace, forward_chunk
 from .heads import confidence_logit, contrastive_embedding
@@ -74,6 +75,13 @@ class V2Model:
     @property
     def has_confidence_head(self) -> bool:
         return self._core.weights.confidence is not None
+
+    @property
+    def capabilities(self) -> ModelCapabilities:
+        """What this model offers beyond the core interface (`models/protocol.py`)."""
+        return ModelCapabilities(run_batch=True, confidence_head=self.has_confidence_head,
+                                 embedding=self.has_contrastive_head,
+                                 name=self.archive.path.stem)
 
     @property
     def has_contrastive_head(self) -> bool:

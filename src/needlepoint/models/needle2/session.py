@@ -8,6 +8,7 @@ import copy
 import numpy as np
 
 from ...errors import ModelInputError
+from ..protocol import SessionCapabilities
 from .forward import Core, Trace, forward_chunk
 from .heads import confidence_logit
 from .state import V2State
@@ -58,6 +59,11 @@ class V2Session:
     def position(self) -> int:
         """Tokens consumed so far (the logical position of the next one)."""
         return self._state.position
+
+    @property
+    def capabilities(self) -> SessionCapabilities:
+        """`models/protocol.py`: extend/rewind (not bit-exact steps), fork, pooled head."""
+        return SessionCapabilities(extend=True, rewind=True, fork=True, confidence=True)
 
     @property
     def kv_window(self) -> int:

@@ -20,6 +20,7 @@ from ...formats.chat_format import NeedleFormat
 from ...formats.needle3_geometry import V3Config
 from ..numerics import NEEDLE_NUMERICS as NUMERICS
 from ..ops import rope_tables, rope_tables_pinned
+from ..protocol import ModelCapabilities
 from ..token_ids import check_token_ids
 from .batch import run_batch
 from .exact_weights import exact_slots
@@ -95,6 +96,12 @@ class V3Model:
     @property
     def has_confidence_head(self) -> bool:
         return self.weights.confidence is not None
+
+    @property
+    def capabilities(self) -> ModelCapabilities:
+        """What this model offers beyond the core interface (`models/protocol.py`)."""
+        return ModelCapabilities(run_batch=True, confidence_head=self.has_confidence_head,
+                                 name=self.archive.path.stem)
 
     def check_ids(self, ids: Sequence[int] | np.ndarray, position: int = 0) -> np.ndarray:
         """Token ids as int64, or a ModelInputError naming what is wrong (`token_ids`)."""

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ...errors import ModelInputError
+from ..protocol import SessionCapabilities
 from .attention import ChunkFrame
 from .batch import chunk_pass
 from .block import cell_row, run_block
@@ -113,6 +114,12 @@ class V3Session:
         self.pending = 0
         self.tokens = np.zeros(0, np.int64)
         self._history: list[int] = []  # decode-step tokens not yet appended to `tokens`
+
+    @property
+    def capabilities(self) -> SessionCapabilities:
+        """`models/protocol.py`: exact extend/rewind in deploy numerics, fork, pooled head."""
+        return SessionCapabilities(extend=True, rewind=True, exact=self.model.quantized,
+                                   fork=True, confidence=True, chunk=self.chunk)
 
     @property
     def exact_extend(self) -> bool:

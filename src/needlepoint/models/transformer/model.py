@@ -22,6 +22,7 @@ import numpy as np
 
 from ...formats.chat_format import TemplateFormat
 from ...formats.checkpoints import open_checkpoint
+from ..protocol import ModelCapabilities
 from ..token_ids import check_kv_window
 from .numerics import TransformerNumerics, numerics_named
 from .runner import CHUNK, Request, Runner
@@ -84,6 +85,11 @@ class TransformerModel:
     @property
     def has_confidence_head(self) -> bool:
         return False
+
+    @property
+    def capabilities(self) -> ModelCapabilities:
+        """What this model offers beyond the core interface (`models/protocol.py`)."""
+        return ModelCapabilities(run_batch=True, name=Path(self.checkpoint.path).stem)
 
     def confidence_logit(self, ids: Sequence[int] | np.ndarray) -> None:
         """No confidence head on these models (the Needle interface's answer: None)."""

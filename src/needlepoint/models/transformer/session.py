@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from ..protocol import SessionCapabilities
 from .runner import CHUNK, Request, Runner
 
 
@@ -36,6 +37,12 @@ class TransformerSession:
         self.chunk = chunk
         self.caches = model.runner.new_caches()
         self.tokens: list[int] = []
+
+    @property
+    def capabilities(self) -> SessionCapabilities:
+        """`models/protocol.py`: extend/rewind (exact in int8 numerics), fork, a chunk."""
+        return SessionCapabilities(extend=True, rewind=True, fork=True, chunk=self.chunk,
+                                   exact=self.model.numerics == "int8")
 
     @property
     def position(self) -> int:
