@@ -6,7 +6,7 @@ Each subcommand lives in its own module exposing
 * `add_arguments(parser)`: fill in the subcommand's `argparse` parser;
 * `run(args) -> int`: do the work and return the exit status.
 
-To add a subcommand (run, chat, eval, bench, download, ...), write such a module and add one
+To add a subcommand (run, chat, eval, download, ...), write such a module and add one
 line to `COMMANDS`. Keep heavy imports inside `run` so `--help` stays fast.
 
 `serve` is not here: it lives in `server/cli.py`, and `cli/` and `server/` are side by side
@@ -28,7 +28,7 @@ from types import ModuleType
 
 from ..errors import NeedlepointError
 from ..version import __version__
-from . import bench, chat, download, inspect, run
+from . import chat, download, inspect, run
 from . import eval as evaluate
 
 # Subcommand name -> module. The one place to register this folder's commands (`serve` is
@@ -39,7 +39,6 @@ COMMANDS: dict[str, ModuleType] = {
     "chat": chat,
     "eval": evaluate,
     "download": download,
-    "bench": bench,
 }
 
 EXIT_USAGE = 2  # bad input of any kind, as argparse uses for usage errors

@@ -133,7 +133,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wrote {paths.rel(paths.DOCS_MD)} and {paths.rel(paths.DOCS_PLOT)}")
         return 0
 
-    paths.ensure_src_on_path()
     cfg = dict(QUICK if args.quick else FULL)
     if args.reps:
         cfg["reps"] = cfg["load_reps"] = max(1, args.reps)

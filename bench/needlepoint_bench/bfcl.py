@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from bench import bfcl_data
+from . import bfcl_data
 
 ENGINES = ("needlepoint-auto", "needlepoint-required", "llama.cpp-free", "llama.cpp-grammar")
 MAX_NEW_TOKENS = 256

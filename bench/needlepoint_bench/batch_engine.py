@@ -20,7 +20,7 @@ import threading
 import time
 from typing import Any
 
-from .paths import ensure_src_on_path, shared_dir
+from .paths import shared_dir
 
 
 def step_costs(model: Any, sizes: list[int], reps: int) -> dict[int, float]:
@@ -78,7 +78,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=5.0, help="per round and count")
     parser.add_argument("--max-new", type=int, default=32)
     args = parser.parse_args(argv)
-    ensure_src_on_path()
     import needlepoint
 
     shared = shared_dir()

@@ -28,10 +28,6 @@ import time
 import traceback
 from pathlib import Path
 
-from .paths import ensure_src_on_path
-
-ensure_src_on_path()
-
 import numpy as np  # noqa: E402
 
 

@@ -27,12 +27,11 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.stages_pipeline import render_pipeline
+from .paths import DOCS_DIR, REPO_ROOT, RESULTS_DIR, fixture_archive
+from .stages_pipeline import render_pipeline
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-MODEL = REPO_ROOT.parent / "shared" / "fixtures" / "needle3" / "shipped.cact"
-RESULTS = REPO_ROOT / "bench" / "results" / "stages.json"
-REPORT = REPO_ROOT / "docs" / "benchmarks_stages.md"
+RESULTS = RESULTS_DIR / "stages.json"
+REPORT = DOCS_DIR / "benchmarks_stages.md"
 INSIDE = """set -e
 ip link set lo up
 mount -t tmpfs -o size=2g needlepoint-ray /dev/shm
@@ -119,7 +118,7 @@ def inside_pipeline(args) -> dict:
     import ray
     from ray.cluster_utils import Cluster
 
-    from bench.stages_pipeline import pipelined
+    from .stages_pipeline import pipelined
 
     node = dict(num_cpus=1, object_store_memory=128 * MB, node_ip_address="127.0.0.1")
     cluster = Cluster(initialize_head=True, head_node_args=dict(
@@ -127,7 +126,7 @@ def inside_pipeline(args) -> dict:
     try:
         cluster.add_node(**node, resources={"node_b": 1})
         ray.init(address=cluster.address, log_to_driver=False)
-        return {"pipeline": pipelined(args, MODEL)}
+        return {"pipeline": pipelined(args, fixture_archive())}
     finally:
         ray.shutdown()
         cluster.shutdown()
@@ -145,9 +144,9 @@ def inside(args) -> dict:
     from needlepoint.stages import load_staged
 
     results: dict = {"one_process": {}, "local": {}, "ray": {}, "rss": {}}
-    models: dict = {"one": needlepoint.load(MODEL, cache=False)}
+    models: dict = {"one": needlepoint.load(fixture_archive(), cache=False)}
     for k in (1, 2, 4):
-        models[f"local/{k}"] = load_staged(MODEL, k, cache=False)
+        models[f"local/{k}"] = load_staged(fixture_archive(), k, cache=False)
     # 7 stage actors are alive at once (K = 1, 2, 4), each reserving one logical CPU
     node = dict(num_cpus=4, object_store_memory=128 * MB, node_ip_address="127.0.0.1")
     cluster = Cluster(initialize_head=True, head_node_args=dict(
@@ -160,8 +159,8 @@ def inside(args) -> dict:
         for k in (1, 2, 4):
             placement = ["node_a" if i % 2 == 0 else "node_b" for i in range(k)]
             start = time.perf_counter()
-            models[f"ray/{k}"] = load_staged(MODEL, k, transport="ray", placement=placement,
-                                             cache=False)
+            models[f"ray/{k}"] = load_staged(fixture_archive(), k, transport="ray",
+                                             placement=placement, cache=False)
             results.setdefault("ray_load_s", {})[k] = round(time.perf_counter() - start, 2)
         best = best_of_rounds(models, args)
         results["one_process"] = best.pop("one")
@@ -178,9 +177,9 @@ def inside(args) -> dict:
             ]
         for name in [n for n in models if n.startswith("ray/")]:  # free the CPUs
             models.pop(name).close()
-        from bench.stages_pipeline import pipelined
+        from .stages_pipeline import pipelined
 
-        results["pipeline"] = pipelined(args, MODEL)
+        results["pipeline"] = pipelined(args, fixture_archive())
     finally:
         for name, staged in models.items():
             if name != "one":
@@ -296,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     out = RESULTS.with_suffix(".partial.json")
     command = ["unshare", "--net", "--pid", "--fork", "--kill-child", "--mount-proc", "sh",
                "-c", INSIDE,
-               "inside", sys.executable, "-m", "bench.stages", "--inside", str(out),
+               "inside", sys.executable, "-m", "needlepoint_bench.stages", "--inside", str(out),
                "--prefill", str(args.prefill), "--decode", str(args.decode),
                "--repeats", str(args.repeats), "--pipeline-prompt", str(args.pipeline_prompt),
                "--pipeline-steps", str(args.pipeline_steps)]

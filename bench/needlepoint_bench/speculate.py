@@ -25,7 +25,7 @@ import statistics
 import time
 from typing import Any
 
-from .paths import DOCS_MD, RESULTS_DIR, ensure_src_on_path, shared_dir
+from .paths import DOCS_MD, RESULTS_DIR, shared_dir
 
 SECTION = "## Speculative decoding (prompt lookup + grammar fast-forward)"
 KS = (2, 4, 8, 16)
@@ -227,7 +227,6 @@ def main(argv: list[str] | None = None) -> int:
                         "from bench/results/speculate.json)")
     parser.add_argument("--no-write", action="store_true", help="print, do not write files")
     args = parser.parse_args(argv)
-    ensure_src_on_path()
     os.environ.setdefault("NEEDLEPOINT_CACHE", "0")
     import needlepoint
 

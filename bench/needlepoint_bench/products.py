@@ -150,8 +150,8 @@ def run_docs(args: argparse.Namespace) -> None:
             env.pop("NEEDLEPOINT_NATIVE_VARIANT", None)
             if cap is not None:
                 env["NEEDLEPOINT_NATIVE_VARIANT"] = cap
-            cmd = [sys.executable, "-m", "bench.products", args.archive, "--rows", args.rows,
-                   "--reps", str(args.reps), "--json", str(out)]
+            cmd = [sys.executable, "-m", "needlepoint_bench.products", args.archive,
+                   "--rows", args.rows, "--reps", str(args.reps), "--json", str(out)]
             if library:
                 cmd += ["--library", library]
             subprocess.run(cmd, check=True, env=env, cwd=REPO_ROOT, timeout=3000)

@@ -26,10 +26,6 @@ import time
 import traceback
 from pathlib import Path
 
-from .paths import ensure_src_on_path
-
-ensure_src_on_path()
-
 import numpy as np  # noqa: E402
 
 from .engines import NEEDLE_RS, Unavailable, make_engine  # noqa: E402

@@ -87,7 +87,8 @@ def run_worker(spec: dict, threads: int, timeout: float = 900) -> dict:
         spec_path = Path(tmp) / "spec.json"
         spec_path.write_text(json.dumps(spec))
         try:
-            proc = subprocess.run([sys.executable, "-m", "bench.hf_worker", str(spec_path)],
+            proc = subprocess.run([sys.executable, "-m", "needlepoint_bench.hf_worker",
+                                   str(spec_path)],
                                   cwd=paths.REPO_ROOT, env=child_env(threads), timeout=timeout,
                                   capture_output=True, text=True)
         except subprocess.TimeoutExpired:
