@@ -17,6 +17,7 @@ from pathlib import Path
 from conftest import REPO_ROOT
 
 PACKAGE = REPO_ROOT / "src" / "needlepoint"
+BENCH = REPO_ROOT / "bench" / "needlepoint_bench"
 MAX_LINES = 400
 MAX_C_LINES = 600
 MAX_ROOT_MODULES = 8
@@ -235,6 +236,57 @@ def test_c_file_sizes() -> None:
     assert long == {}
 
 
+def public_names() -> dict[str, set[str]]:
+    """needlepoint's public, documented surface: the facade's `__all__` (docs/api.md "Public
+    names for clients"), the `kernels` package's (README "Inspecting an archive") and the
+    `stages` package's (docs/distributed.md)."""
+    import needlepoint
+    import needlepoint.kernels
+    import needlepoint.stages
+
+    return {"needlepoint": set(needlepoint.__all__),
+            "needlepoint.kernels": set(needlepoint.kernels.__all__),
+            "needlepoint.stages": set(needlepoint.stages.__all__)}
+
+
+def private_uses(path: Path, public: dict[str, set[str]]) -> list[str]:
+    """Each import of, or attribute reached through, a needlepoint name outside `public`."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names if a.name.split(".")[0] == "needlepoint"]
+            found += [n for n in names if n not in public]
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module and \
+                node.module.split(".")[0] == "needlepoint":
+            allowed = public.get(node.module)
+            found += [f"{node.module}.{a.name}" for a in node.names
+                      if allowed is None or a.name not in allowed]
+        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and \
+                node.value.id == "needlepoint" and node.attr not in public["needlepoint"]:
+            found.append(f"needlepoint.{node.attr}")
+    return [f"{path.name}:{name}" for name in found]
+
+
+def test_benchmarks_use_only_public_names() -> None:
+    """bench/ is a client (issue 27 item 6): what it needs is public and documented, so a
+    change inside the package never breaks it silently."""
+    public = public_names()
+    found = [use for p in sorted(BENCH.glob("*.py")) for use in private_uses(p, public)]
+    assert not found, "benchmark imports of non-public needlepoint names:\n" + "\n".join(found)
+
+
+def test_checker_sees_private_uses(tmp_path: Path) -> None:
+    source = tmp_path / "b.py"
+    source.write_text("import needlepoint\nimport needlepoint.stages\n"
+                      "from needlepoint import load, Needle\nfrom needlepoint.api import x\n"
+                      "from needlepoint.kernels import fwht, i8\nneedlepoint.load(1)\n"
+                      "needlepoint.models.y\n")
+    public = {"needlepoint": {"load", "Needle", "kernels"}, "needlepoint.kernels": {"fwht"}}
+    assert private_uses(source, public) == [
+        "b.py:needlepoint.stages", "b.py:needlepoint.api.x", "b.py:needlepoint.kernels.i8",
+        "b.py:needlepoint.models"]
+
+
 def test_tests_mirror_source_folders() -> None:
     tests = REPO_ROOT / "tests"
     source_dirs = {
@@ -247,7 +299,7 @@ def test_tests_mirror_source_folders() -> None:
         for p in tests.rglob("*")
         if p.is_dir() and any(p.glob("test_*.py"))
     }
-    assert test_dirs <= source_dirs, test_dirs - source_dirs
+    assert test_dirs <= source_dirs | {"bench"}, test_dirs - source_dirs  # bench: its package
     # every folder of the package with code of its own has tests in its mirror (the native
     # kernels are tested beside their numpy references, in tests/kernels/)
     assert source_dirs - test_dirs <= {"models", "data", "kernels/native"}, source_dirs - test_dirs

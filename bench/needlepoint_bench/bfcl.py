@@ -73,42 +73,37 @@ def malformed(answer: dict[str, Any]) -> bool:
 
 
 class Needlepoint:
-    """needlepoint on one model: the whole-answer grammar, auto and required."""
+    """needlepoint on one model through its public API: `Needle.stream_ids` over the
+    conversation's ids (the whole-answer grammar), auto and required (`require_call`)."""
 
     def __init__(self, model: str, numerics: str, threads: int,
                  json_style: str | None = None) -> None:
         import needlepoint
-        from needlepoint.generation import answer_grammar
 
         self.model = needlepoint.load(model, numerics=numerics, threads=threads)
         self.format = self.model.chat_format
-        if json_style is not None:  # the calls' JSON separators (`answer_grammar.spaced`)
+        if json_style is not None:  # the calls' JSON separators (docs/api.md "json_style")
             self.format.json_style = json_style
-        self.grammar_vocab = answer_grammar.token_vocab(self.format)
-        self.turn_vocab = answer_grammar.turn_vocab(self.format)
 
     def ids(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> list[int]:
         return self.format.conversation_ids(messages, tools)
 
-    def run(self, ids: list[int], tools: list[dict[str, Any]], mode: str) -> dict[str, Any]:
-        from needlepoint.api.envelope import turn_envelope
-        from needlepoint.generation import answer_grammar
-        from needlepoint.generation.turn import GenerationConfig, run_turn
+    def run(self, ids: list[int], tools: list[dict[str, Any]], mode: str,
+            query: str = "?") -> dict[str, Any]:
+        """One turn after `ids`; `query`: the case's user text (what tool retrieval sees)."""
+        import needlepoint
 
-        required = mode == "required"
         start = time.perf_counter()
         try:
-            grammar = answer_grammar.AnswerGrammar(self.grammar_vocab, self.format, tools,
-                                                   text=not required, require_call=required)
+            needle = needlepoint.Needle(tools=tools, model=self.model, cache=None,
+                                        max_new_tokens=MAX_NEW_TOKENS, reasoning_budget=None)
+            envelope = None
+            for event in needle.stream_ids(ids, query or "?", require_call=mode == "required"):
+                envelope = getattr(event, "envelope", envelope)
         except Exception as error:  # a schema the grammar engine refuses: counted, shown
             return {"calls": None, "text": "", "error": f"{type(error).__name__}: {error}",
                     "seconds": time.perf_counter() - start}
-        config = GenerationConfig(max_new_tokens=MAX_NEW_TOKENS, reasoning_budget=None,
-                                  call_threshold=None if required else
-                                  answer_grammar.AUTO_CALL_THRESHOLD)
-        result = run_turn(self.model.session(), self.turn_vocab, ids, config, None,
-                          content=grammar, context_limit=self.model.config.max_seq_len)
-        envelope = turn_envelope(result)
+        assert envelope is not None, "the turn ended without its envelope"
         calls = envelope["function_calls"] if envelope["type"] in ("call", "refuse") else None
         return {"calls": calls, "text": envelope.get("text", ""),
                 "error": envelope.get("error"), "seconds": time.perf_counter() - start}
@@ -253,9 +248,9 @@ def main(argv: list[str] | None = None) -> None:
                         help="needlepoint's call JSON separators (default: the format's)")
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON")
     args = parser.parse_args(argv)
-    from needlepoint.models.protocol import resolve_model_name
+    import needlepoint
 
-    gguf = resolve_model_name(args.model)
+    gguf = needlepoint.resolve_model_name(args.model)
     peer = LlamaCpp(gguf, args.threads)
     load = os.getloadavg()
     report: dict[str, Any] = {"model": str(gguf), "threads": args.threads,

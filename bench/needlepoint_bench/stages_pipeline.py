@@ -118,7 +118,7 @@ def profile_parts(path, numerics: str, cut: int, steps: int = 40) -> dict:
     """ms per decode token of each piece of a 2-stage split, run in this process one after
     the other (the 20th percentile of `steps` steps after a 64-token prompt): the head's
     embedding, stage 0's blocks, stage 1's blocks, the head's read-out."""
-    from needlepoint.models.parts import load_part
+    from needlepoint import load_part
 
     head = load_part(path, head=True, numerics=numerics, cache=False)
     blocks = head.config.num_layers
@@ -151,9 +151,9 @@ def profile_parts(path, numerics: str, cut: int, steps: int = 40) -> dict:
 
 def pipelined(args, shipped) -> list[dict]:
     """Both models' figures (the cluster is already up, nodes node_a and node_b)."""
-    from needlepoint.models.transformer.known import resolve_known
+    import needlepoint
 
-    smollm2 = resolve_known("smollm2")
+    smollm2 = needlepoint.resolve_model_name("smollm2")
     rows = [measure_model("SmolLM2-135M (Q4_1 GGUF)", smollm2, "int8", args),
             measure_model("Needle 3 shipped geometry", shipped, "deploy", args)]
     rows[0]["profile_ms"] = profile_parts(smollm2, "int8", 15)
