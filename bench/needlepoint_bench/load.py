@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     result = asyncio.run(run(args))
     result["label"] = label
     print(json.dumps(result, indent=2))
-    RESULTS_DIR.mkdir(exist_ok=True)
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     (RESULTS_DIR / f"load_{label}.json").write_text(json.dumps(result, indent=2) + "\n")
     if str(args.out) != "-":
         write_report(sorted(RESULTS_DIR.glob("load_*.json")), args.out)

@@ -68,7 +68,7 @@ TARGETS = {  # figure -> (ratio direction, target); ratios are needlepoint / nee
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(
-        prog="python -m bench",
+        prog="needlepoint-bench",
         description="Benchmark needlepoint against needle-rs on the same .cact archive.",
     )
     ap.add_argument(
@@ -90,6 +90,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--new-tokens", type=int, help="decode steps (default 128; quick 32)")
     ap.add_argument(
         "--engines", default=",".join(ALL_ENGINES), help=f"comma list from {', '.join(ALL_ENGINES)}"
+    )
+    ap.add_argument(
+        "--no-peer",
+        action="store_true",
+        help="needlepoint's engines only (no needle-rs): what the smoke test runs",
     )
     ap.add_argument(
         "--max-call-s",
@@ -146,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.budget_s:
         cfg["budget_s"] = args.budget_s
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
+    if args.no_peer:
+        engines = [e for e in engines if e != NEEDLE_RS]
     for e in engines:
         if e not in ALL_ENGINES:
             print(f"unknown engine {e!r}", file=sys.stderr)

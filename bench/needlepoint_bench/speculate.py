@@ -274,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     text = render(result)
     print(text)
     if not args.no_write:
-        RESULTS_DIR.mkdir(exist_ok=True)
+        RESULTS_DIR.mkdir(parents=True, exist_ok=True)
         (RESULTS_DIR / "speculate.json").write_text(json.dumps(result, indent=2) + "\n")
         write_section(text)
     return 0 if all(run["mismatches"] == 0 for run in runs) else 1

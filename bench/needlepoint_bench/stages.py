@@ -200,6 +200,24 @@ def inside(args) -> dict:
     return results
 
 
+def local_only(args) -> dict:
+    """One process against local stages (K = 1, 2) on `--model`, no Ray and no network
+    namespace: the benchmark's own side without the cluster (what the smoke test runs)."""
+    import needlepoint
+
+    path = args.model or fixture_archive()
+    models: dict = {"one": needlepoint.load(path, cache=False)}
+    try:
+        for k in (1, 2):
+            models[f"local/{k}"] = needlepoint.load(path, stages=k, cache=False)
+        return {"model": str(path), "load_average": os.getloadavg(),
+                "variant": needlepoint.native_variant(), **best_of_rounds(models, args)}
+    finally:
+        for name, model in models.items():
+            if name != "one":
+                model.close()
+
+
 def _para(text: str) -> list[str]:
     return textwrap.wrap(" ".join(text.split()), 90) + [""]
 
@@ -289,7 +307,7 @@ def _cpu() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.stages", description=__doc__)
+    parser = argparse.ArgumentParser(prog="needlepoint-bench-stages", description=__doc__)
     parser.add_argument("--prefill", type=int, default=512)
     parser.add_argument("--decode", type=int, default=48)
     parser.add_argument("--repeats", type=int, default=3)
@@ -299,7 +317,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pipeline-prompt", type=int, default=64)
     parser.add_argument("--pipeline-steps", type=int, default=24)
     parser.add_argument("--inside", metavar="JSON", help=argparse.SUPPRESS)
+    parser.add_argument("--local-only", action="store_true",
+                        help="one process vs in-process stages only, no Ray (prints JSON, "
+                        "writes nothing)")
+    parser.add_argument("--model", type=Path, default=None,
+                        help="with --local-only: the model (default the shipped fixture)")
     args = parser.parse_args(argv)
+    if args.local_only:
+        print(json.dumps(local_only(args), indent=1))
+        return 0
     if args.inside:
         Path(args.inside).write_text(json.dumps(inside(args)))
         return 0
