@@ -1,9 +1,9 @@
 """The Berkeley Function Calling Leaderboard on needlepoint and llama.cpp, same GGUF, same prompt.
 
-    python -m bench.bfcl --model smollm2 --category live_simple --limit 40
-    python -m bench.bfcl --model smollm2 --category simple_python,irrelevance --limit 30 \
+    needlepoint-bench-bfcl --model smollm2 --category live_simple --limit 40
+    needlepoint-bench-bfcl --model smollm2 --category simple_python,irrelevance --limit 30 \
         --out bench/results/bfcl.json
-    python -m bench.bfcl --model smollm2 --category live_simple --agreement --limit 20
+    needlepoint-bench-bfcl --model smollm2 --category live_simple --agreement --limit 20
 
 Data and scoring are `bfcl-eval`'s (`bench/bfcl_data.py`: the shipped cases, BFCL's OpenAI
 handler's tool conversion with dotted names as `_`, BFCL's AST checker). The prompt is the

@@ -1,6 +1,6 @@
-"""Markdown tables of `python -m bench.bfcl --out FILE` results (docs/benchmarks_bfcl.md).
+"""Markdown tables of `needlepoint-bench-bfcl --out FILE` results (docs/benchmarks_bfcl.md).
 
-    python -m bench.bfcl_report bench/results/bfcl.json
+    needlepoint-bench-bfcl-report bench/results/bfcl.json
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""needlepoint vs llama.cpp on SmolLM2-135M-Instruct (Q4_1 GGUF): `python -m bench.hf`.
+"""needlepoint vs llama.cpp on SmolLM2-135M-Instruct (Q4_1 GGUF): `needlepoint-bench-hf`.
 
 Each engine runs in its own subprocess (`bench.hf_worker`) with the thread environment fixed
 before it starts: llama.cpp through llama-cpp-python (a benchmark requirement,

@@ -1,6 +1,6 @@
-"""Child process of `python -m bench.hf`: one engine, one job, in its own interpreter.
+"""Child process of `needlepoint-bench-hf`: one engine, one job, in its own interpreter.
 
-    python -m bench.hf_worker SPEC.json
+    python -m needlepoint_bench.hf_worker SPEC.json
 
 SPEC: `engine` ("llama.cpp", "needlepoint-float", "needlepoint-int8"), `job` ("speed",
 "logits" or "profile"), `gguf`, `threads`, `ids` (the prompt), `decode` (tokens fed one at a

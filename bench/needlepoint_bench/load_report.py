@@ -183,7 +183,7 @@ def write_report(paths: list[Path], out: Path) -> None:
     notes = ""
     if out.exists() and MARKER in out.read_text():
         notes = out.read_text().split(MARKER, 1)[1]
-    head = ("# Server load benchmark (`python -m bench.load`)\n\n"
+    head = ("# Server load benchmark (`needlepoint-bench-load`)\n\n"
             "`needlepoint serve` on 127.0.0.1 driven by the official `openai` async client "
             "(one process). Phases: decode throughput with 16 clients vs 1, time to first "
             "token of a new request while 15 others decode, and a soak of 64 clients; "

@@ -1,6 +1,6 @@
 """The exact CQ x A8 products of one decode token (and of a prefill chunk), kernel only.
 
-`python -m bench.products [archive] [--rows 1,64] [--reps 7] [--json out.json]`: every deploy
+`needlepoint-bench-products [archive] [--rows 1,64] [--reps 7] [--json out.json]`: every deploy
 product slot of the archive (`exact_weights.exact_slots`: q|k|v|gate, out, phi, MLP, engram
 key|value, LM head) multiplied once by a prepared activation of `rows` rows (`exact.a8_rotate`
 done outside the timing), 1 thread. Prints, per storage width and in total: ns per weight

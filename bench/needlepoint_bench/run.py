@@ -1,4 +1,4 @@
-"""Orchestration: `python -m bench [--quick] ...` (also `bench.main(argv)`).
+"""Orchestration: `needlepoint-bench [--quick] ...` (also `bench.main(argv)`).
 
 The parent process never loads an engine. It builds the prompts (token ids), then starts
 child processes (`bench.worker`), each with its thread environment fixed before start:
@@ -192,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         "machine": machine_info(),
         "loadavg_start": os.getloadavg(),
         "prompts": [{k: v for k, v in p.items() if k != "ids"} for p in pj],
-        "command": "python -m bench"
+        "command": "needlepoint-bench"
         + (
             " " + " ".join(argv if argv is not None else sys.argv[1:])
             if (argv if argv is not None else sys.argv[1:])

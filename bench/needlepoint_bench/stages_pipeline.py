@@ -163,7 +163,7 @@ def pipelined(args, shipped) -> list[dict]:
 
 def render_pipeline(rows: list[dict], args_text: str) -> list[str]:
     lines = ["## Pipelining across requests (2 Ray stages, one core each)", "",
-             args_text + " Measured by `python -m bench.stages` (or `--only-pipeline`, which "
+             args_text + " Measured by `needlepoint-bench-stages` (or `--only-pipeline`, which "
              "keeps the sections above from their last run); the Ray cluster is two nodes "
              "with one logical CPU each.", "",
              "| model | one process, 1 request | 2 stages, 1 request | hop cost | "

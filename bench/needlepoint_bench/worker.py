@@ -1,4 +1,4 @@
-"""Child-process side of the benchmark: `python -m bench.worker SPEC.json`.
+"""Child-process side of the benchmark: `python -m needlepoint_bench.worker SPEC.json`.
 
 Each job runs in a fresh interpreter whose thread environment the parent set before start
 (`OMP_NUM_THREADS`, `OPENBLAS_NUM_THREADS`, `MKL_NUM_THREADS`, `RAYON_NUM_THREADS`,
