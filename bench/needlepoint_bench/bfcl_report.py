@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from .tables import markdown_table
+
 
 def is_malformed(answer: dict[str, Any]) -> bool:
     return answer["calls"] is None and (answer["error"] is not None
@@ -17,8 +19,7 @@ def is_malformed(answer: dict[str, Any]) -> bool:
 
 
 def table(report: dict[str, Any]) -> str:
-    lines = ["| category | cases | engine | correct | accuracy | unparseable | malformed | "
-             "s/case |", "|---|---|---|---|---|---|---|---|"]
+    rows = []
     for result in report["categories"]:
         n, category = result["cases"], result["category"]
         for engine, s in result["summary"].items():
@@ -26,10 +27,10 @@ def table(report: dict[str, Any]) -> str:
             unparseable = 0 if "irrelevance" in category else sum(
                 r["calls"] is None for r in rows)
             bad = sum(is_malformed(r) for r in rows)
-            lines.append(f"| {category} | {n} | {engine} | {s['correct']} | "
-                         f"{s['correct'] / n:.0%} | {unparseable / n:.0%} | {bad / n:.0%} | "
-                         f"{s['seconds'] / n:.2f} |")
-    return "\n".join(lines)
+            rows.append([category, n, engine, s["correct"], f"{s['correct'] / n:.0%}",
+                         f"{unparseable / n:.0%}", f"{bad / n:.0%}", f"{s['seconds'] / n:.2f}"])
+    return "\n".join(markdown_table(["category", "cases", "engine", "correct", "accuracy",
+                                     "unparseable", "malformed", "s/case"], rows))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -23,6 +23,7 @@ import needlepoint
 from needlepoint.kernels import i8, i8_native
 
 from .hf import default_gguf
+from .tables import markdown_table, replace_section
 
 HEADING = "## int8 products: the kernel alone"
 F32 = np.float32
@@ -115,22 +116,14 @@ def write_section(args, gguf: Path, weights: list, runs: list) -> None:
          "the machine's DRAM read bandwidth (18-25 GB/s unloaded, less when other work shares "
          "the memory bus), so decode products are memory-bound in every SIMD variant; the "
          "tiles show in the multi-row products (prefill).", "",
-         "| variant | rows | ms | ns/(weight x row) | GB/s of packed weights | "
-         "load average (start → end) |",
-         "|---|---|---|---|---|---|"]
-    for name, start, end, figures in runs:
-        for r, f in figures.items():
-            gbs = f["bytes"] / f["seconds"] / 1e9
-            L.append(f"| {name} | {r} | {f['seconds'] * 1e3:.2f} | {f['ns_per_weight_row']:.4f} "
-                     f"| {gbs:.1f} | {', '.join(f'{x:.2f}' for x in start)} → "
-                     f"{', '.join(f'{x:.2f}' for x in end)} |")
-    text = args.docs.read_text() if args.docs.exists() else ""
-    at = text.find(HEADING)
-    if at >= 0:
-        rest = text[at + len(HEADING):]
-        nxt = rest.find("\n## ")
-        text = text[:at] + (rest[nxt + 1:] if nxt >= 0 else "")
-    args.docs.write_text(text.rstrip("\n") + "\n\n" + "\n".join(L) + "\n")
+         ]
+    rows = [[name, r, f"{f['seconds'] * 1e3:.2f}", f"{f['ns_per_weight_row']:.4f}",
+             f"{f['bytes'] / f['seconds'] / 1e9:.1f}",
+             f"{', '.join(f'{x:.2f}' for x in start)} → {', '.join(f'{x:.2f}' for x in end)}"]
+            for name, start, end, figures in runs for r, f in figures.items()]
+    L += markdown_table(["variant", "rows", "ms", "ns/(weight x row)",
+                         "GB/s of packed weights", "load average (start → end)"], rows)
+    replace_section(args.docs, HEADING, "\n".join(L), at_end=True)
 
 
 if __name__ == "__main__":

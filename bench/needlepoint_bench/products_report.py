@@ -7,14 +7,14 @@ import argparse
 import datetime
 from pathlib import Path
 
+from .tables import markdown_table, replace_section
+
 HEADING = "## Exact CQ x A8 products: the kernel alone"
 
 
 def _rows_table(runs: list[tuple[str, dict]], rows: str) -> list[str]:
     unit = "ns/weight" if rows == "1" else "ns/(weight x row)"
-    out = [f"| run | variant | 2-bit ms | 2-bit {unit} | 4-bit ms | 4-bit {unit} | total ms | "
-           f"total {unit} | GB/s | x DRAM floor | load average (start → end) |",
-           "|---|---|---|---|---|---|---|---|---|---|---|"]
+    table = []
     for label, r in runs:
         f = r["rows"][rows]
         best = r["dram_read_GBps"]["best"]
@@ -30,8 +30,10 @@ def _rows_table(runs: list[tuple[str, dict]], rows: str) -> list[str]:
         cells += [f"{total['GB_per_s']:.2f}" if rows == "1" else "—",
                   f"{total['seconds'] / floor_s:.1f}×" if rows == "1" else "—",
                   f"{start} → {end}"]
-        out.append("| " + " | ".join(cells) + " |")
-    return out
+        table.append(cells)
+    return markdown_table(["run", "variant", "2-bit ms", f"2-bit {unit}", "4-bit ms",
+                           f"4-bit {unit}", "total ms", f"total {unit}", "GB/s",
+                           "x DRAM floor", "load average (start → end)"], table)
 
 
 def section(runs: list[tuple[str, dict]], args: argparse.Namespace) -> str:
@@ -112,11 +114,4 @@ def section(runs: list[tuple[str, dict]], args: argparse.Namespace) -> str:
 
 def write_section(runs: list[tuple[str, dict]], args: argparse.Namespace, md: Path) -> None:
     """Replace (or append) this section at the end of `md`."""
-    text = md.read_text() if md.exists() else ""
-    at = text.find(HEADING)
-    if at >= 0:
-        rest = text[at + len(HEADING):]
-        nxt = rest.find("\n## ")
-        text = text[:at] + (rest[nxt + 1:] if nxt >= 0 else "")
-    text = text.rstrip("\n") + "\n\n" + section(runs, args)
-    md.write_text(text)
+    replace_section(md, HEADING, section(runs, args), at_end=True)

@@ -27,6 +27,7 @@ import time
 from typing import Any
 
 from .paths import DOCS_MD, RESULTS_DIR, shared_dir
+from .tables import markdown_table, replace_section
 
 SECTION = "## Speculative decoding (prompt lookup + grammar fast-forward)"
 KS = (2, 4, 8, 16)
@@ -138,40 +139,43 @@ def verify_cost(model: Any, reps: int, prompt: int = 200) -> dict:
 
 
 def _table_eval(runs: list[dict]) -> list[str]:
-    lines = ["| grammar | examples | tokens | passes/token (plain) | passes/token (speculate) "
-             "| decode s (plain / speculate) | decode speedup | prefill s (plain / speculate) "
-             "| prefill+decode speedup | same answer |", "|---" * 10 + "|"]
+    rows = []
     for run in runs:
         spec, plain = run["speculate"], run["plain"]
-        lines.append(
-            f"| {'on' if run['grammar'] else 'off'} | {run['examples']} | {spec['tokens']} "
-            f"| {run['plain_passes_per_token']:.3f} | **{run['passes_per_token']:.3f}** "
-            f"| {plain['decode_s']:.2f} / {spec['decode_s']:.2f} "
-            f"| **{run['decode_speedup']:.2f}x** "
-            f"| {plain['prefill_s']:.2f} / {spec['prefill_s']:.2f} | {run['turn_speedup']:.2f}x "
-            f"| {run['examples'] - run['mismatches']}/{run['examples']} |")
-    lines += ["", "| grammar | source | drafted | accepted | acceptance |", "|---|---|---|---|---|"]
+        rows.append([
+            "on" if run["grammar"] else "off", run["examples"], spec["tokens"],
+            f"{run['plain_passes_per_token']:.3f}", f"**{run['passes_per_token']:.3f}**",
+            f"{plain['decode_s']:.2f} / {spec['decode_s']:.2f}",
+            f"**{run['decode_speedup']:.2f}x**",
+            f"{plain['prefill_s']:.2f} / {spec['prefill_s']:.2f}",
+            f"{run['turn_speedup']:.2f}x",
+            f"{run['examples'] - run['mismatches']}/{run['examples']}"])
+    lines = markdown_table(
+        ["grammar", "examples", "tokens", "passes/token (plain)", "passes/token (speculate)",
+         "decode s (plain / speculate)", "decode speedup", "prefill s (plain / speculate)",
+         "prefill+decode speedup", "same answer"], rows)
+    sources = []
     for run in runs:
         spec = run["speculate"]
         for source in SOURCES:
             drafted, accepted = spec[f"{source}_drafted"], spec[f"{source}_accepted"]
             rate = f"{accepted / drafted:.0%}" if drafted else "-"
-            lines.append(f"| {'on' if run['grammar'] else 'off'} | {source} | {drafted} "
-                         f"| {accepted} | {rate} |")
-    return lines
+            sources.append(["on" if run["grammar"] else "off", source, drafted, accepted, rate])
+    return lines + [""] + markdown_table(
+        ["grammar", "source", "drafted", "accepted", "acceptance"], sources)
 
 
 def _table_cost(costs: dict[str, dict]) -> list[str]:
-    lines = ["| model | step ms | " + " | ".join(f"extend({k}) ms (x step)" for k in KS)
-             + " | per extra position (x step) |", "|---|---|" + "---|" * (len(KS) + 1)]
+    rows = []
     for name, cost in costs.items():
         step = cost["step_s"]
         cells = [f"{cost['extend_s'][str(k)] * 1e3:.1f} ({cost['ratio'][str(k)]:.2f}x)"
                  for k in KS]
         slope = (cost["extend_s"][str(KS[-1])] - cost["extend_s"][str(KS[1])]) / (
             KS[-1] - KS[1]) / step
-        lines.append(f"| {name} | {step * 1e3:.1f} | " + " | ".join(cells) + f" | {slope:.2f} |")
-    return lines
+        rows.append([name, f"{step * 1e3:.1f}", *cells, f"{slope:.2f}"])
+    return markdown_table(["model", "step ms", *(f"extend({k}) ms (x step)" for k in KS),
+                           "per extra position (x step)"], rows)
 
 
 def render(result: dict) -> str:
@@ -210,14 +214,7 @@ def render(result: dict) -> str:
 
 def write_section(text: str) -> None:
     """Replace (or append) the section in docs/benchmarks.md, leaving the rest as it is."""
-    doc = DOCS_MD.read_text(encoding="utf-8") if DOCS_MD.exists() else ""
-    start = doc.find(SECTION)
-    if start < 0:
-        doc = doc.rstrip("\n") + "\n\n" + text
-    else:
-        end = doc.find("\n## ", start + len(SECTION))
-        doc = doc[:start] + text + ("" if end < 0 else doc[end:])
-    DOCS_MD.write_text(doc.rstrip("\n") + "\n", encoding="utf-8")
+    replace_section(DOCS_MD, SECTION, text)
 
 
 def main(argv: list[str] | None = None) -> int:
