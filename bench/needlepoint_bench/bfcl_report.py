@@ -19,7 +19,7 @@ def is_malformed(answer: dict[str, Any]) -> bool:
 
 
 def table(report: dict[str, Any]) -> str:
-    rows = []
+    lines = []
     for result in report["categories"]:
         n, category = result["cases"], result["category"]
         for engine, s in result["summary"].items():
@@ -27,10 +27,10 @@ def table(report: dict[str, Any]) -> str:
             unparseable = 0 if "irrelevance" in category else sum(
                 r["calls"] is None for r in rows)
             bad = sum(is_malformed(r) for r in rows)
-            rows.append([category, n, engine, s["correct"], f"{s['correct'] / n:.0%}",
+            lines.append([category, n, engine, s["correct"], f"{s['correct'] / n:.0%}",
                          f"{unparseable / n:.0%}", f"{bad / n:.0%}", f"{s['seconds'] / n:.2f}"])
     return "\n".join(markdown_table(["category", "cases", "engine", "correct", "accuracy",
-                                     "unparseable", "malformed", "s/case"], rows))
+                                     "unparseable", "malformed", "s/case"], lines))
 
 
 def main(argv: list[str] | None = None) -> int:
