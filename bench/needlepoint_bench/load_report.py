@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from .load_memory import summary as summary_of
+from .tables import markdown_table
 
 MARKER = "<!-- notes -->"
 TARGETS = {"scaling": 4.0, "ttft": 2.0}
@@ -51,14 +52,14 @@ def section(result: dict[str, Any]) -> str:
     if "scaling" in phases:
         scale = phases["scaling"]
         lines += [f"**Decode throughput** (text requests, `max_tokens` {scale['max_tokens']}, "
-                  "short prompts, each client looping):", "",
-                  "| clients | requests | completion tokens | tokens/s | sessions per engine "
-                  "step | errors |", "|---|---|---|---|---|---|"]
-        for run in scale["runs"]:
-            batch = "-" if run["mean_batch"] is None else f"{run['mean_batch']:.1f}"
-            errors = ", ".join(f"{k}: {v}" for k, v in run["errors"].items()) or "none"
-            lines.append(f"| {run['clients']} | {run['requests']} | {run['tokens']} | "
-                         f"{run['tokens_per_s']:.1f} | {batch} | {errors} |")
+                  "short prompts, each client looping):", ""]
+        lines += markdown_table(
+            ["clients", "requests", "completion tokens", "tokens/s",
+             "sessions per engine step", "errors"],
+            [[run["clients"], run["requests"], run["tokens"], f"{run['tokens_per_s']:.1f}",
+              "-" if run["mean_batch"] is None else f"{run['mean_batch']:.1f}",
+              ", ".join(f"{k}: {v}" for k, v in run["errors"].items()) or "none"]
+             for run in scale["runs"]])
         rounds = ", ".join(f"{r:.2f}" for r in scale.get("round_ratios", []))
         lines += ["", f"16 clients vs 1 (median of {scale.get('rounds', 1)} alternating rounds: "
                   f"{rounds}): {_verdict(scale['ratio'], TARGETS['scaling'], True)}", ""]
@@ -138,21 +139,19 @@ def memory_lines(soak: dict[str, Any]) -> list[str]:
     rss = soak["rss_every_10s_mib"]
     if soak["load_s"] <= LIST_RSS_S or not samples:
         return lines
-    lines += ["| minute | RSS (MiB) | heap in use (MiB) | heap free (MiB) | load average |",
-              "|---|---|---|---|---|"]
+    table = []
     for k in range(0, len(samples), TABLE_EVERY):
         sample = samples[k]
         heap = [_mib(sample[key] / 2**20 if key in sample else None) for key in ("in_use", "free")]
-        lines.append(f"| {sample['t'] / 60:.0f} | {rss[min(k, len(rss) - 1)]} | {heap[0]} | "
-                     f"{heap[1]} | {sample['loadavg']:.1f} |")
-    return lines + [""]
+        table.append([f"{sample['t'] / 60:.0f}", rss[min(k, len(rss) - 1)], *heap,
+                      f"{sample['loadavg']:.1f}"])
+    return lines + markdown_table(["minute", "RSS (MiB)", "heap in use (MiB)", "heap free (MiB)",
+                                   "load average"], table) + [""]
 
 
 def summary(results: list[dict[str, Any]]) -> str:
     """One line per result: the three targets side by side."""
-    rows = ["| result | batching | speculation | 16 clients vs 1 (decode tokens/s) | TTFT "
-            "loaded / alone (p50) | soak: requests/s, errors, wrong answers, RSS (MiB) |",
-            "|---|---|---|---|---|---|"]
+    rows = []
     for r in results:
         p = r["phases"]
         scale = p.get("scaling")
@@ -170,9 +169,12 @@ def summary(results: list[dict[str, Any]]) -> str:
                       f"{rss[0]} -> {rss[-1]}" if rss else "")
         batching = ("run_batch" if r.get("batched") else "one by one") if r.get("batching") \
             else "no"
-        rows.append(f"| {r['label']} | {batching} | {'on' if r.get('speculate', True) else 'off'}"
-                    f" | {scaled} | {first} | {soaked} |")
-    return "\n".join(rows) + "\n"
+        rows.append([r["label"], batching, "on" if r.get("speculate", True) else "off", scaled,
+                     first, soaked])
+    return "\n".join(markdown_table(
+        ["result", "batching", "speculation", "16 clients vs 1 (decode tokens/s)",
+         "TTFT loaded / alone (p50)", "soak: requests/s, errors, wrong answers, RSS (MiB)"],
+        rows)) + "\n"
 
 
 def write_report(paths: list[Path], out: Path) -> None:
