@@ -1,10 +1,9 @@
 """needlepoint vs llama.cpp on SmolLM2-135M-Instruct (Q4_1 GGUF): `needlepoint-bench-hf`.
 
 Each engine runs in its own subprocess (`bench.hf_worker`) with the thread environment fixed
-before it starts: llama.cpp through llama-cpp-python (a benchmark requirement,
-`bench/requirements.txt`), needlepoint with `numerics="float"` and `numerics="int8"`, at each
-thread count of `--threads`. Measured in one run, so every ratio compares numbers taken on the
-same machine minutes apart:
+before it starts: llama.cpp through llama-cpp-python (bench's `peers` extra), needlepoint
+with `numerics="float"` and `numerics="int8"`, at each thread count of `--threads`. Measured
+in one run, so every ratio compares numbers taken on the same machine minutes apart:
 
 * prefill: the 256-token text below from an empty state (logits of its last position only),
   `--reps` times per process, the fastest kept; decode: then `--decode` single-token steps,

@@ -22,6 +22,7 @@ from .report_tables import (
     load_memory_section,
     prefill_section,
 )
+from .tables import markdown_table
 
 
 def headline_text(results: dict) -> str:
@@ -178,7 +179,7 @@ def _reproduce_section() -> list[str]:
     L = []
     L.append("## Reproduce\n")
     L.append(
-        "```\npip install -e . -r bench/requirements.txt\n"
+        "```\npip install -e . -e \"./bench[peers]\"\n"
         "needlepoint-bench            # full run (~10 min on 2 cores): JSON + this page + plot\n"
         "needlepoint-bench --quick    # smoke run (<2 min): bench/results/<fixture>-quick.json\n"
         "needlepoint-bench --report-only bench/results/shipped.json   # re-render this page\n"
@@ -217,11 +218,10 @@ def profile_section(results: dict) -> list[str]:
             found = True
             L.append(f"**{name}, {threads} thread(s)**: {prof['calls_per_token']:.0f} "
                      "interpreter calls per decode token.\n")
-            L.append("| function | calls/token | own ms/token |")
-            L.append("|---|---|---|")
-            for row in prof["top"]:
-                L.append(f"| `{row['function']}` | {row['calls_per_token']:.1f} | "
-                         f"{row['own_ms_per_token']:.2f} |")
+            L += markdown_table(
+                ["function", "calls/token", "own ms/token"],
+                [[f"`{row['function']}`", f"{row['calls_per_token']:.1f}",
+                  f"{row['own_ms_per_token']:.2f}"] for row in prof["top"]])
             L.append("")
     return L if found else []
 

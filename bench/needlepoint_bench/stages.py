@@ -29,6 +29,7 @@ import numpy as np
 
 from .paths import DOCS_DIR, REPO_ROOT, RESULTS_DIR, fixture_archive
 from .stages_pipeline import render_pipeline
+from .tables import markdown_table
 
 RESULTS = RESULTS_DIR / "stages.json"
 REPORT = DOCS_DIR / "benchmarks_stages.md"
@@ -238,42 +239,38 @@ def render(results: dict) -> str:
         "machine, in a loopback-only network namespace; stage k runs on node_a for even k "
         "and on node_b for odd k; the driver (the head) is on node_a. Loading the Ray "
         f"stages (actors up, blocks prepared) took {loads}.")
-    lines += [
-        "## Prefill and decode", "",
-        "| run | stages | prefill tok/s | decode ms/token | decode vs one process |",
-        "|---|---:|---:|---:|---:|",
-        f"| one process | - | {one['prefill_tps']:.0f} | {one['decode_ms']:.1f} | 1.00x |",
-    ]
-    for transport in ("local", "ray"):
-        for k, row in results[transport].items():
-            ratio = row["decode_ms"] / one["decode_ms"]
-            lines.append(f"| {transport} | {k} | {row['prefill_tps']:.0f} | "
-                         f"{row['decode_ms']:.1f} | {ratio:.2f}x |")
+    runs = [["one process", "-", f"{one['prefill_tps']:.0f}", f"{one['decode_ms']:.1f}",
+             "1.00x"]]
+    runs += [[transport, k, f"{row['prefill_tps']:.0f}", f"{row['decode_ms']:.1f}",
+              f"{row['decode_ms'] / one['decode_ms']:.2f}x"]
+             for transport in ("local", "ray") for k, row in results[transport].items()]
+    lines += ["## Prefill and decode", ""]
+    lines += markdown_table(["run", "stages", "prefill tok/s", "decode ms/token",
+                             "decode vs one process"], runs, align="lrrrr")
     lines += [""]
     lines += _para(
         "The local transport runs every stage on a thread of this process: the products "
         "release the GIL, the rest of a block holds it, so on 2 cores it neither gains nor "
         "loses much. Ray stages are processes: a decode step pays K + 1 hops, and prefill "
         "gains from chunks in flight on several processes at once (4 stages on 2 cores).")
-    lines += ["## One hop (a Ray actor call carrying the payload)", "",
-              "| payload | on the driver's node | on the other node |", "|---|---:|---:|"]
-    for label in ("step_12KiB", "chunk_1.5MiB"):
-        lines.append(f"| {label.replace('_', ' ')} | {hop[f'node_a/{label}']:.2f} ms | "
-                     f"{hop[f'node_b/{label}']:.2f} ms |")
+    lines += ["## One hop (a Ray actor call carrying the payload)", ""]
+    lines += markdown_table(
+        ["payload", "on the driver's node", "on the other node"],
+        [[label.replace("_", " "), f"{hop[f'node_a/{label}']:.2f} ms",
+          f"{hop[f'node_b/{label}']:.2f} ms"] for label in ("step_12KiB", "chunk_1.5MiB")],
+        align="lrr")
     lines += ["", "## Memory per stage process (Ray, after the run)", ""]
     lines += _para(
         "RSS of each stage's actor process, the archive pages resident in it (the records it "
         "has read), and the archive bytes of its blocks' records (its share in the plan). An "
         "idle Ray worker that has imported needlepoint.stages holds "
         f"{hop['baseline_rss_bytes'] / MB:.0f} MiB.")
-    lines += ["| stages | stage | layers | RSS | archive pages resident | its records |",
-              "|---:|---:|---|---:|---:|---:|"]
-    for k, rows in results["rss"].items():
-        for row in rows:
-            lines.append(
-                f"| {k} | {row['stage']} | {row['first']}-{row['end'] - 1} | "
-                f"{row['rss_bytes'] / MB:.0f} MiB | {row['archive_resident_bytes'] / MB:.1f} MiB"
-                f" | {row['record_bytes'] / MB:.1f} MiB |")
+    lines += markdown_table(
+        ["stages", "stage", "layers", "RSS", "archive pages resident", "its records"],
+        [[k, row["stage"], f"{row['first']}-{row['end'] - 1}",
+          f"{row['rss_bytes'] / MB:.0f} MiB", f"{row['archive_resident_bytes'] / MB:.1f} MiB",
+          f"{row['record_bytes'] / MB:.1f} MiB"]
+         for k, rows in results["rss"].items() for row in rows], align="rrlrrr")
     step_hop = hop["node_b/step_12KiB"]
     ten = one["decode_ms"] + 11 * step_hop
     lines += ["", "## What a 10-machine chain would cost per token", ""]
