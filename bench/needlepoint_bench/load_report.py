@@ -85,25 +85,27 @@ def section(result: dict[str, Any]) -> str:
                   f"finished; rates are over the latter), looping over {s['distinct_requests']} "
                   "tool-calling requests from `needle3-toy.eval.jsonl` (2-4 tools each), every "
                   "4th streamed, greedy; every answer checked against the same request alone.",
-                  "", "| metric | value |", "|---|---|",
-                  f"| requests completed | {s['requests_ok']} |",
-                  f"| requests/s | {s['requests_per_s']:.1f} |",
-                  f"| completion tokens/s | {s['completion_tokens_per_s']:.0f} |",
-                  f"| sessions per engine step (mean) | {batch} |",
-                  f"| latency of one request alone, p50 | "
-                  f"{s['unloaded_latency_p50_s'] * 1000:.0f} ms |",
-                  f"| latency p50 / p99 | {s['latency_p50_s'] * 1000:.0f} ms / "
-                  f"{s['latency_p99_s'] * 1000:.0f} ms |",
-                  f"| streamed: first chunk p50 / p99 | {s['stream_ttft_p50_s'] * 1000:.0f} ms "
-                  f"/ {s['stream_ttft_p99_s'] * 1000:.0f} ms |",
-                  f"| errors | {errors} |",
-                  f"| wrong answers (differ from the request alone) | {s['wrong_answers']} |",
-                  f"| peak admitted in flight | {s['peak_in_flight']} |",
-                  f"| server RSS after loading / max sampled under load | "
-                  f"{result['rss_after_load_mib']:.0f} MiB / {s['rss_max_sampled_mib']:.0f} MiB |",
-                  *([f"| RSS every 10 s (MiB) | {rss} |"] if s["load_s"] <= LIST_RSS_S
-                    or "memory" not in s else []),
-                  f"| server peak RSS (VmHWM) | {result['peak_rss_mib']:.0f} MiB |", ""]
+                  ""]
+        metrics = [
+            ("requests completed", s["requests_ok"]),
+            ("requests/s", f"{s['requests_per_s']:.1f}"),
+            ("completion tokens/s", f"{s['completion_tokens_per_s']:.0f}"),
+            ("sessions per engine step (mean)", batch),
+            ("latency of one request alone, p50",
+             f"{s['unloaded_latency_p50_s'] * 1000:.0f} ms"),
+            ("latency p50 / p99", f"{s['latency_p50_s'] * 1000:.0f} ms / "
+                                  f"{s['latency_p99_s'] * 1000:.0f} ms"),
+            ("streamed: first chunk p50 / p99", f"{s['stream_ttft_p50_s'] * 1000:.0f} ms / "
+                                                f"{s['stream_ttft_p99_s'] * 1000:.0f} ms"),
+            ("errors", errors),
+            ("wrong answers (differ from the request alone)", s["wrong_answers"]),
+            ("peak admitted in flight", s["peak_in_flight"]),
+            ("server RSS after loading / max sampled under load",
+             f"{result['rss_after_load_mib']:.0f} MiB / {s['rss_max_sampled_mib']:.0f} MiB"),
+            *([("RSS every 10 s (MiB)", rss)] if s["load_s"] <= LIST_RSS_S
+              or "memory" not in s else []),
+            ("server peak RSS (VmHWM)", f"{result['peak_rss_mib']:.0f} MiB")]
+        lines += markdown_table(["metric", "value"], metrics) + [""]
         lines += memory_lines(s)
     return "\n".join(lines)
 
@@ -129,12 +131,12 @@ def memory_lines(soak: dict[str, Any]) -> list[str]:
     window = m["slope_window_s"] / 60
     lines = ["**Memory over the soak** (server RSS from /proc every second; C heap from its "
              "/metrics, glibc `mallinfo2`: bytes in use, and bytes held free in the arenas; "
-             f"slopes: least squares over the last {window:.0f} min):", "",
-             "| RSS start | after 5 min warm-up | end | RSS slope | heap-in-use slope |",
-             "|---|---|---|---|---|",
-             f"| {_mib(m['rss_start_mib'])} MiB | {_mib(m['rss_after_warmup_mib'])} MiB | "
-             f"{_mib(m['rss_end_mib'])} MiB | {_per_10min(m['rss_slope_mib_per_10min'])} | "
-             f"{_per_10min(m['heap_in_use_slope_mib_per_10min'])} |", ""]
+             f"slopes: least squares over the last {window:.0f} min):", ""]
+    lines += markdown_table(
+        ["RSS start", "after 5 min warm-up", "end", "RSS slope", "heap-in-use slope"],
+        [[f"{_mib(m['rss_start_mib'])} MiB", f"{_mib(m['rss_after_warmup_mib'])} MiB",
+          f"{_mib(m['rss_end_mib'])} MiB", _per_10min(m["rss_slope_mib_per_10min"]),
+          _per_10min(m["heap_in_use_slope_mib_per_10min"])]]) + [""]
     samples = soak.get("samples_every_10s", [])
     rss = soak["rss_every_10s_mib"]
     if soak["load_s"] <= LIST_RSS_S or not samples:
