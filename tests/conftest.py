@@ -20,26 +20,25 @@ os.environ.setdefault("OMP_WAIT_POLICY", "passive")
 os.environ.setdefault("NEEDLEPOINT_CACHE", "0")
 
 import json  # noqa: E402
+import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+# The one lookup of shared/ is the benchmarks package's (bench/needlepoint_bench/paths.py,
+# issue 27 item 6): the checkout's copy, installed or not.
+sys.path.insert(0, str(REPO_ROOT / "bench"))
+from needlepoint_bench.paths import shared_dir as _find_shared  # noqa: E402
 
 
 def shared_dir() -> Path:
     """The `shared/` folder beside the repository (override with NEEDLEPOINT_SHARED)."""
-    override = os.environ.get("NEEDLEPOINT_SHARED")
-    candidates = [Path(override)] if override else []
-    candidates += [REPO_ROOT.parent / "shared", REPO_ROOT / "shared"]
-    for candidate in candidates:
-        if (candidate / "fixtures").is_dir():
-            return candidate
-    pytest.fail(
-        "ground-truth fixtures not found: expected ../shared/fixtures next to the repository "
-        f"(looked in {', '.join(str(c) for c in candidates)})"
-    )
+    try:
+        return _find_shared(REPO_ROOT)
+    except FileNotFoundError as error:
+        pytest.fail(str(error))
 
 
 def fixtures_dir(generation: str) -> Path:

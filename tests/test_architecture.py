@@ -1,8 +1,13 @@
 """The package layout rules of `docs/architecture.md`, checked on the source tree.
 
-Imports run one way, downward through the layers; no import cycle between files (function-level
-imports included, `if TYPE_CHECKING:` blocks excluded); no file over 400 lines; at most 8
-modules directly in the package root; `tests/` mirrors the source folders.
+Imports run one way, downward through the layers; no import cycle between files, of any kind:
+function-level imports and `if TYPE_CHECKING:` imports count like any other (issue 27 item 5:
+a type-only circle is still two modules that must be understood together; shared types go in
+a module of their own); no module loaded by name (`importlib`), which this check could not
+see; no function takes a `quantized` flag (the numerics are a strategy chosen at load, issue
+27 items 1 and 5); no Python file over 400 lines, no C file or header over 600 (issue 27 item
+7); at most 8 modules directly in the package root; `tests/` mirrors the source folders; the
+benchmarks (bench/, a client) import only needlepoint's public names (issue 27 item 6).
 """
 
 from __future__ import annotations
@@ -13,7 +18,9 @@ from pathlib import Path
 from conftest import REPO_ROOT
 
 PACKAGE = REPO_ROOT / "src" / "needlepoint"
+BENCH = REPO_ROOT / "bench" / "needlepoint_bench"
 MAX_LINES = 400
+MAX_C_LINES = 600
 MAX_ROOT_MODULES = 8
 
 # Layer of each top-level part of the package: a module may import its own layer (inside the
@@ -29,7 +36,9 @@ LAYERS = {
     "stages": 4,
     "cli": 6,
     "server": 6,
+    "command": 7,  # the `needlepoint` command: cli/'s subcommands plus server/'s `serve`
     "": 7,  # the package root: the public facade, imported by nothing inside the package
+    "__main__": 8,  # `python -m needlepoint`: runs `command`
 }
 
 
@@ -44,31 +53,9 @@ def source_modules() -> dict[str, Path]:
     return {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
 
 
-def _type_checking_block(node: ast.AST) -> bool:
-    test = getattr(node, "test", None)
-    return isinstance(node, ast.If) and (
-        (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING")
-        or (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
-    )
-
-
-def _walk_runtime(node: ast.AST):
-    """Every node except those inside `if TYPE_CHECKING:` blocks."""
-    for child in ast.iter_child_nodes(node):
-        if _type_checking_block(child):
-            yield from (n for body in child.orelse for n in _walk_runtime_self(body))
-            continue
-        yield child
-        yield from _walk_runtime(child)
-
-
-def _walk_runtime_self(node: ast.AST):
-    yield node
-    yield from _walk_runtime(node)
-
-
 def imports_of(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
-    """Package modules that `name` imports at run time (module level or inside functions)."""
+    """Package modules that `name` imports anywhere: module level, inside functions, and in
+    `if TYPE_CHECKING:` blocks alike."""
     tree = ast.parse(path.read_text(), str(path))
     is_package = path.name == "__init__.py"
     package = name.split(".") if name else []
@@ -82,7 +69,7 @@ def imports_of(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
         if target in modules or target == "":
             found.add(target)
 
-    for node in _walk_runtime(tree):
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for alias in node.names:
                 if alias.name == "needlepoint" or alias.name.startswith("needlepoint."):
@@ -148,8 +135,71 @@ def layer_of(name: str) -> tuple[str, int]:
     return top, LAYERS[top]
 
 
+def cycle_path(graph: dict[str, set[str]], component: list[str]) -> list[str]:
+    """One closed import path through a strongly connected component: a -> b -> ... -> a."""
+    members, start = set(component), component[0]
+    path, seen = [start], {start}
+
+    def extend(node: str) -> bool:
+        for nxt in sorted(graph[node] & members):
+            if nxt == start and len(path) > 1:
+                path.append(start)
+                return True
+            if nxt not in seen:
+                seen.add(nxt)
+                path.append(nxt)
+                if extend(nxt):
+                    return True
+                path.pop()
+        return False
+
+    extend(start)
+    return path
+
+
+def describe_cycles(graph: dict[str, set[str]]) -> list[str]:
+    """Each import circle as one line: its modules, and one closed path through them."""
+    return [f"{len(component)} modules {component}: {' -> '.join(cycle_path(graph, component))}"
+            for component in cycles(graph)]
+
+
 def test_no_import_cycles() -> None:
-    assert cycles(import_graph()) == []
+    found = describe_cycles(import_graph())
+    assert not found, "import circles (type-only imports count):\n" + "\n".join(found)
+
+
+def test_no_module_is_loaded_by_name() -> None:
+    """`importlib.import_module` / `__import__` hide an import from the two checks above."""
+    hidden = [
+        f"{p.relative_to(PACKAGE)}:{node.lineno}"
+        for p in sorted(PACKAGE.rglob("*.py"))
+        for node in ast.walk(ast.parse(p.read_text(), str(p)))
+        if isinstance(node, ast.Attribute | ast.Name)
+        and (getattr(node, "attr", None) or getattr(node, "id", None))
+        in ("import_module", "__import__")
+    ]
+    assert hidden == []
+
+
+def flag_parameters(name: str) -> list[str]:
+    """Every function in src/ with a parameter called `name`, as `file:line function`."""
+    found = []
+    for p in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(p.read_text(), str(p))):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
+                args = node.args
+                params = args.posonlyargs + args.args + args.kwonlyargs
+                if any(arg.arg == name for arg in params):
+                    label = getattr(node, "name", "<lambda>")
+                    found.append(f"{p.relative_to(PACKAGE)}:{node.lineno} {label}")
+    return found
+
+
+def test_no_function_takes_a_quantized_flag() -> None:
+    """Numerics are a strategy object picked once at load (issue 27 item 1), not a flag that
+    every operation switches on."""
+    found = flag_parameters("quantized")
+    assert not found, "functions with a `quantized` parameter:\n" + "\n".join(found)
 
 
 def test_imports_run_downward() -> None:
@@ -176,6 +226,68 @@ def test_file_sizes_and_root_modules() -> None:
     assert len(root) <= MAX_ROOT_MODULES, root
 
 
+def test_c_file_sizes() -> None:
+    """C sources and headers stay under about 600 lines: one header per kernel family (issue
+    27 item 7)."""
+    long = {
+        str(p.relative_to(PACKAGE)): n
+        for p in sorted(PACKAGE.rglob("*"))
+        if p.suffix in (".c", ".h") and (n := len(p.read_text().splitlines())) > MAX_C_LINES
+    }
+    assert long == {}
+
+
+def public_names() -> dict[str, set[str]]:
+    """needlepoint's public, documented surface: the facade's `__all__` (docs/api.md "Public
+    names for clients"), the `kernels` package's (README "Inspecting an archive") and the
+    `stages` package's (docs/distributed.md)."""
+    import needlepoint
+    import needlepoint.kernels
+    import needlepoint.stages
+
+    return {"needlepoint": set(needlepoint.__all__),
+            "needlepoint.kernels": set(needlepoint.kernels.__all__),
+            "needlepoint.stages": set(needlepoint.stages.__all__)}
+
+
+def private_uses(path: Path, public: dict[str, set[str]]) -> list[str]:
+    """Each import of, or attribute reached through, a needlepoint name outside `public`."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names if a.name.split(".")[0] == "needlepoint"]
+            found += [n for n in names if n not in public]
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module and \
+                node.module.split(".")[0] == "needlepoint":
+            allowed = public.get(node.module)
+            found += [f"{node.module}.{a.name}" for a in node.names
+                      if allowed is None or a.name not in allowed]
+        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and \
+                node.value.id == "needlepoint" and node.attr not in public["needlepoint"]:
+            found.append(f"needlepoint.{node.attr}")
+    return [f"{path.name}:{name}" for name in found]
+
+
+def test_benchmarks_use_only_public_names() -> None:
+    """bench/ is a client (issue 27 item 6): what it needs is public and documented, so a
+    change inside the package never breaks it silently."""
+    public = public_names()
+    found = [use for p in sorted(BENCH.glob("*.py")) for use in private_uses(p, public)]
+    assert not found, "benchmark imports of non-public needlepoint names:\n" + "\n".join(found)
+
+
+def test_checker_sees_private_uses(tmp_path: Path) -> None:
+    source = tmp_path / "b.py"
+    source.write_text("import needlepoint\nimport needlepoint.stages\n"
+                      "from needlepoint import load, Needle\nfrom needlepoint.api import x\n"
+                      "from needlepoint.kernels import fwht, i8\nneedlepoint.load(1)\n"
+                      "needlepoint.models.y\n")
+    public = {"needlepoint": {"load", "Needle", "kernels"}, "needlepoint.kernels": {"fwht"}}
+    assert private_uses(source, public) == [
+        "b.py:needlepoint.stages", "b.py:needlepoint.api.x", "b.py:needlepoint.kernels.i8",
+        "b.py:needlepoint.models"]
+
+
 def test_tests_mirror_source_folders() -> None:
     tests = REPO_ROOT / "tests"
     source_dirs = {
@@ -188,20 +300,33 @@ def test_tests_mirror_source_folders() -> None:
         for p in tests.rglob("*")
         if p.is_dir() and any(p.glob("test_*.py"))
     }
-    assert test_dirs <= source_dirs, test_dirs - source_dirs
+    assert test_dirs <= source_dirs | {"bench"}, test_dirs - source_dirs  # bench: its package
     # every folder of the package with code of its own has tests in its mirror (the native
     # kernels are tested beside their numpy references, in tests/kernels/)
     assert source_dirs - test_dirs <= {"models", "data", "kernels/native"}, source_dirs - test_dirs
 
 
-def test_checker_sees_cycles_and_deferred_imports(tmp_path: Path) -> None:
-    """The checker itself: a function-level import still makes a cycle; TYPE_CHECKING does not."""
-    graph = {"a": {"b"}, "b": {"a"}, "c": set()}
-    assert cycles(graph) == [["a", "b"]]
+def test_checker_sees_cycles_deferred_and_type_only_imports(tmp_path: Path) -> None:
+    """The checker itself: a function-level import and a TYPE_CHECKING import both count, and
+    a circle is reported with a closed path through it."""
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert cycles(graph) == [["a", "b", "c"]]
+    assert describe_cycles(graph) == ["3 modules ['a', 'b', 'c']: a -> b -> c -> a"]
     source = tmp_path / "m.py"
     source.write_text(
         "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .x import y\n"
         "def f():\n    from .z import w\n"
     )
     modules = {"pkg.m": source, "pkg.x": source, "pkg.z": source}
-    assert imports_of("pkg.m", source, modules) == {"pkg.z"}
+    assert imports_of("pkg.m", source, modules) == {"pkg.x", "pkg.z"}
+
+
+def test_checker_sees_a_quantized_parameter(tmp_path: Path, monkeypatch) -> None:
+    """The flag rule itself: positional, keyword-only and nested functions are all found."""
+    (tmp_path / "m.py").write_text(
+        "def a(x, quantized):\n    pass\n"
+        "def b(x, *, quantized=False):\n    def c(quantized): pass\n"
+        "def d(x, quantized_rows):\n    pass\n"
+    )
+    monkeypatch.setitem(globals(), "PACKAGE", tmp_path)
+    assert flag_parameters("quantized") == ["m.py:1 a", "m.py:3 b", "m.py:4 c"]

@@ -21,6 +21,9 @@ from .version import __version__
 
 if TYPE_CHECKING:  # pragma: no cover
     from .api.needle import Needle, tool
+    from .formats.checkpoints import open_checkpoint
+    from .models.parts import load_part
+    from .models.protocol import resolve_model_name
 
 
 def load(
@@ -56,11 +59,28 @@ def load(
 
 
 def __getattr__(name: str) -> Any:
-    # The API layer sits above the models; import it only when asked for.
+    # Public names imported on first use (docs/api.md "Public names for clients"): the API
+    # layer sits above the models, and the rarer names need not load with the package.
     if name in ("Needle", "tool"):
         from .api import needle as api
 
         return getattr(api, name)
+    if name == "open_checkpoint":
+        from .formats.checkpoints import open_checkpoint
+
+        return open_checkpoint
+    if name == "load_part":
+        from .models.parts import load_part
+
+        return load_part
+    if name == "native_variant":
+        from .kernels.native import simd_variant
+
+        return simd_variant
+    if name == "resolve_model_name":
+        from .models.protocol import resolve_model_name
+
+        return resolve_model_name
     raise AttributeError(f"module 'needlepoint' has no attribute {name!r}")
 
 
@@ -75,7 +95,11 @@ __all__ = [
     "ToolSchemaError",
     "__version__",
     "load",
+    "load_part",
     "kernels",
+    "native_variant",
     "open_archive",
+    "open_checkpoint",
+    "resolve_model_name",
     "tool",
 ]

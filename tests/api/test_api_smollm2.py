@@ -72,11 +72,38 @@ def test_tool_result_turn_reuses_the_cache(needle) -> None:
     assert third["type"] == "call" and third["timings"]["prefill_tokens"] < 40
 
 
-def test_extract_and_the_agent_loop(needle) -> None:
-    fields = needle.extract("Set an alarm at 7:30 called gym",
-                            {"type": "object", "properties": {"time": {"type": "string"}},
-                             "required": ["time"]})
-    assert isinstance(fields["time"], str)
+def test_extract_fills_the_fields_the_text_states(needle) -> None:
+    """The label is the one each text names (an enum, so the grammar alone cannot pick it);
+    the time has the schema's shape (a pattern the grammar must enforce)."""
+    schema = {"type": "object",
+              "properties": {"time": {"type": "string", "pattern": "^[0-9]{1,2}:[0-9]{2}$"},
+                             "label": {"type": "string", "enum": ["work", "gym", "school"]}},
+              "required": ["time", "label"]}
+    for text, label in (("Set an alarm at 7:30 called gym", "gym"),
+                        ("Set an alarm at 6:45 called work", "work")):
+        fields = needle.extract(text, schema)
+        assert set(fields) == {"time", "label"} and fields["label"] == label, fields
+        hours, minutes = fields["time"].split(":")
+        assert 0 <= int(hours) <= 99 and len(minutes) == 2, fields
+
+
+def test_the_agent_loop_runs_the_tool_and_sends_its_result_back(model) -> None:
+    """`Needle.run`: the model's call runs the Python function with the query's argument,
+    once, and the function's own return value goes back to the model for a second turn."""
+    executed: list[str] = []
+
+    def get_weather(city: str) -> dict:
+        """Get the current weather for a city."""
+        executed.append(city)
+        return {"sky": "cloudy", "temp_c": 18}
+
+    agent = needlepoint.Needle(tools=[get_weather], model=model, cache=None)
+    done = agent.run("what is the weather in Paris", max_new_tokens=64)
+    assert executed == ["Paris"]
+    assert done["type"] == "call" and len(done["turns"]) == 2, done
+    assert done["results"] == [{"name": "get_weather", "arguments": {"city": "Paris"},
+                                "result": {"sky": "cloudy", "temp_c": 18}}]
+    assert done["turns"][1]["timings"]["prefill_tokens"] > 0  # the result was prefilled
 
 
 def test_needle_by_name(model, tmp_path, monkeypatch) -> None:

@@ -146,7 +146,7 @@ def test_chat_at_a_terminal_edits_lines_and_names_the_commands():
     env = {**os.environ, "NEEDLEPOINT_MODEL": str(toy_model_path()), "TERM": "xterm"}
     leader, follower = pty.openpty()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "needlepoint.cli", "chat", "--tools", str(TOOLS), "--json",
+        [sys.executable, "-m", "needlepoint", "chat", "--tools", str(TOOLS), "--json",
          "--max-new-tokens", "40"],
         stdin=follower, stdout=follower, stderr=subprocess.PIPE, env=env)
     os.close(follower)

@@ -76,7 +76,7 @@ def test_chat_reads_piped_stdin(monkeypatch, capsys):
 def test_chat_multi_turn_in_a_subprocess():
     env = {**os.environ, "NEEDLEPOINT_MODEL": str(toy_model_path())}
     proc = subprocess.run(
-        [sys.executable, "-m", "needlepoint.cli", "chat", "--tools", str(TOOLS), "--json",
+        [sys.executable, "-m", "needlepoint", "chat", "--tools", str(TOOLS), "--json",
          "--max-new-tokens", "40"],
         input="start a 10 minute timer\nwhat is the weather in Paris\n", capture_output=True,
         text=True, timeout=120, env=env)
@@ -133,7 +133,7 @@ def test_download_fails_fast_and_cleanly_offline(tmp_path):
     for extra in ({"HF_HUB_OFFLINE": "1"}, {"HF_ENDPOINT": "http://127.0.0.1:9"}):
         start = time.monotonic()
         proc = subprocess.run(
-            [sys.executable, "-m", "needlepoint.cli", "download", "--timeout", "3",
+            [sys.executable, "-m", "needlepoint", "download", "--timeout", "3",
              "--dir", str(tmp_path / "out")],
             capture_output=True, text=True, timeout=90, env={**env, **extra})
         assert proc.returncode == 2

@@ -38,12 +38,17 @@ def test_chat_continues_with_a_second_turn(monkeypatch, capsys) -> None:
 
 
 def test_eval_scores_smollm2_with_its_grammar(tmp_path, capsys) -> None:
+    """The same query twice: once with the answer the query states (Paris), once with a
+    reference that names another city, which a correct scorer must count as a miss."""
     data = tmp_path / "weather.jsonl"
     tools = json.loads(TOOLS.read_text())
-    data.write_text(json.dumps({"query": "what is the weather in Paris", "tools": tools,
-                                "answers": [{"name": "get_weather",
-                                             "arguments": {"city": "Paris"}}]}) + "\n")
+    rows = [{"query": "what is the weather in Paris", "tools": tools,
+             "answers": [{"name": "get_weather", "arguments": {"city": city}}]}
+            for city in ("Paris", "Rome")]
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
     path = str(SmolLM2Reference().path)
     assert main(["eval", path, str(data), "--grammar", "on", "--json", "--no-progress"]) == 0
-    scores = json.loads(capsys.readouterr().out)
-    assert scores["grammar"]["total"] == 1 and scores["grammar"]["malformed"] == 0
+    scores = json.loads(capsys.readouterr().out)["grammar"]
+    assert (scores["correct"], scores["total"], scores["malformed"]) == (1, 2, 0), scores
+    assert scores["accuracy"] == 0.5
+    assert scores["by_expected_calls"] == {"1": {"correct": 1, "total": 2}}

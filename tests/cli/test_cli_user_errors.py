@@ -48,7 +48,7 @@ def test_eval_line_without_its_fields_is_a_clean_error(tmp_path, capsys, record,
 
 def run_cli(*argv: str, env: dict[str, str] | None = None, stdin: str = "") -> \
         subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "needlepoint.cli", *argv], input=stdin,
+    return subprocess.run([sys.executable, "-m", "needlepoint", *argv], input=stdin,
                           capture_output=True, text=True, timeout=120,
                           env={**os.environ, **(env or {})})
 

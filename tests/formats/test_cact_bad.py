@@ -5,6 +5,7 @@ hang or a silently wrong tensor). Mutated copies go to pytest's tmp_path or stra
 
 from __future__ import annotations
 
+import hashlib
 import time
 
 import pytest
@@ -232,6 +233,13 @@ def test_nonfinite_codebook_is_rejected() -> None:
 
 
 def test_fixture_bytes_are_untouched() -> None:
-    # Mutations work on copies: the fixture must still open cleanly afterwards.
+    """Mutations work on copies: after the tests above, the fixture file and the bytes they
+    all share still hash to the sidecar's recorded SHA-256, and the archive still opens."""
     for generation in ("needle3", "needle2"):
-        touch_everything(open_archive(get_fixture(generation, "tiny").cact))
+        fixture = get_fixture(generation, "tiny")
+        meta = fixture.meta
+        recorded = meta["files"]["cact_sha256"] if generation == "needle3" else \
+            meta["archive"]["sha256"]
+        assert hashlib.sha256(fixture.cact.read_bytes()).hexdigest() == recorded
+        assert hashlib.sha256(tiny_bytes(generation)).hexdigest() == recorded
+        touch_everything(open_archive(tiny_bytes(generation)))

@@ -5,21 +5,14 @@ chat template renders conversations, with a Hermes-style tool prompt when it ren
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
-from conftest import toy_model_path
+from conftest import get_fixture
 from hf_helpers import SmolLM2Reference, hf_fixture_dir
 
 from needlepoint.formats.chat_format import NeedleFormat, TemplateFormat
 from needlepoint.formats.checkpoints import open_checkpoint
-from needlepoint.formats.needle_wire import (
-    compact_json,
-    continuation_ids,
-    prompt_ids,
-    render_prompt,
-    render_tool_results,
-    render_user_turn,
-)
 
 WEATHER = {"name": "get_weather", "description": "Weather of a city.",
            "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
@@ -31,26 +24,49 @@ def smollm2() -> TemplateFormat:
     return TemplateFormat(open_checkpoint(SmolLM2Reference().path).tokenizer)
 
 
+# fixtures/needle3/README.md "Prompt wire format": [system turn], then the user turn with the
+# tools' compact JSON and the query, then the assistant's opening.
+WIRE = re.compile(r"(?:<\|im_start\|>system\n(.*?)<\|im_end\|>\n)?<\|im_start\|>user\n"
+                  r"<tools>(.*?)</tools>\n(.*)<\|im_end\|>\n<\|im_start\|>assistant\n", re.S)
+
+
 def test_needle_format_is_the_wire_format() -> None:
+    """First turns give exactly the token ids upstream recorded for the fixture's wire-format
+    prompts; a conversation with a call and a tool result is the format's text, written out
+    here from the README (the call encoded as training encodes a target: after a dummy-prefix
+    piece; later turns continue right after `<|im_end|>`, with no such piece)."""
     import needlepoint
 
-    model = needlepoint.load(toy_model_path())
-    fmt = model.chat_format
-    tok = model.tokenizer
+    fixture = get_fixture("needle3", "tiny")
+    model = needlepoint.load(fixture.cact)
+    fmt, tok = model.chat_format, model.tokenizer
     assert isinstance(fmt, NeedleFormat) and fmt.marker_tokens
-    assert fmt.first_ids([WEATHER], "rain in Oslo?", "locale: nb") == prompt_ids(
-        tok, render_prompt([WEATHER], "rain in Oslo?", "locale: nb"))
+    wire = [p for p in fixture.meta["prompts"] if p["target"] is None and "<tools>" in p["text"]]
+    assert [p["name"] for p in wire] == ["tool_query", "long_system_multi_tool",
+                                         "unicode_byte_fallback"]
+    for prompt in wire:
+        system, tools, query = WIRE.fullmatch(prompt["text"]).groups()
+        assert fmt.first_ids(json.loads(tools), query, system or "") == prompt["token_ids"]
     calls = [{"name": "get_weather", "arguments": {"city": "Oslo"}}]
     messages = [{"role": "user", "content": "rain in Oslo?"},
                 {"role": "assistant", "content": "", "tool_calls": calls},
                 {"role": "tool", "name": "get_weather", "content": {"rain": True}},
                 {"role": "user", "content": "thanks"}]
-    results = render_tool_results([{"name": "get_weather", "result": {"rain": True}}])
-    expected = (prompt_ids(tok, render_prompt([WEATHER], "rain in Oslo?"))
-                + tok.encode(f"<tool_call>{compact_json(calls)}</tool_call>")
-                + [tok.marker_id("<|im_end|>")]
-                + continuation_ids(tok, render_user_turn(f"{results}\nthanks")))
-    assert fmt.conversation_ids(messages, [WEATHER]) == expected
+    ids = fmt.conversation_ids(messages, [WEATHER])
+    assert tok.decode(ids) == (
+        '<|im_start|>user\n<tools>[{"name":"get_weather","description":"Weather of a city.",'
+        '"parameters":{"type":"object","properties":{"city":{"type":"string"}},'
+        '"required":["city"]}}]</tools>\nrain in Oslo?<|im_end|>\n<|im_start|>assistant\n'
+        ' <tool_call>[{"name":"get_weather","arguments":{"city":"Oslo"}}]</tool_call>'
+        '<|im_end|>\n<|im_start|>user\n<tool_result>[{"name":"get_weather","result":'
+        '{"rain":true}}]</tool_result>\nthanks<|im_end|>\n<|im_start|>assistant\n')
+    marker = fixture.meta["tokenizer"]["markers"]
+    assert ids[0] == fixture.meta["tokenizer"]["bos_id"]
+    assert [ids.count(marker[m]) for m in ("<tool_call>", "<tool_result>", "<|im_end|>")] == \
+        [1, 1, 3]
+    call_end = ids.index(marker["<|im_end|>"], ids.index(marker["<tool_call>"]))
+    assert tok.token_bytes(ids[call_end + 1]) == b"\n"
+    assert ids[call_end + 2] == marker["<|im_start|>"]
     with pytest.raises(ValueError, match="starts with a user message"):
         fmt.conversation_ids([{"role": "assistant", "content": "hi"}], [])
 

@@ -7,14 +7,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from conftest import get_fixture, toy_model_path
-from hf_helpers import hf_fixture_dir
+from hf_helpers import hf_fixture_dir, hf_reference
 
 import needlepoint
 from needlepoint.errors import ModelInputError, TokenizerError
 from needlepoint.models.protocol import (
     ModelCapabilities,
     ModelNotFoundError,
-    ModelProtocol,
     SessionCapabilities,
     SessionProtocol,
     resolve_model_name,
@@ -28,20 +27,76 @@ def tiny_int8():
     return needlepoint.load(hf_fixture_dir("llama-tiny"), numerics="int8")
 
 
-def test_every_family_implements_the_protocol(tiny_int8) -> None:
-    models = [needlepoint.load(toy_model_path()),
-              needlepoint.load(get_fixture("needle2", "tiny").cact), tiny_int8]
-    for model in models:
-        assert isinstance(model, ModelProtocol), model
-        assert isinstance(model.session(), SessionProtocol), model
+# Each family through the Protocol's methods, against its fixture's reference logits (float
+# numerics; each tolerance is the family's parity test's: fixtures/needle3 and needle2 READMEs
+# "How strictly to compare", transformers 1e-4 as tests/models/transformer). A model cut into
+# stages is a family too.
+FAMILIES = {
+    "needle3": (lambda: get_fixture("needle3", "tiny").cact, {"numerics": "float"},
+                lambda: get_fixture("needle3", "tiny").arrays, "p1_tokens", "p1_logits_float",
+                2e-3),
+    "needle2": (lambda: get_fixture("needle2", "tiny").cact, {},
+                lambda: get_fixture("needle2", "tiny").arrays, "p1_ids", "p1_logits", 2e-3),
+    "llama": (lambda: hf_fixture_dir("llama-tiny"), {"numerics": "float"},
+              lambda: hf_reference("llama-tiny").arrays, "p1_ids", "p1_logits", 1e-4),
+    "gpt2": (lambda: hf_fixture_dir("gpt2-tiny"), {"numerics": "float"},
+             lambda: hf_reference("gpt2-tiny").arrays, "p1_ids", "p1_logits", 1e-4),
+    "needle3 in stages": (lambda: get_fixture("needle3", "tiny").cact,
+                          {"numerics": "float", "stages": 2},
+                          lambda: get_fixture("needle3", "tiny").arrays, "p1_tokens",
+                          "p1_logits_float", 2e-3),
+}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_family_runs_the_protocol_to_its_reference_logits(family) -> None:
+    """Every method `ModelProtocol` / `SessionProtocol` declare, run (not only present):
+    forward, a session's prefill / step / extend / rewind / position, run_batch, check_ids."""
+    path, options, arrays, ids_key, logits_key, tolerance = FAMILIES[family]
+    ids = [int(t) for t in arrays()[ids_key]]
+    ref = arrays()[logits_key][: len(ids)]  # Needle 2's rows go on over its greedy tokens
+
+    def close(got, want) -> None:
+        assert got.shape == want.shape
+        assert float(np.abs(got - want).max()) <= tolerance
+
+    model = needlepoint.load(path(), **options)
+    try:
+        close(model.forward(ids), ref)
+        session = model.session()
+        assert isinstance(session, SessionProtocol) and session.position == 0
+        close(session.prefill(ids[:-3]), ref[-4])
+        assert session.position == len(ids) - 3
+        close(session.step(ids[-3]), ref[-3])
+        close(session.extend(ids[-2:]), ref[-2:])
+        session.rewind(2)
+        assert session.position == len(ids) - 2
+        close(session.extend(ids[-2:]), ref[-2:])  # the rewound positions left no trace
+        whole, head = model.run_batch([(model.session(), ids, True),
+                                       (model.session(), ids[:5], False)])
+        close(whole, ref)
+        close(head, ref[4])
+        np.testing.assert_array_equal(model.check_ids(ids), ids)
+        with pytest.raises(ModelInputError):
+            model.check_ids([ref.shape[-1] + 7])  # no such token
+    finally:
+        if hasattr(model, "close"):
+            model.close()
+
+
+def test_chat_formats_of_the_families() -> None:
+    """A chat model's format knows its end-of-turn ids; a base model without a chat template
+    says so when asked (TokenizerError), not later in a turn."""
+    for model in (needlepoint.load(toy_model_path()),
+                  needlepoint.load(get_fixture("needle2", "tiny").cact),
+                  needlepoint.load(hf_fixture_dir("llama-tiny"))):
         assert model.chat_format.end_ids
-    gpt2 = needlepoint.load(hf_fixture_dir("gpt2-tiny"))  # a base model: no chat template
-    assert isinstance(gpt2.session(), SessionProtocol)
+    gpt2 = needlepoint.load(hf_fixture_dir("gpt2-tiny"))
     with pytest.raises(TokenizerError, match="no chat template"):
         _ = gpt2.chat_format
     staged = needlepoint.load(toy_model_path(), stages=2)
     try:
-        assert isinstance(staged, ModelProtocol) and staged.chat_format.name == "needle"
+        assert staged.chat_format.name == "needle"
     finally:
         staged.close()
 

@@ -187,7 +187,7 @@ def test_serve_warns_at_start_without_a_key(monkeypatch: pytest.MonkeyPatch,
 
 
 def test_serve_refuses_an_empty_key(capsys: pytest.CaptureFixture[str]) -> None:
-    from needlepoint.cli import main
+    from needlepoint.command import main
 
     assert main(["serve", "--api-key", ""]) == 2
     err = capsys.readouterr().err

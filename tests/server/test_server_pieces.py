@@ -52,7 +52,7 @@ def test_cli_serve_subprocess() -> None:
         port = sock.getsockname()[1]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "needlepoint.cli", "serve", "--model", str(toy_model_path()),
+        [sys.executable, "-m", "needlepoint", "serve", "--model", str(toy_model_path()),
          "--port", str(port), "--workers", "1", "--log-level", "warning"],
         env=env,
     )

@@ -180,7 +180,7 @@ def test_cli_run_with_stages(capsys):
 
 
 def test_serve_arguments_take_stages():
-    from needlepoint.cli.main import build_parser
+    from needlepoint.command import build_parser
 
     args = build_parser().parse_args(["serve", "--stages", "0,7,14", "--ray", "10.0.0.1:6379",
                                       "--placement", "node_a,zone=b,node_c"])

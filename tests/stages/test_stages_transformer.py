@@ -116,7 +116,7 @@ def test_load_and_cli_take_transformer_stages():
     with pytest.raises(ValueError, match="kv_window"):
         with load_staged(path, 2) as staged:
             staged.session(kv_window=8)
-    from needlepoint.cli.main import build_parser
+    from needlepoint.command import build_parser
     from needlepoint.stages.options import staged_from_args
 
     for command in ("run", "chat", "serve"):

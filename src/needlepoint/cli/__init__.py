@@ -1,4 +1,5 @@
-"""The `needlepoint` command line (`main`), one module per subcommand."""
+"""The `needlepoint` command line's own subcommands (`main`), one module per subcommand; the
+whole command, with `serve`, is `needlepoint.command.main`."""
 
 from .main import COMMANDS, main
 

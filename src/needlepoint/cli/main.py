@@ -6,8 +6,13 @@ Each subcommand lives in its own module exposing
 * `add_arguments(parser)`: fill in the subcommand's `argparse` parser;
 * `run(args) -> int`: do the work and return the exit status.
 
-To add a subcommand (run, chat, eval, serve, bench, download, ...), write such a module and
-add one line to `COMMANDS`. Keep heavy imports inside `run` so `--help` stays fast.
+To add a subcommand (run, chat, eval, download, ...), write such a module and add one
+line to `COMMANDS`. Keep heavy imports inside `run` so `--help` stays fast.
+
+`serve` is not here: it lives in `server/cli.py`, and `cli/` and `server/` are side by side
+(neither imports the other). The whole command line, these subcommands plus `serve`, is put
+together one layer above both, in `needlepoint/command.py`, which the `needlepoint` console
+script and `python -m needlepoint` run (issue 27 item 5: every import visible and downward).
 
 Errors a user can cause (a missing file, a malformed archive, bad input) print one line to
 stderr and exit with status 2; no traceback.
@@ -16,37 +21,38 @@ stderr and exit with status 2; no traceback.
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from types import ModuleType
 
 from ..errors import NeedlepointError
 from ..version import __version__
+from . import chat, download, inspect, run
+from . import eval as evaluate
 
-# Subcommand name -> module (relative to this package). The one place to register commands.
-COMMANDS: dict[str, str] = {
-    "inspect": ".inspect",
-    "run": ".run",
-    "chat": ".chat",
-    "eval": ".eval",
-    "download": ".download",
-    "serve": "..server.cli",
-    "bench": ".bench",
+# Subcommand name -> module. The one place to register this folder's commands (`serve` is
+# added by `needlepoint/command.py`).
+COMMANDS: dict[str, ModuleType] = {
+    "inspect": inspect,
+    "run": run,
+    "chat": chat,
+    "eval": evaluate,
+    "download": download,
 }
 
 EXIT_USAGE = 2  # bad input of any kind, as argparse uses for usage errors
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(commands: Mapping[str, ModuleType] = COMMANDS) -> argparse.ArgumentParser:
+    """The parser of `commands` (name -> subcommand module)."""
     parser = argparse.ArgumentParser(
         prog="needlepoint",
         description="Exact numpy inference engine for Cactus Needle tool-calling models.",
     )
     parser.add_argument("--version", action="version", version=f"needlepoint {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name, module_name in COMMANDS.items():
-        module = importlib.import_module(module_name, __package__)
+    for name, module in commands.items():
         sub = subparsers.add_parser(name, help=module.HELP, description=module.HELP)
         module.add_arguments(sub)
         sub.set_defaults(handler=module.run)
@@ -58,9 +64,11 @@ def _error(message: str) -> int:
     return EXIT_USAGE
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the `needlepoint` console script; returns the exit status."""
-    parser = build_parser()
+def main(argv: Sequence[str] | None = None,
+         commands: Mapping[str, ModuleType] = COMMANDS) -> int:
+    """Run one of `commands` as `argv` asks; returns the exit status (the `needlepoint`
+    console script is `needlepoint.command.main`, these commands plus `serve`)."""
+    parser = build_parser(commands)
     args = parser.parse_args(argv)
     try:
         return int(args.handler(args) or 0)
@@ -80,7 +88,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _error(str(error))
     except KeyboardInterrupt:
         return 130
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

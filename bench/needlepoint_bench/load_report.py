@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from .load_memory import summary as summary_of
+from .tables import markdown_table
 
 MARKER = "<!-- notes -->"
 TARGETS = {"scaling": 4.0, "ttft": 2.0}
@@ -51,14 +52,14 @@ def section(result: dict[str, Any]) -> str:
     if "scaling" in phases:
         scale = phases["scaling"]
         lines += [f"**Decode throughput** (text requests, `max_tokens` {scale['max_tokens']}, "
-                  "short prompts, each client looping):", "",
-                  "| clients | requests | completion tokens | tokens/s | sessions per engine "
-                  "step | errors |", "|---|---|---|---|---|---|"]
-        for run in scale["runs"]:
-            batch = "-" if run["mean_batch"] is None else f"{run['mean_batch']:.1f}"
-            errors = ", ".join(f"{k}: {v}" for k, v in run["errors"].items()) or "none"
-            lines.append(f"| {run['clients']} | {run['requests']} | {run['tokens']} | "
-                         f"{run['tokens_per_s']:.1f} | {batch} | {errors} |")
+                  "short prompts, each client looping):", ""]
+        lines += markdown_table(
+            ["clients", "requests", "completion tokens", "tokens/s",
+             "sessions per engine step", "errors"],
+            [[run["clients"], run["requests"], run["tokens"], f"{run['tokens_per_s']:.1f}",
+              "-" if run["mean_batch"] is None else f"{run['mean_batch']:.1f}",
+              ", ".join(f"{k}: {v}" for k, v in run["errors"].items()) or "none"]
+             for run in scale["runs"]])
         rounds = ", ".join(f"{r:.2f}" for r in scale.get("round_ratios", []))
         lines += ["", f"16 clients vs 1 (median of {scale.get('rounds', 1)} alternating rounds: "
                   f"{rounds}): {_verdict(scale['ratio'], TARGETS['scaling'], True)}", ""]
@@ -84,25 +85,27 @@ def section(result: dict[str, Any]) -> str:
                   f"finished; rates are over the latter), looping over {s['distinct_requests']} "
                   "tool-calling requests from `needle3-toy.eval.jsonl` (2-4 tools each), every "
                   "4th streamed, greedy; every answer checked against the same request alone.",
-                  "", "| metric | value |", "|---|---|",
-                  f"| requests completed | {s['requests_ok']} |",
-                  f"| requests/s | {s['requests_per_s']:.1f} |",
-                  f"| completion tokens/s | {s['completion_tokens_per_s']:.0f} |",
-                  f"| sessions per engine step (mean) | {batch} |",
-                  f"| latency of one request alone, p50 | "
-                  f"{s['unloaded_latency_p50_s'] * 1000:.0f} ms |",
-                  f"| latency p50 / p99 | {s['latency_p50_s'] * 1000:.0f} ms / "
-                  f"{s['latency_p99_s'] * 1000:.0f} ms |",
-                  f"| streamed: first chunk p50 / p99 | {s['stream_ttft_p50_s'] * 1000:.0f} ms "
-                  f"/ {s['stream_ttft_p99_s'] * 1000:.0f} ms |",
-                  f"| errors | {errors} |",
-                  f"| wrong answers (differ from the request alone) | {s['wrong_answers']} |",
-                  f"| peak admitted in flight | {s['peak_in_flight']} |",
-                  f"| server RSS after loading / max sampled under load | "
-                  f"{result['rss_after_load_mib']:.0f} MiB / {s['rss_max_sampled_mib']:.0f} MiB |",
-                  *([f"| RSS every 10 s (MiB) | {rss} |"] if s["load_s"] <= LIST_RSS_S
-                    or "memory" not in s else []),
-                  f"| server peak RSS (VmHWM) | {result['peak_rss_mib']:.0f} MiB |", ""]
+                  ""]
+        metrics = [
+            ("requests completed", s["requests_ok"]),
+            ("requests/s", f"{s['requests_per_s']:.1f}"),
+            ("completion tokens/s", f"{s['completion_tokens_per_s']:.0f}"),
+            ("sessions per engine step (mean)", batch),
+            ("latency of one request alone, p50",
+             f"{s['unloaded_latency_p50_s'] * 1000:.0f} ms"),
+            ("latency p50 / p99", f"{s['latency_p50_s'] * 1000:.0f} ms / "
+                                  f"{s['latency_p99_s'] * 1000:.0f} ms"),
+            ("streamed: first chunk p50 / p99", f"{s['stream_ttft_p50_s'] * 1000:.0f} ms / "
+                                                f"{s['stream_ttft_p99_s'] * 1000:.0f} ms"),
+            ("errors", errors),
+            ("wrong answers (differ from the request alone)", s["wrong_answers"]),
+            ("peak admitted in flight", s["peak_in_flight"]),
+            ("server RSS after loading / max sampled under load",
+             f"{result['rss_after_load_mib']:.0f} MiB / {s['rss_max_sampled_mib']:.0f} MiB"),
+            *([("RSS every 10 s (MiB)", rss)] if s["load_s"] <= LIST_RSS_S
+              or "memory" not in s else []),
+            ("server peak RSS (VmHWM)", f"{result['peak_rss_mib']:.0f} MiB")]
+        lines += markdown_table(["metric", "value"], metrics) + [""]
         lines += memory_lines(s)
     return "\n".join(lines)
 
@@ -128,31 +131,29 @@ def memory_lines(soak: dict[str, Any]) -> list[str]:
     window = m["slope_window_s"] / 60
     lines = ["**Memory over the soak** (server RSS from /proc every second; C heap from its "
              "/metrics, glibc `mallinfo2`: bytes in use, and bytes held free in the arenas; "
-             f"slopes: least squares over the last {window:.0f} min):", "",
-             "| RSS start | after 5 min warm-up | end | RSS slope | heap-in-use slope |",
-             "|---|---|---|---|---|",
-             f"| {_mib(m['rss_start_mib'])} MiB | {_mib(m['rss_after_warmup_mib'])} MiB | "
-             f"{_mib(m['rss_end_mib'])} MiB | {_per_10min(m['rss_slope_mib_per_10min'])} | "
-             f"{_per_10min(m['heap_in_use_slope_mib_per_10min'])} |", ""]
+             f"slopes: least squares over the last {window:.0f} min):", ""]
+    lines += markdown_table(
+        ["RSS start", "after 5 min warm-up", "end", "RSS slope", "heap-in-use slope"],
+        [[f"{_mib(m['rss_start_mib'])} MiB", f"{_mib(m['rss_after_warmup_mib'])} MiB",
+          f"{_mib(m['rss_end_mib'])} MiB", _per_10min(m["rss_slope_mib_per_10min"]),
+          _per_10min(m["heap_in_use_slope_mib_per_10min"])]]) + [""]
     samples = soak.get("samples_every_10s", [])
     rss = soak["rss_every_10s_mib"]
     if soak["load_s"] <= LIST_RSS_S or not samples:
         return lines
-    lines += ["| minute | RSS (MiB) | heap in use (MiB) | heap free (MiB) | load average |",
-              "|---|---|---|---|---|"]
+    table = []
     for k in range(0, len(samples), TABLE_EVERY):
         sample = samples[k]
         heap = [_mib(sample[key] / 2**20 if key in sample else None) for key in ("in_use", "free")]
-        lines.append(f"| {sample['t'] / 60:.0f} | {rss[min(k, len(rss) - 1)]} | {heap[0]} | "
-                     f"{heap[1]} | {sample['loadavg']:.1f} |")
-    return lines + [""]
+        table.append([f"{sample['t'] / 60:.0f}", rss[min(k, len(rss) - 1)], *heap,
+                      f"{sample['loadavg']:.1f}"])
+    return lines + markdown_table(["minute", "RSS (MiB)", "heap in use (MiB)", "heap free (MiB)",
+                                   "load average"], table) + [""]
 
 
 def summary(results: list[dict[str, Any]]) -> str:
     """One line per result: the three targets side by side."""
-    rows = ["| result | batching | speculation | 16 clients vs 1 (decode tokens/s) | TTFT "
-            "loaded / alone (p50) | soak: requests/s, errors, wrong answers, RSS (MiB) |",
-            "|---|---|---|---|---|---|"]
+    rows = []
     for r in results:
         p = r["phases"]
         scale = p.get("scaling")
@@ -170,9 +171,12 @@ def summary(results: list[dict[str, Any]]) -> str:
                       f"{rss[0]} -> {rss[-1]}" if rss else "")
         batching = ("run_batch" if r.get("batched") else "one by one") if r.get("batching") \
             else "no"
-        rows.append(f"| {r['label']} | {batching} | {'on' if r.get('speculate', True) else 'off'}"
-                    f" | {scaled} | {first} | {soaked} |")
-    return "\n".join(rows) + "\n"
+        rows.append([r["label"], batching, "on" if r.get("speculate", True) else "off", scaled,
+                     first, soaked])
+    return "\n".join(markdown_table(
+        ["result", "batching", "speculation", "16 clients vs 1 (decode tokens/s)",
+         "TTFT loaded / alone (p50)", "soak: requests/s, errors, wrong answers, RSS (MiB)"],
+        rows)) + "\n"
 
 
 def write_report(paths: list[Path], out: Path) -> None:
@@ -183,7 +187,7 @@ def write_report(paths: list[Path], out: Path) -> None:
     notes = ""
     if out.exists() and MARKER in out.read_text():
         notes = out.read_text().split(MARKER, 1)[1]
-    head = ("# Server load benchmark (`python -m bench.load`)\n\n"
+    head = ("# Server load benchmark (`needlepoint-bench-load`)\n\n"
             "`needlepoint serve` on 127.0.0.1 driven by the official `openai` async client "
             "(one process). Phases: decode throughput with 16 clients vs 1, time to first "
             "token of a new request while 15 others decode, and a soak of 64 clients; "

@@ -1,9 +1,9 @@
 """The Berkeley Function Calling Leaderboard on needlepoint and llama.cpp, same GGUF, same prompt.
 
-    python -m bench.bfcl --model smollm2 --category live_simple --limit 40
-    python -m bench.bfcl --model smollm2 --category simple_python,irrelevance --limit 30 \
+    needlepoint-bench-bfcl --model smollm2 --category live_simple --limit 40
+    needlepoint-bench-bfcl --model smollm2 --category simple_python,irrelevance --limit 30 \
         --out bench/results/bfcl.json
-    python -m bench.bfcl --model smollm2 --category live_simple --agreement --limit 20
+    needlepoint-bench-bfcl --model smollm2 --category live_simple --agreement --limit 20
 
 Data and scoring are `bfcl-eval`'s (`bench/bfcl_data.py`: the shipped cases, BFCL's OpenAI
 handler's tool conversion with dotted names as `_`, BFCL's AST checker). The prompt is the
@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from bench import bfcl_data
+from . import bfcl_data
 
 ENGINES = ("needlepoint-auto", "needlepoint-required", "llama.cpp-free", "llama.cpp-grammar")
 MAX_NEW_TOKENS = 256
@@ -73,44 +73,37 @@ def malformed(answer: dict[str, Any]) -> bool:
 
 
 class Needlepoint:
-    """needlepoint on one model: the whole-answer grammar, auto and required."""
+    """needlepoint on one model through its public API: `Needle.stream_ids` over the
+    conversation's ids (the whole-answer grammar), auto and required (`require_call`)."""
 
     def __init__(self, model: str, numerics: str, threads: int,
                  json_style: str | None = None) -> None:
         import needlepoint
-        from needlepoint.generation import answer_grammar
 
         self.model = needlepoint.load(model, numerics=numerics, threads=threads)
         self.format = self.model.chat_format
-        if json_style is not None:  # the calls' JSON separators (`answer_grammar.spaced`)
+        if json_style is not None:  # the calls' JSON separators (docs/api.md "json_style")
             self.format.json_style = json_style
-        self.grammar_vocab = answer_grammar.token_vocab(self.format)
-        self.turn_vocab = answer_grammar.turn_vocab(self.format)
 
     def ids(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> list[int]:
         return self.format.conversation_ids(messages, tools)
 
-    def run(self, ids: list[int], tools: list[dict[str, Any]], mode: str) -> dict[str, Any]:
-        from needlepoint.api.envelope import turn_envelope
-        from needlepoint.generation import answer_grammar
-        from needlepoint.generation.draft_policy import policy_for
-        from needlepoint.generation.turn import GenerationConfig, run_turn
+    def run(self, ids: list[int], tools: list[dict[str, Any]], mode: str,
+            query: str = "?") -> dict[str, Any]:
+        """One turn after `ids`; `query`: the case's user text (what tool retrieval sees)."""
+        import needlepoint
 
-        required = mode == "required"
         start = time.perf_counter()
         try:
-            grammar = answer_grammar.AnswerGrammar(self.grammar_vocab, self.format, tools,
-                                                   text=not required, require_call=required)
+            needle = needlepoint.Needle(tools=tools, model=self.model, cache=None,
+                                        max_new_tokens=MAX_NEW_TOKENS, reasoning_budget=None)
+            envelope = None
+            for event in needle.stream_ids(ids, query or "?", require_call=mode == "required"):
+                envelope = getattr(event, "envelope", envelope)
         except Exception as error:  # a schema the grammar engine refuses: counted, shown
             return {"calls": None, "text": "", "error": f"{type(error).__name__}: {error}",
                     "seconds": time.perf_counter() - start}
-        config = GenerationConfig(max_new_tokens=MAX_NEW_TOKENS, reasoning_budget=None,
-                                  call_threshold=None if required else
-                                  answer_grammar.AUTO_CALL_THRESHOLD)
-        result = run_turn(self.model.session(), self.turn_vocab, ids, config, None,
-                          content=grammar, context_limit=self.model.config.max_seq_len,
-                          policy=policy_for(self.model))
-        envelope = turn_envelope(result)
+        assert envelope is not None, "the turn ended without its envelope"
         calls = envelope["function_calls"] if envelope["type"] in ("call", "refuse") else None
         return {"calls": calls, "text": envelope.get("text", ""),
                 "error": envelope.get("error"), "seconds": time.perf_counter() - start}
@@ -179,20 +172,23 @@ class LlamaCpp:
         return out
 
 
-def run_category(category: str, limit: int | None, ours: Needlepoint, peer: LlamaCpp,
+def run_category(category: str, limit: int | None, ours: Needlepoint, peer: LlamaCpp | None,
                  engines: tuple[str, ...], log: Any = print) -> dict[str, Any]:
     cases = bfcl_data.load_cases(category, limit)
     tallies = {e: {"correct": 0, "unparseable": 0, "malformed": 0, "errors": 0, "seconds": 0.0}
                for e in engines}
     rows = []
     for k, case in enumerate(cases):
-        tools = bfcl_data.to_tools(case["function"])
-        ids = ours.ids(bfcl_data.messages_of(case), tools)
+        tools = bfcl_data.to_tools(case["function"], category)
+        messages = bfcl_data.messages_of(case)
+        ids = ours.ids(messages, tools)
         row = {"id": case["id"], "prompt_tokens": len(ids)}
+        query = next((m["content"] for m in messages if m["role"] == "user"), "")
         for engine in engines:
             if engine.startswith("needlepoint"):
-                answer = ours.run(ids, tools, engine.split("-")[1])
+                answer = ours.run(ids, tools, engine.split("-")[1], query)
             else:
+                assert peer is not None, f"{engine} needs llama.cpp"
                 answer = peer.run(ids, tools, engine.endswith("grammar"))
             right = bfcl_data.score(case, category, answer["calls"])
             tally = tallies[engine]
@@ -254,11 +250,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--json-style", choices=("spaced", "compact"), default=None,
                         help="needlepoint's call JSON separators (default: the format's)")
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON")
+    parser.add_argument("--no-peer", action="store_true",
+                        help="needlepoint's engines only, without llama.cpp (with --category "
+                        "sample, without bfcl-eval too: what the smoke test runs)")
     args = parser.parse_args(argv)
-    from needlepoint.models.protocol import resolve_model_name
+    import needlepoint
 
-    gguf = resolve_model_name(args.model)
-    peer = LlamaCpp(gguf, args.threads)
+    gguf = needlepoint.resolve_model_name(args.model)
+    if args.no_peer and args.agreement:
+        parser.error("--agreement compares with llama.cpp: it cannot run with --no-peer")
+    peer = None if args.no_peer else LlamaCpp(gguf, args.threads)
     load = os.getloadavg()
     report: dict[str, Any] = {"model": str(gguf), "threads": args.threads,
                               "numerics": args.numerics, "json_style": args.json_style,
@@ -269,7 +270,8 @@ def main(argv: list[str] | None = None) -> None:
                                             args.steps) for c in args.category.split(",")}
     else:
         ours = Needlepoint(args.model, args.numerics, args.threads, args.json_style)
-        engines = tuple(e for e in args.engines.split(",") if e)
+        engines = tuple(e for e in args.engines.split(",")
+                        if e and not (args.no_peer and e.startswith("llama.cpp")))
         for category in args.category.split(","):
             result = run_category(category, args.limit, ours, peer, engines)
             report["categories"].append(result)

@@ -1,12 +1,12 @@
-"""The continuous-batching engine without HTTP (`python -m bench.batch_engine`; not a test).
+"""The continuous-batching engine without HTTP (`needlepoint-bench-batch-engine`).
 
 Two measurements in one process, on the toy model and the shipped-geometry fixture:
 
 * `model.run_batch` alone: the time of one decode step of N sessions together (one row each)
   against N = 1, i.e. the most any scheduler can gain from batching on this engine;
-* the scheduler (`api/scheduler.py`): aggregate decode tokens/s of N threads looping text
-  turns with a fixed `max_new_tokens` (as the load benchmark's clients do, minus HTTP),
-  alternating 1 and N threads over a few rounds.
+* the scheduler, through its public entry `Needle.complete_many`: aggregate decode tokens/s
+  of batches of N text turns with a fixed `max_new_tokens` (as the load benchmark's clients
+  send them, minus HTTP), alternating 1 and N at once over a few rounds.
 
 Prints one JSON object; `docs/benchmarks_server.md` quotes it by hand.
 """
@@ -16,11 +16,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import threading
 import time
 from typing import Any
 
-from .paths import ensure_src_on_path, shared_dir
+from .paths import shared_dir
 
 
 def step_costs(model: Any, sizes: list[int], reps: int) -> dict[int, float]:
@@ -39,38 +38,27 @@ def step_costs(model: Any, sizes: list[int], reps: int) -> dict[int, float]:
     return costs
 
 
-def scheduler_rate(model: Any, queries: list[str], threads: int, seconds: float,
+def scheduler_rate(model: Any, queries: list[str], clients: int, seconds: float,
                    max_new: int) -> float:
+    """Decode tokens/s of `Needle.complete_many` (the public entry to the scheduler) with
+    `clients` sessions decoding at once, text turns of `max_new_tokens`, for `seconds`."""
     import needlepoint
-    from needlepoint.api.scheduler import Scheduler
 
-    scheduler = Scheduler(model, max_sessions=threads)
-    tokens = [0]
-    stop = time.monotonic() + seconds
-
-    def loop(k: int) -> None:
-        i = k
-        while time.monotonic() < stop:
-            with scheduler.lease(wait=True) as lease:
-                needle = needlepoint.Needle(tools=[], model=lease.model)
-                envelope = needle.complete(queries[i % len(queries)], allow_call=False,
-                                           max_new_tokens=max_new)
-                tokens[0] += envelope["timings"]["decode_tokens"]
-            i += threads
-
-    began = time.monotonic()
-    workers = [threading.Thread(target=loop, args=(k,)) for k in range(threads)]
-    for worker in workers:
-        worker.start()
-    for worker in workers:
-        worker.join()
-    elapsed = time.monotonic() - began
-    scheduler.close()
-    return tokens[0] / elapsed
+    needle = needlepoint.Needle(tools=[], model=model, cache=None)
+    tokens, began = 0, time.monotonic()
+    stop = began + seconds
+    start = 0
+    while time.monotonic() < stop:
+        batch = [queries[(start + i) % len(queries)] for i in range(clients)]
+        start += clients
+        envelopes = needle.complete_many(batch, max_sessions=clients, allow_call=False,
+                                         max_new_tokens=max_new)
+        tokens += sum(e["timings"]["decode_tokens"] for e in envelopes)
+    return tokens / (time.monotonic() - began)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.batch_engine",
+    parser = argparse.ArgumentParser(prog="needlepoint-bench-batch-engine",
                                      description=__doc__.split("\n")[0])
     parser.add_argument("--models", default="toy,shipped")
     parser.add_argument("--clients", type=int, default=16)
@@ -78,7 +66,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=5.0, help="per round and count")
     parser.add_argument("--max-new", type=int, default=32)
     args = parser.parse_args(argv)
-    ensure_src_on_path()
     import needlepoint
 
     shared = shared_dir()

@@ -1,12 +1,13 @@
-"""Speculative decoding benchmark (issue 13): `python -m bench.speculate`.
+"""Speculative decoding benchmark (issue 13): `needlepoint-bench-speculate`.
 
 1. **Toy eval set** (`shared/models/needle3-toy.eval.jsonl`, the bundled demo model): every
-   example is decoded with and without speculation in the same run, on fresh sessions,
-   greedy, as `needlepoint eval` decodes (at most 80 new tokens, no reasoning budget), the
-   grammar on (and off). Which mode goes first alternates per example, so load drift on a
-   shared machine hits both alike. Reported: forward passes per generated token, decode
-   and prefill+decode wall time, the drafts and acceptance per source, and whether every
-   example produced the same tokens (it must).
+   example is decoded with and without speculation in the same run through the public
+   `Needle` API (`speculate=True/False`), greedy, as `needlepoint eval` decodes (at most 80
+   new tokens, no reasoning budget), the grammar on (and off). Which mode goes first
+   alternates per example, so load drift on a shared machine hits both alike. Reported:
+   forward passes per generated token, decode and prefill+decode wall time, the drafts and
+   acceptance per source (the envelope's timings), and whether every example produced the
+   same answer (it must).
 2. **Verify cost** (`shared/fixtures/needle3/shipped.cact`, the released geometry, and the
    toy model): the time of `session.extend(k ids)` against one `session.step` for
    k = 2, 4, 8, 16, after a 200-token prompt, median of `--reps` (each extend rewound
@@ -25,7 +26,8 @@ import statistics
 import time
 from typing import Any
 
-from .paths import DOCS_MD, RESULTS_DIR, ensure_src_on_path, shared_dir
+from .paths import DOCS_MD, RESULTS_DIR, shared_dir
+from .tables import markdown_table, replace_section
 
 SECTION = "## Speculative decoding (prompt lookup + grammar fast-forward)"
 KS = (2, 4, 8, 16)
@@ -39,67 +41,72 @@ def _examples(limit: int) -> list[dict[str, Any]]:
     return rows[:limit]
 
 
+def _answer(model: Any, example: dict, grammar_on: bool, speculate: bool) -> dict:
+    """One greedy turn through the public `Needle` API, as `needlepoint eval` decodes (at
+    most 80 new tokens, no reasoning budget, no system turn): its envelope."""
+    import needlepoint
+
+    needle = needlepoint.Needle(tools=example["tools"], model=model, cache=None,
+                                grammar=grammar_on, speculate=speculate, max_new_tokens=80,
+                                reasoning_budget=None)
+    return needle.complete(example["query"])
+
+
+def _answer_of(envelope: dict) -> tuple:
+    """What must not change with speculation: the decoded answer and its length."""
+    return (envelope["type"], json.dumps(envelope["function_calls"], sort_keys=True),
+            envelope["text"], envelope["reasoning"], envelope["timings"]["decode_tokens"])
+
+
 def eval_set(model: Any, examples: list[dict], grammar_on: bool, warmup: int,
              repeat: int = 1) -> dict:
     """Both modes over the examples (after `warmup` untimed ones); totals per mode. Each
     example is decoded `repeat` times per mode (the modes alternating) and its fastest
     prefill and decode kept, which filters out bursts of load from other processes."""
-    from needlepoint.formats.needle_wire import prompt_ids, render_prompt
-    from needlepoint.generation.draft_policy import policy_for
-    from needlepoint.generation.grammar import TokenVocab, ToolCallGrammar
-    from needlepoint.generation.turn import GenerationConfig, TurnVocab, run_turn
-
-    vocab = TurnVocab.from_tokenizer(model.tokenizer)
-    grammar_vocab = TokenVocab.from_tokenizer(model.tokenizer)
-    limit = model.config.max_seq_len
     totals = {mode: {"tokens": 0, "passes": 0, "decode_s": 0.0, "prefill_s": 0.0,
                      **{f"{s}_{w}": 0 for s in SOURCES for w in ("drafted", "accepted")}}
               for mode in ("speculate", "plain")}
     mismatches = 0
     for index, example in enumerate(examples[:warmup] + examples):
         timed = index >= warmup
-        ids = prompt_ids(model.tokenizer, render_prompt(example["tools"], example["query"]))
-        grammar = ToolCallGrammar(grammar_vocab, example["tools"]) if grammar_on else None
         order = ("speculate", "plain") if index % 2 else ("plain", "speculate")
-        tokens: dict[str, list] = {}
+        answers: dict[str, tuple] = {}
         best: dict[str, list[float]] = {}
         for _ in range(repeat if timed else 1):
             for mode in order:
-                config = GenerationConfig(max_new_tokens=80, reasoning_budget=None,
-                                          speculate=mode == "speculate")
-                result = run_turn(model.session(), vocab, ids, config, grammar,
-                                  context_limit=limit, policy=policy_for(model))
-                if mode in tokens:
-                    mismatches += result.tokens != tokens[mode]
-                    best[mode] = [min(best[mode][0], result.decode_s),
-                                  min(best[mode][1], result.prefill_s)]
+                envelope = _answer(model, example, grammar_on, mode == "speculate")
+                timings = envelope["timings"]
+                if mode in answers:
+                    mismatches += _answer_of(envelope) != answers[mode]
+                    best[mode] = [min(best[mode][0], timings["decode_s"]),
+                                  min(best[mode][1], timings["prefill_s"])]
                     continue
-                tokens[mode] = result.tokens
-                best[mode] = [result.decode_s, result.prefill_s]
+                answers[mode] = _answer_of(envelope)
+                best[mode] = [timings["decode_s"], timings["prefill_s"]]
                 if not timed:
                     continue
                 total = totals[mode]
-                total["tokens"] += len(result.tokens)
-                total["passes"] += result.decode_passes
-                for key, value in result.speculation.items():
-                    if key != "decode_passes":
-                        total[key] += value
+                total["tokens"] += timings["decode_tokens"]
+                total["passes"] += timings.get("decode_passes", timings["decode_tokens"])
+                for key in total:
+                    if key.endswith(("_drafted", "_accepted")):
+                        total[key] += timings.get(key, 0)
             order = order[::-1]
         if timed:
             for mode, (decode_s, prefill_s) in best.items():
                 totals[mode]["decode_s"] += decode_s
                 totals[mode]["prefill_s"] += prefill_s
-        mismatches += timed and tokens["speculate"] != tokens["plain"]
+        mismatches += timed and answers["speculate"] != answers["plain"]
     spec, plain = totals["speculate"], totals["plain"]
     return {
         "examples": len(examples), "grammar": grammar_on, "mismatches": mismatches,
         "repeat": repeat,
         "speculate": spec, "plain": plain,
-        "passes_per_token": spec["passes"] / spec["tokens"],
-        "plain_passes_per_token": plain["passes"] / plain["tokens"],
-        "decode_speedup": plain["decode_s"] / spec["decode_s"],
+        "passes_per_token": spec["passes"] / max(1, spec["tokens"]),
+        "plain_passes_per_token": plain["passes"] / max(1, plain["tokens"]),
+        "decode_speedup": plain["decode_s"] / max(1e-9, spec["decode_s"]),
         "turn_speedup": (plain["decode_s"] + plain["prefill_s"])
-        / (spec["decode_s"] + spec["prefill_s"]),
+        / max(1e-9, spec["decode_s"] + spec["prefill_s"]),
     }
 
 
@@ -132,47 +139,50 @@ def verify_cost(model: Any, reps: int, prompt: int = 200) -> dict:
 
 
 def _table_eval(runs: list[dict]) -> list[str]:
-    lines = ["| grammar | examples | tokens | passes/token (plain) | passes/token (speculate) "
-             "| decode s (plain / speculate) | decode speedup | prefill s (plain / speculate) "
-             "| prefill+decode speedup | same tokens |", "|---" * 10 + "|"]
+    rows = []
     for run in runs:
         spec, plain = run["speculate"], run["plain"]
-        lines.append(
-            f"| {'on' if run['grammar'] else 'off'} | {run['examples']} | {spec['tokens']} "
-            f"| {run['plain_passes_per_token']:.3f} | **{run['passes_per_token']:.3f}** "
-            f"| {plain['decode_s']:.2f} / {spec['decode_s']:.2f} "
-            f"| **{run['decode_speedup']:.2f}x** "
-            f"| {plain['prefill_s']:.2f} / {spec['prefill_s']:.2f} | {run['turn_speedup']:.2f}x "
-            f"| {run['examples'] - run['mismatches']}/{run['examples']} |")
-    lines += ["", "| grammar | source | drafted | accepted | acceptance |", "|---|---|---|---|---|"]
+        rows.append([
+            "on" if run["grammar"] else "off", run["examples"], spec["tokens"],
+            f"{run['plain_passes_per_token']:.3f}", f"**{run['passes_per_token']:.3f}**",
+            f"{plain['decode_s']:.2f} / {spec['decode_s']:.2f}",
+            f"**{run['decode_speedup']:.2f}x**",
+            f"{plain['prefill_s']:.2f} / {spec['prefill_s']:.2f}",
+            f"{run['turn_speedup']:.2f}x",
+            f"{run['examples'] - run['mismatches']}/{run['examples']}"])
+    lines = markdown_table(
+        ["grammar", "examples", "tokens", "passes/token (plain)", "passes/token (speculate)",
+         "decode s (plain / speculate)", "decode speedup", "prefill s (plain / speculate)",
+         "prefill+decode speedup", "same answer"], rows)
+    sources = []
     for run in runs:
         spec = run["speculate"]
         for source in SOURCES:
             drafted, accepted = spec[f"{source}_drafted"], spec[f"{source}_accepted"]
             rate = f"{accepted / drafted:.0%}" if drafted else "-"
-            lines.append(f"| {'on' if run['grammar'] else 'off'} | {source} | {drafted} "
-                         f"| {accepted} | {rate} |")
-    return lines
+            sources.append(["on" if run["grammar"] else "off", source, drafted, accepted, rate])
+    return lines + [""] + markdown_table(
+        ["grammar", "source", "drafted", "accepted", "acceptance"], sources)
 
 
 def _table_cost(costs: dict[str, dict]) -> list[str]:
-    lines = ["| model | step ms | " + " | ".join(f"extend({k}) ms (x step)" for k in KS)
-             + " | per extra position (x step) |", "|---|---|" + "---|" * (len(KS) + 1)]
+    rows = []
     for name, cost in costs.items():
         step = cost["step_s"]
         cells = [f"{cost['extend_s'][str(k)] * 1e3:.1f} ({cost['ratio'][str(k)]:.2f}x)"
                  for k in KS]
         slope = (cost["extend_s"][str(KS[-1])] - cost["extend_s"][str(KS[1])]) / (
             KS[-1] - KS[1]) / step
-        lines.append(f"| {name} | {step * 1e3:.1f} | " + " | ".join(cells) + f" | {slope:.2f} |")
-    return lines
+        rows.append([name, f"{step * 1e3:.1f}", *cells, f"{slope:.2f}"])
+    return markdown_table(["model", "step ms", *(f"extend({k}) ms (x step)" for k in KS),
+                           "per extra position (x step)"], rows)
 
 
 def render(result: dict) -> str:
     loads = ", ".join(f"{part} {low:.1f}-{high:.1f}" for part, (low, high) in (
         ("eval", result["eval_load"]), ("verify cost", result["cost_load"])))
     lines = [SECTION, "",
-             f"`python -m bench.speculate` ({result['date']}; {result['cpus']} logical CPUs, "
+             f"`needlepoint-bench-speculate` ({result['date']}; {result['cpus']} logical CPUs, "
              f"1 thread; load average while measuring: {loads}; a shared machine, so read "
              "ratios from the same run, not absolute times). Speculation "
              "(`generation/speculate.py`, `drafts.py`, `draft_policy.py`) verifies drafts "
@@ -204,18 +214,11 @@ def render(result: dict) -> str:
 
 def write_section(text: str) -> None:
     """Replace (or append) the section in docs/benchmarks.md, leaving the rest as it is."""
-    doc = DOCS_MD.read_text(encoding="utf-8") if DOCS_MD.exists() else ""
-    start = doc.find(SECTION)
-    if start < 0:
-        doc = doc.rstrip("\n") + "\n\n" + text
-    else:
-        end = doc.find("\n## ", start + len(SECTION))
-        doc = doc[:start] + text + ("" if end < 0 else doc[end:])
-    DOCS_MD.write_text(doc.rstrip("\n") + "\n", encoding="utf-8")
+    replace_section(DOCS_MD, SECTION, text)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.speculate", description=__doc__,
+    parser = argparse.ArgumentParser(prog="needlepoint-bench-speculate", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--limit", type=int, default=300, help="eval examples (default all)")
     parser.add_argument("--warmup", type=int, default=10, help="untimed examples first")
@@ -226,9 +229,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parts", default="eval,cost",
                         help="what to measure: eval, cost or both (a part left out is taken "
                         "from bench/results/speculate.json)")
+    parser.add_argument("--cost-models", default="shipped,toy",
+                        help="models of the verify-cost part: shipped, toy or both")
     parser.add_argument("--no-write", action="store_true", help="print, do not write files")
     args = parser.parse_args(argv)
-    ensure_src_on_path()
     os.environ.setdefault("NEEDLEPOINT_CACHE", "0")
     import needlepoint
 
@@ -250,10 +254,15 @@ def main(argv: list[str] | None = None) -> int:
             result[key] = previous[key]
     if "cost" in parts or "verify_cost" not in previous:
         load_before = os.getloadavg()[0]
-        shipped = needlepoint.load(shared_dir() / "fixtures" / "needle3" / "shipped.cact")
-        result["verify_cost"] = {
-            "shipped (d 768, 20 layers, vocab 8192)": verify_cost(shipped, args.reps),
-            "toy (d 128, 4 layers, vocab 1024)": verify_cost(toy, args.reps)}
+        chosen = set(args.cost_models.split(","))
+        result["verify_cost"] = {}
+        if "shipped" in chosen:
+            shipped = needlepoint.load(shared_dir() / "fixtures" / "needle3" / "shipped.cact")
+            result["verify_cost"]["shipped (d 768, 20 layers, vocab 8192)"] = verify_cost(
+                shipped, args.reps)
+        if "toy" in chosen:
+            result["verify_cost"]["toy (d 128, 4 layers, vocab 1024)"] = verify_cost(
+                toy, args.reps)
         result["cost_load"] = (load_before, os.getloadavg()[0])
     else:
         for key in ("verify_cost", "cost_load"):
@@ -262,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     text = render(result)
     print(text)
     if not args.no_write:
-        RESULTS_DIR.mkdir(exist_ok=True)
+        RESULTS_DIR.mkdir(parents=True, exist_ok=True)
         (RESULTS_DIR / "speculate.json").write_text(json.dumps(result, indent=2) + "\n")
         write_section(text)
     return 0 if all(run["mismatches"] == 0 for run in runs) else 1

@@ -1,4 +1,4 @@
-"""Orchestration: `python -m bench [--quick] ...` (also `bench.main(argv)`).
+"""Orchestration: `needlepoint-bench [--quick] ...` (also `bench.main(argv)`).
 
 The parent process never loads an engine. It builds the prompts (token ids), then starts
 child processes (`bench.worker`), each with its thread environment fixed before start:
@@ -68,7 +68,7 @@ TARGETS = {  # figure -> (ratio direction, target); ratios are needlepoint / nee
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(
-        prog="python -m bench",
+        prog="needlepoint-bench",
         description="Benchmark needlepoint against needle-rs on the same .cact archive.",
     )
     ap.add_argument(
@@ -90,6 +90,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--new-tokens", type=int, help="decode steps (default 128; quick 32)")
     ap.add_argument(
         "--engines", default=",".join(ALL_ENGINES), help=f"comma list from {', '.join(ALL_ENGINES)}"
+    )
+    ap.add_argument(
+        "--no-peer",
+        action="store_true",
+        help="needlepoint's engines only (no needle-rs): what the smoke test runs",
     )
     ap.add_argument(
         "--max-call-s",
@@ -133,7 +138,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wrote {paths.rel(paths.DOCS_MD)} and {paths.rel(paths.DOCS_PLOT)}")
         return 0
 
-    paths.ensure_src_on_path()
     cfg = dict(QUICK if args.quick else FULL)
     if args.reps:
         cfg["reps"] = cfg["load_reps"] = max(1, args.reps)
@@ -147,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.budget_s:
         cfg["budget_s"] = args.budget_s
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
+    if args.no_peer:
+        engines = [e for e in engines if e != NEEDLE_RS]
     for e in engines:
         if e not in ALL_ENGINES:
             print(f"unknown engine {e!r}", file=sys.stderr)
@@ -186,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         "machine": machine_info(),
         "loadavg_start": os.getloadavg(),
         "prompts": [{k: v for k, v in p.items() if k != "ids"} for p in pj],
-        "command": "python -m bench"
+        "command": "needlepoint-bench"
         + (
             " " + " ".join(argv if argv is not None else sys.argv[1:])
             if (argv if argv is not None else sys.argv[1:])

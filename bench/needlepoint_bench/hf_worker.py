@@ -1,6 +1,6 @@
-"""Child process of `python -m bench.hf`: one engine, one job, in its own interpreter.
+"""Child process of `needlepoint-bench-hf`: one engine, one job, in its own interpreter.
 
-    python -m bench.hf_worker SPEC.json
+    python -m needlepoint_bench.hf_worker SPEC.json
 
 SPEC: `engine` ("llama.cpp", "needlepoint-float", "needlepoint-int8"), `job` ("speed",
 "logits" or "profile"), `gguf`, `threads`, `ids` (the prompt), `decode` (tokens fed one at a
@@ -27,10 +27,6 @@ import sys
 import time
 import traceback
 from pathlib import Path
-
-from .paths import ensure_src_on_path
-
-ensure_src_on_path()
 
 import numpy as np  # noqa: E402
 
@@ -60,11 +56,10 @@ class LlamaCpp:
 class Needlepoint:
     def __init__(self, gguf: str, threads: int, numerics: str) -> None:
         import needlepoint
-        from needlepoint.kernels import i8_native
 
         self.version = getattr(needlepoint, "__version__", "")
         self.model = needlepoint.load(gguf, numerics=numerics, threads=threads)
-        self.variant = i8_native.simd_variant()  # the native variant the int8 kernels run
+        self.variant = needlepoint.native_variant()  # the native variant the kernels run
         self.session = None
 
     def prefill(self, ids: list[int]) -> None:

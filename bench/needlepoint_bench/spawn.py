@@ -26,11 +26,7 @@ def child_env(threads: int) -> dict:
         env[var] = str(threads)
     env["OMP_WAIT_POLICY"] = "passive"
     env["NEEDLEPOINT_THREADS"] = str(threads)  # needlepoint.load(threads=...) default
-    src = str(paths.REPO_ROOT / "src")
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(paths.REPO_ROOT), src] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
-    )
-    return env
+    return env  # the child imports the installed needlepoint and needlepoint_bench
 
 
 def run_child(spec: dict, threads: int, timeout: float, log) -> dict:
@@ -41,7 +37,7 @@ def run_child(spec: dict, threads: int, timeout: float, log) -> dict:
         t0 = time.perf_counter()
         try:
             proc = subprocess.run(
-                [sys.executable, "-m", "bench.worker", str(spec_path)],
+                [sys.executable, "-m", "needlepoint_bench.worker", str(spec_path)],
                 cwd=paths.REPO_ROOT,
                 env=child_env(threads),
                 timeout=timeout,

@@ -1,6 +1,6 @@
 """The exact CQ x A8 products of one decode token (and of a prefill chunk), kernel only.
 
-`python -m bench.products [archive] [--rows 1,64] [--reps 7] [--json out.json]`: every deploy
+`needlepoint-bench-products [archive] [--rows 1,64] [--reps 7] [--json out.json]`: every deploy
 product slot of the archive (`exact_weights.exact_slots`: q|k|v|gate, out, phi, MLP, engram
 key|value, LM head) multiplied once by a prepared activation of `rows` rows (`exact.a8_rotate`
 done outside the timing), 1 thread. Prints, per storage width and in total: ns per weight
@@ -150,8 +150,8 @@ def run_docs(args: argparse.Namespace) -> None:
             env.pop("NEEDLEPOINT_NATIVE_VARIANT", None)
             if cap is not None:
                 env["NEEDLEPOINT_NATIVE_VARIANT"] = cap
-            cmd = [sys.executable, "-m", "bench.products", args.archive, "--rows", args.rows,
-                   "--reps", str(args.reps), "--json", str(out)]
+            cmd = [sys.executable, "-m", "needlepoint_bench.products", args.archive,
+                   "--rows", args.rows, "--reps", str(args.reps), "--json", str(out)]
             if library:
                 cmd += ["--library", library]
             subprocess.run(cmd, check=True, env=env, cwd=REPO_ROOT, timeout=3000)

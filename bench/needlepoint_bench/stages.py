@@ -1,4 +1,4 @@
-"""Stages benchmark: `python -m bench.stages` -> docs/benchmarks_stages.md and
+"""Stages benchmark: `needlepoint-bench-stages` -> docs/benchmarks_stages.md and
 bench/results/stages.json.
 
 Measures, on the shipped fixture's geometry (20 blocks, d 768) in deploy numerics: prefill
@@ -27,12 +27,12 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.stages_pipeline import render_pipeline
+from .paths import DOCS_DIR, REPO_ROOT, RESULTS_DIR, fixture_archive
+from .stages_pipeline import render_pipeline
+from .tables import markdown_table
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-MODEL = REPO_ROOT.parent / "shared" / "fixtures" / "needle3" / "shipped.cact"
-RESULTS = REPO_ROOT / "bench" / "results" / "stages.json"
-REPORT = REPO_ROOT / "docs" / "benchmarks_stages.md"
+RESULTS = RESULTS_DIR / "stages.json"
+REPORT = DOCS_DIR / "benchmarks_stages.md"
 INSIDE = """set -e
 ip link set lo up
 mount -t tmpfs -o size=2g needlepoint-ray /dev/shm
@@ -41,6 +41,18 @@ mkdir -p "$RAY_TMPDIR"
 exec "$@"
 """
 MB = 1 << 20
+
+
+def rss_bytes() -> int:
+    """Resident set size of this process (VmRSS, /proc/self/status; 0 where there is none)."""
+    try:
+        with open("/proc/self/status") as handle:
+            for line in handle:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
 
 
 def _prompt(vocab: int, count: int) -> np.ndarray:
@@ -92,7 +104,6 @@ def hop_latency(ray, repeats: int = 40) -> dict:
 
         def baseline_rss(self):  # a worker with what a stage imports, but no model
             import needlepoint.stages  # noqa: F401
-            from needlepoint.stages.memory import rss_bytes
 
             return rss_bytes()
 
@@ -119,7 +130,7 @@ def inside_pipeline(args) -> dict:
     import ray
     from ray.cluster_utils import Cluster
 
-    from bench.stages_pipeline import pipelined
+    from .stages_pipeline import pipelined
 
     node = dict(num_cpus=1, object_store_memory=128 * MB, node_ip_address="127.0.0.1")
     cluster = Cluster(initialize_head=True, head_node_args=dict(
@@ -127,7 +138,7 @@ def inside_pipeline(args) -> dict:
     try:
         cluster.add_node(**node, resources={"node_b": 1})
         ray.init(address=cluster.address, log_to_driver=False)
-        return {"pipeline": pipelined(args, MODEL)}
+        return {"pipeline": pipelined(args, fixture_archive())}
     finally:
         ray.shutdown()
         cluster.shutdown()
@@ -145,9 +156,9 @@ def inside(args) -> dict:
     from needlepoint.stages import load_staged
 
     results: dict = {"one_process": {}, "local": {}, "ray": {}, "rss": {}}
-    models: dict = {"one": needlepoint.load(MODEL, cache=False)}
+    models: dict = {"one": needlepoint.load(fixture_archive(), cache=False)}
     for k in (1, 2, 4):
-        models[f"local/{k}"] = load_staged(MODEL, k, cache=False)
+        models[f"local/{k}"] = load_staged(fixture_archive(), k, cache=False)
     # 7 stage actors are alive at once (K = 1, 2, 4), each reserving one logical CPU
     node = dict(num_cpus=4, object_store_memory=128 * MB, node_ip_address="127.0.0.1")
     cluster = Cluster(initialize_head=True, head_node_args=dict(
@@ -160,8 +171,8 @@ def inside(args) -> dict:
         for k in (1, 2, 4):
             placement = ["node_a" if i % 2 == 0 else "node_b" for i in range(k)]
             start = time.perf_counter()
-            models[f"ray/{k}"] = load_staged(MODEL, k, transport="ray", placement=placement,
-                                             cache=False)
+            models[f"ray/{k}"] = load_staged(fixture_archive(), k, transport="ray",
+                                             placement=placement, cache=False)
             results.setdefault("ray_load_s", {})[k] = round(time.perf_counter() - start, 2)
         best = best_of_rounds(models, args)
         results["one_process"] = best.pop("one")
@@ -178,9 +189,9 @@ def inside(args) -> dict:
             ]
         for name in [n for n in models if n.startswith("ray/")]:  # free the CPUs
             models.pop(name).close()
-        from bench.stages_pipeline import pipelined
+        from .stages_pipeline import pipelined
 
-        results["pipeline"] = pipelined(args, MODEL)
+        results["pipeline"] = pipelined(args, fixture_archive())
     finally:
         for name, staged in models.items():
             if name != "one":
@@ -188,6 +199,24 @@ def inside(args) -> dict:
         ray.shutdown()
         cluster.shutdown()
     return results
+
+
+def local_only(args) -> dict:
+    """One process against local stages (K = 1, 2) on `--model`, no Ray and no network
+    namespace: the benchmark's own side without the cluster (what the smoke test runs)."""
+    import needlepoint
+
+    path = args.model or fixture_archive()
+    models: dict = {"one": needlepoint.load(path, cache=False)}
+    try:
+        for k in (1, 2):
+            models[f"local/{k}"] = needlepoint.load(path, stages=k, cache=False)
+        return {"model": str(path), "load_average": os.getloadavg(),
+                "variant": needlepoint.native_variant(), **best_of_rounds(models, args)}
+    finally:
+        for name, model in models.items():
+            if name != "one":
+                model.close()
 
 
 def _para(text: str) -> list[str]:
@@ -199,7 +228,7 @@ def render(results: dict) -> str:
     loads = ", ".join(f"K={k}: {v:.1f} s" for k, v in results["ray_load_s"].items())
     lines = ["# Stages benchmark", ""]
     lines += _para(
-        "Generated by `python -m bench.stages` (bench/stages.py); raw numbers in "
+        "Generated by `needlepoint-bench-stages` (bench/stages.py); raw numbers in "
         "`bench/results/stages.json`. Model: the shipped fixture's geometry (20 blocks, "
         "d_model 768, 35 MB archive), deploy numerics, 1 thread per process. Machine: "
         f"{results['machine']}, shared with other work while it ran. Every configuration is "
@@ -210,42 +239,38 @@ def render(results: dict) -> str:
         "machine, in a loopback-only network namespace; stage k runs on node_a for even k "
         "and on node_b for odd k; the driver (the head) is on node_a. Loading the Ray "
         f"stages (actors up, blocks prepared) took {loads}.")
-    lines += [
-        "## Prefill and decode", "",
-        "| run | stages | prefill tok/s | decode ms/token | decode vs one process |",
-        "|---|---:|---:|---:|---:|",
-        f"| one process | - | {one['prefill_tps']:.0f} | {one['decode_ms']:.1f} | 1.00x |",
-    ]
-    for transport in ("local", "ray"):
-        for k, row in results[transport].items():
-            ratio = row["decode_ms"] / one["decode_ms"]
-            lines.append(f"| {transport} | {k} | {row['prefill_tps']:.0f} | "
-                         f"{row['decode_ms']:.1f} | {ratio:.2f}x |")
+    runs = [["one process", "-", f"{one['prefill_tps']:.0f}", f"{one['decode_ms']:.1f}",
+             "1.00x"]]
+    runs += [[transport, k, f"{row['prefill_tps']:.0f}", f"{row['decode_ms']:.1f}",
+              f"{row['decode_ms'] / one['decode_ms']:.2f}x"]
+             for transport in ("local", "ray") for k, row in results[transport].items()]
+    lines += ["## Prefill and decode", ""]
+    lines += markdown_table(["run", "stages", "prefill tok/s", "decode ms/token",
+                             "decode vs one process"], runs, align="lrrrr")
     lines += [""]
     lines += _para(
         "The local transport runs every stage on a thread of this process: the products "
         "release the GIL, the rest of a block holds it, so on 2 cores it neither gains nor "
         "loses much. Ray stages are processes: a decode step pays K + 1 hops, and prefill "
         "gains from chunks in flight on several processes at once (4 stages on 2 cores).")
-    lines += ["## One hop (a Ray actor call carrying the payload)", "",
-              "| payload | on the driver's node | on the other node |", "|---|---:|---:|"]
-    for label in ("step_12KiB", "chunk_1.5MiB"):
-        lines.append(f"| {label.replace('_', ' ')} | {hop[f'node_a/{label}']:.2f} ms | "
-                     f"{hop[f'node_b/{label}']:.2f} ms |")
+    lines += ["## One hop (a Ray actor call carrying the payload)", ""]
+    lines += markdown_table(
+        ["payload", "on the driver's node", "on the other node"],
+        [[label.replace("_", " "), f"{hop[f'node_a/{label}']:.2f} ms",
+          f"{hop[f'node_b/{label}']:.2f} ms"] for label in ("step_12KiB", "chunk_1.5MiB")],
+        align="lrr")
     lines += ["", "## Memory per stage process (Ray, after the run)", ""]
     lines += _para(
         "RSS of each stage's actor process, the archive pages resident in it (the records it "
         "has read), and the archive bytes of its blocks' records (its share in the plan). An "
         "idle Ray worker that has imported needlepoint.stages holds "
         f"{hop['baseline_rss_bytes'] / MB:.0f} MiB.")
-    lines += ["| stages | stage | layers | RSS | archive pages resident | its records |",
-              "|---:|---:|---|---:|---:|---:|"]
-    for k, rows in results["rss"].items():
-        for row in rows:
-            lines.append(
-                f"| {k} | {row['stage']} | {row['first']}-{row['end'] - 1} | "
-                f"{row['rss_bytes'] / MB:.0f} MiB | {row['archive_resident_bytes'] / MB:.1f} MiB"
-                f" | {row['record_bytes'] / MB:.1f} MiB |")
+    lines += markdown_table(
+        ["stages", "stage", "layers", "RSS", "archive pages resident", "its records"],
+        [[k, row["stage"], f"{row['first']}-{row['end'] - 1}",
+          f"{row['rss_bytes'] / MB:.0f} MiB", f"{row['archive_resident_bytes'] / MB:.1f} MiB",
+          f"{row['record_bytes'] / MB:.1f} MiB"]
+         for k, rows in results["rss"].items() for row in rows], align="rrlrrr")
     step_hop = hop["node_b/step_12KiB"]
     ten = one["decode_ms"] + 11 * step_hop
     lines += ["", "## What a 10-machine chain would cost per token", ""]
@@ -279,7 +304,7 @@ def _cpu() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.stages", description=__doc__)
+    parser = argparse.ArgumentParser(prog="needlepoint-bench-stages", description=__doc__)
     parser.add_argument("--prefill", type=int, default=512)
     parser.add_argument("--decode", type=int, default=48)
     parser.add_argument("--repeats", type=int, default=3)
@@ -289,14 +314,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pipeline-prompt", type=int, default=64)
     parser.add_argument("--pipeline-steps", type=int, default=24)
     parser.add_argument("--inside", metavar="JSON", help=argparse.SUPPRESS)
+    parser.add_argument("--local-only", action="store_true",
+                        help="one process vs in-process stages only, no Ray (prints JSON, "
+                        "writes nothing)")
+    parser.add_argument("--model", type=Path, default=None,
+                        help="with --local-only: the model (default the shipped fixture)")
     args = parser.parse_args(argv)
+    if args.local_only:
+        print(json.dumps(local_only(args), indent=1))
+        return 0
     if args.inside:
         Path(args.inside).write_text(json.dumps(inside(args)))
         return 0
     out = RESULTS.with_suffix(".partial.json")
     command = ["unshare", "--net", "--pid", "--fork", "--kill-child", "--mount-proc", "sh",
                "-c", INSIDE,
-               "inside", sys.executable, "-m", "bench.stages", "--inside", str(out),
+               "inside", sys.executable, "-m", "needlepoint_bench.stages", "--inside", str(out),
                "--prefill", str(args.prefill), "--decode", str(args.decode),
                "--repeats", str(args.repeats), "--pipeline-prompt", str(args.pipeline_prompt),
                "--pipeline-steps", str(args.pipeline_steps)]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from .tables import markdown_table
+
 # x llama.cpp at 1 thread: issue 19's for int8, the float path's own
 TARGETS = {"needlepoint-int8": {"decode_tok_s": 2.0, "prefill_tok_s": 4.0},
            "needlepoint-float": {"decode_tok_s": 0.8, "prefill_tok_s": 0.5}}
@@ -52,7 +54,7 @@ NOTES = """\
   decode ran at 113 tok/s), while llama.cpp at one thread spends about 16 ms of compute per
   token on the same 96 MB and loses less. The 1-thread decode ratio of a loaded run is
   therefore a lower bound of the unloaded one.
-* Before these changes (git 90bd2e3, `python -m bench.hf --threads 1 --rounds 2`, 18:17 UTC
+* Before these changes (git 90bd2e3, `needlepoint-bench-hf --threads 1 --rounds 2`, 18:17 UTC
   on 2026-12-01, load 1.65 -> 2.58): llama.cpp 151.7 / 64.9 tok/s prefill / decode,
   needlepoint-int8 412.8 / 113.5 (2.72x / 1.75x), a decode step 9.3 ms as run. Kernel alone,
   same process A/B against that build (1 thread, load 3-5, best of several): 4-bit products
@@ -75,10 +77,7 @@ def _speed_table(record: dict) -> list[str]:
     lines = []
     for threads, engines in record["speed"].items():
         base = engines.get("llama.cpp", {}).get("best")
-        lines += [f"### {threads} thread{'s' if threads != '1' else ''}", "",
-                  "| engine | prefill tok/s | decode tok/s | peak RSS MB | load s "
-                  "| prefill x llama.cpp | decode x llama.cpp | RSS x llama.cpp |",
-                  "|---|---|---|---|---|---|---|---|"]
+        rows = []
         for engine, entry in engines.items():
             best = entry["best"]
             ratios = ["", "", ""]
@@ -86,9 +85,12 @@ def _speed_table(record: dict) -> list[str]:
                 ratios = [f"{best['prefill_tok_s'] / base['prefill_tok_s']:.2f}",
                           f"{best['decode_tok_s'] / base['decode_tok_s']:.2f}",
                           f"{best['peak_rss_mb'] / base['peak_rss_mb']:.2f}"]
-            lines.append(f"| {engine} | {_fmt(best['prefill_tok_s'])} | "
-                         f"{_fmt(best['decode_tok_s'])} | {_fmt(best['peak_rss_mb'], 0)} | "
-                         f"{best['load_s']:.2f} | " + " | ".join(ratios) + " |")
+            rows.append([engine, _fmt(best["prefill_tok_s"]), _fmt(best["decode_tok_s"]),
+                         _fmt(best["peak_rss_mb"], 0), f"{best['load_s']:.2f}", *ratios])
+        lines += [f"### {threads} thread{'s' if threads != '1' else ''}", ""]
+        lines += markdown_table(["engine", "prefill tok/s", "decode tok/s", "peak RSS MB",
+                                 "load s", "prefill x llama.cpp", "decode x llama.cpp",
+                                 "RSS x llama.cpp"], rows)
         lines.append("")
     return lines
 
@@ -127,14 +129,12 @@ def _targets(record: dict) -> list[str]:
 
 def _agreement(record: dict) -> list[str]:
     lines = [f"## Logit agreement ({record['prompt_tokens']} positions of the text, "
-             "teacher-forced, 1 thread)", "",
-             "| ours | against | top-1 agreement | max abs diff | mean abs diff |",
-             "|---|---|---|---|---|"]
-    for name, entry in record["agreement"].items():
-        ours, against = (name.split(" vs ") + ["llama.cpp"])[:2]
-        lines.append(f"| {ours} | {against} | {entry['top1_agreement']:.3f} | "
-                     f"{entry['max_abs_diff']:.3f} | {entry['mean_abs_diff']:.4f} |")
-    return lines + [""]
+             "teacher-forced, 1 thread)", ""]
+    rows = [[*(name.split(" vs ") + ["llama.cpp"])[:2], f"{entry['top1_agreement']:.3f}",
+             f"{entry['max_abs_diff']:.3f}", f"{entry['mean_abs_diff']:.4f}"]
+            for name, entry in record["agreement"].items()]
+    return lines + markdown_table(["ours", "against", "top-1 agreement", "max abs diff",
+                                   "mean abs diff"], rows) + [""]
 
 
 def _profile(record: dict) -> list[str]:
@@ -149,18 +149,18 @@ def _profile(record: dict) -> list[str]:
              "(each block one native call, `i8_block`), "
              f"{kernels['step_s_unprofiled'] * 1e3:.1f} ms with `model.fused = False` (the "
              "same kernels, same bits, called one by one from Python). Own time per function "
-             "under cProfile, kernel by kernel (so each kernel's share shows):", "",
-             "| function (own time) | calls per step | ms per step |", "|---|---|---|"]
-    for row in kernels["functions"][:12]:
-        lines.append(f"| `{row['function']}` | {row['calls'] / steps:.0f} | "
-                     f"{row['own_s'] / steps * 1e3:.2f} |")
+             "under cProfile, kernel by kernel (so each kernel's share shows):", ""]
+
+    def table(functions: list[dict]) -> list[str]:
+        return markdown_table(
+            ["function (own time)", "calls per step", "ms per step"],
+            [[f"`{row['function']}`", f"{row['calls'] / steps:.0f}",
+              f"{row['own_s'] / steps * 1e3:.2f}"] for row in functions])
+
+    lines += table(kernels["functions"][:12])
     lines += ["", "As run (the 30 `int8_fused.py` calls are the blocks; `i8.py` matmul is the LM "
-              "head):", "", "| function (own time) | calls per step | ms per step |",
-              "|---|---|---|"]
-    for row in fused["functions"][:6]:
-        lines.append(f"| `{row['function']}` | {row['calls'] / steps:.0f} | "
-                     f"{row['own_s'] / steps * 1e3:.2f} |")
-    return lines + [""]
+              "head):", ""]
+    return lines + table(fused["functions"][:6]) + [""]
 
 
 def _machine(record: dict) -> list[str]:
@@ -193,7 +193,8 @@ def _load(record: dict, when: str) -> str:
 
 def write_report(record: dict) -> str:
     lines = ["# needlepoint vs llama.cpp: SmolLM2-135M-Instruct (Q4_1 GGUF)", "",
-             f"Generated by `python -m bench.hf` ({record['started']}, {record['wall_s']:.0f} s). "
+             f"Generated by `needlepoint-bench-hf` ({record['started']}, "
+             f"{record['wall_s']:.0f} s). "
              f"Prompt: {record['prompt_tokens']} tokens of English text, then "
              f"{record['decode_tokens']} decode steps; {record['rounds']} processes per engine "
              f"and thread count (best kept), {record['reps']} prefills each (fastest kept), "

@@ -5,7 +5,7 @@ METHOD = """\
 ## Method
 
 **What is compared.** One archive, the same token ids, the same number of new tokens, greedy
-decoding, in one run of `python -m bench`. needle-rs builds its prompt itself from
+decoding, in one run of `needlepoint-bench`. needle-rs builds its prompt itself from
 `(query, tools_json, system)` (upstream wire format, `[BOS] + encode(prompt)`); the bench
 renders the same string, tokenizes it with the archive's tokenizer and hands those ids to
 needlepoint. Every needle-rs call reports its prompt length (`positions - len(token_ids)`),

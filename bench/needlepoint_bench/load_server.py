@@ -56,7 +56,7 @@ class Server:
             "OMP_WAIT_POLICY": "passive",
         }
         command = [
-            sys.executable, "-m", "needlepoint.cli", "serve",
+            sys.executable, "-m", "needlepoint", "serve",
             "--model", str(args.model),
             "--host", HOST,
             "--port", str(self.port),

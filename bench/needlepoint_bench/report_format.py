@@ -4,6 +4,7 @@ lookups into a results JSON, and the markdown table builder."""
 from __future__ import annotations
 
 from .engines import NEEDLE_RS, NP_DEPLOY, NP_FLOAT, cached
+from .tables import markdown_table
 
 LABEL = {NEEDLE_RS: "needle-rs", NP_DEPLOY: "needlepoint (deploy)", NP_FLOAT: "needlepoint (float)"}
 LABEL.update(
@@ -90,6 +91,4 @@ def _target_text(direction: str, target: float) -> str:
 
 
 def _table(header: list[str], rows: list[list[str]]) -> str:
-    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
-    return "\n".join(out)
+    return "\n".join(markdown_table(header, rows))

@@ -28,6 +28,8 @@ import time
 
 import numpy as np
 
+from .tables import markdown_table
+
 REQUESTS = 8
 
 
@@ -118,7 +120,7 @@ def profile_parts(path, numerics: str, cut: int, steps: int = 40) -> dict:
     """ms per decode token of each piece of a 2-stage split, run in this process one after
     the other (the 20th percentile of `steps` steps after a 64-token prompt): the head's
     embedding, stage 0's blocks, stage 1's blocks, the head's read-out."""
-    from needlepoint.models.parts import load_part
+    from needlepoint import load_part
 
     head = load_part(path, head=True, numerics=numerics, cache=False)
     blocks = head.config.num_layers
@@ -151,9 +153,9 @@ def profile_parts(path, numerics: str, cut: int, steps: int = 40) -> dict:
 
 def pipelined(args, shipped) -> list[dict]:
     """Both models' figures (the cluster is already up, nodes node_a and node_b)."""
-    from needlepoint.models.transformer.known import resolve_known
+    import needlepoint
 
-    smollm2 = resolve_known("smollm2")
+    smollm2 = needlepoint.resolve_model_name("smollm2")
     rows = [measure_model("SmolLM2-135M (Q4_1 GGUF)", smollm2, "int8", args),
             measure_model("Needle 3 shipped geometry", shipped, "deploy", args)]
     rows[0]["profile_ms"] = profile_parts(smollm2, "int8", 15)
@@ -163,34 +165,34 @@ def pipelined(args, shipped) -> list[dict]:
 
 def render_pipeline(rows: list[dict], args_text: str) -> list[str]:
     lines = ["## Pipelining across requests (2 Ray stages, one core each)", "",
-             args_text + " Measured by `python -m bench.stages` (or `--only-pipeline`, which "
+             args_text + " Measured by `needlepoint-bench-stages` (or `--only-pipeline`, which "
              "keeps the sections above from their last run); the Ray cluster is two nodes "
-             "with one logical CPU each.", "",
-             "| model | one process, 1 request | 2 stages, 1 request | hop cost | "
-             f"one process, {REQUESTS} requests | 2 stages, {REQUESTS} requests, pipelined | "
-             "pipelined vs one process | same, 2 engine loops (the scheduler's) | vs one process | "
-             "load avg before / after |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
-    for row in rows:
-        t = row["tok_s"]
-        lines.append(
-            f"| {row['model']} | {t['one/1']:.1f} tok/s | {t['ray2/1']:.1f} tok/s | "
-            f"{row['hop_ratio']:.2f}x | {t['one/8']:.1f} tok/s | {t['ray2/8']:.1f} tok/s | "
-            f"**{row['pipelined_ratio']:.2f}x** | {t['ray2/8x2']:.1f} tok/s | "
-            f"**{row['two_loops_ratio']:.2f}x** | {row['load_before'][0]} / "
-            f"{row['load_after'][0]} |")
+             "with one logical CPU each.", ""]
+    lines += markdown_table(
+        ["model", "one process, 1 request", "2 stages, 1 request", "hop cost",
+         f"one process, {REQUESTS} requests", f"2 stages, {REQUESTS} requests, pipelined",
+         "pipelined vs one process", "same, 2 engine loops (the scheduler's)", "vs one process",
+         "load avg before / after"],
+        [[row["model"], f"{row['tok_s']['one/1']:.1f} tok/s",
+          f"{row['tok_s']['ray2/1']:.1f} tok/s", f"{row['hop_ratio']:.2f}x",
+          f"{row['tok_s']['one/8']:.1f} tok/s", f"{row['tok_s']['ray2/8']:.1f} tok/s",
+          f"**{row['pipelined_ratio']:.2f}x**", f"{row['tok_s']['ray2/8x2']:.1f} tok/s",
+          f"**{row['two_loops_ratio']:.2f}x**",
+          f"{row['load_before'][0]} / {row['load_after'][0]}"] for row in rows],
+        align="lrrrrrrrrl")
     lines += ["", "Profile of one decode token of the same 2-stage split, every piece run in one "
-              "process one after the other (ms, 20th percentile; `profile_parts`):", "",
-              "| model | head: embedding | stage 0 blocks | stage 1 blocks | head: read-out | "
-              "ceiling: a core each | ceiling on this machine's 2 cores |",
-              "|---|---:|---:|---:|---:|---:|---:|"]
+              "process one after the other (ms, 20th percentile; `profile_parts`):", ""]
+    profiles = []
     for row in rows:
         p = row.get("profile_ms")
         if not p:
             continue
         total = sum(p.values())
         ceiling = total / max(p["stage 0"], p["stage 1"], p["embed"] + p["read-out"])
-        lines.append(f"| {row['model']} | {p['embed']:.2f} | {p['stage 0']:.2f} | "
-                     f"{p['stage 1']:.2f} | {p['read-out']:.2f} | {ceiling:.2f}x | "
-                     f"{min(ceiling, 2.0):.2f}x |")
+        profiles.append([row["model"], f"{p['embed']:.2f}", f"{p['stage 0']:.2f}",
+                         f"{p['stage 1']:.2f}", f"{p['read-out']:.2f}", f"{ceiling:.2f}x",
+                         f"{min(ceiling, 2.0):.2f}x"])
+    lines += markdown_table(["model", "head: embedding", "stage 0 blocks", "stage 1 blocks",
+                             "head: read-out", "ceiling: a core each",
+                             "ceiling on this machine's 2 cores"], profiles, align="lrrrrrr")
     return lines + [""]

@@ -1,4 +1,4 @@
-"""Child-process side of the benchmark: `python -m bench.worker SPEC.json`.
+"""Child-process side of the benchmark: `python -m needlepoint_bench.worker SPEC.json`.
 
 Each job runs in a fresh interpreter whose thread environment the parent set before start
 (`OMP_NUM_THREADS`, `OPENBLAS_NUM_THREADS`, `MKL_NUM_THREADS`, `RAYON_NUM_THREADS`,
@@ -25,10 +25,6 @@ import sys
 import time
 import traceback
 from pathlib import Path
-
-from .paths import ensure_src_on_path
-
-ensure_src_on_path()
 
 import numpy as np  # noqa: E402
 

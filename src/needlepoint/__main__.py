@@ -1,0 +1,7 @@
+"""`python -m needlepoint`: the `needlepoint` console script."""
+
+import sys
+
+from .command import main
+
+sys.exit(main())

@@ -1,0 +1,167 @@
+"""Every benchmark entry point of `needlepoint-bench` (bench/pyproject.toml) runs for a few
+seconds on the toy model (or a tiny fixture), without its peer (needle-rs, llama.cpp,
+bfcl-eval, a Ray cluster): the mode each benchmark has for that (issue 27 item 6). The
+console scripts are the installed ones (`scripts/test` installs bench/); each runs in its
+own folder, which is where a benchmark writes its reports and results.
+
+What each check holds is what the run must have produced, not a speed: figures are
+benchmarks' business, never a test's (COMMON rules)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tomllib
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from conftest import REPO_ROOT, shared_dir
+
+
+def _toy() -> str:
+    return str(shared_dir() / "models" / "needle3-toy.cact")
+
+
+def _llama_tiny() -> str:
+    return str(shared_dir() / "fixtures" / "hf" / "llama-tiny")
+
+
+def _check_run(folder: Path, out: str) -> None:
+    result = json.loads((folder / "out.json").read_text())
+    assert result["engines"] == ["needlepoint-deploy"]  # --no-peer: no needle-rs
+    ours = result["timing"]["summary"]["1"]["needlepoint-deploy"]
+    assert ours["available"] and ours["error"] is None
+    assert set(ours["workloads"]) >= {"prefill:len16", "decode"} or any(
+        w.startswith("decode") for w in ours["workloads"])
+
+
+def _check_speculate(folder: Path, out: str) -> None:
+    assert "| on | 2 |" in out and "| off | 2 |" in out and "| 2/2 |" in out
+    assert "toy (d 128, 4 layers, vocab 1024)" in out
+    assert not (folder / "bench").exists()  # --no-write
+
+
+def _check_batch_engine(folder: Path, out: str) -> None:
+    toy = json.loads(out)["toy"]
+    assert set(toy["step_ms"]) == {"1", "2", "4"} and len(toy["scheduler_rounds"]) == 1
+    assert toy["scheduler_rounds"][0]["one"] > 0 and toy["scheduler_rounds"][0]["many"] > 0
+
+
+def _check_load(folder: Path, out: str) -> None:
+    result = json.loads((folder / "bench" / "results" / "load_toy.json").read_text())
+    runs = result["phases"]["scaling"]["runs"]
+    assert [run["clients"] for run in runs] == [1, 2]
+    assert all(run["requests"] > 0 and not run["errors"] for run in runs)
+
+
+def _check_hf(folder: Path, out: str) -> None:
+    record = json.loads((folder / "hf.json").read_text())
+    assert list(record["speed"]["1"]) == ["needlepoint-int8"]  # no llama.cpp
+    assert record["speed"]["1"]["needlepoint-int8"]["best"]["decode_tok_s"] > 0
+    assert (folder / "hf.md").read_text().strip()
+
+
+def _check_bfcl(folder: Path, out: str) -> None:
+    report = json.loads((folder / "bfcl.json").read_text())
+    (category,) = report["categories"]
+    assert category["category"] == "sample" and category["cases"] == 2
+    assert set(category["summary"]) == {"needlepoint-auto", "needlepoint-required"}
+    # the sample's answers are in the queries (Paris, 07:30): the toy model gets them
+    assert category["summary"]["needlepoint-required"]["correct"] == 2
+
+
+def _check_bfcl_report(folder: Path, out: str) -> None:
+    assert "| sample | 2 | needlepoint-required | 2 | 100% |" in out
+
+
+def _check_products(folder: Path, out: str) -> None:
+    result = json.loads((folder / "p.json").read_text())
+    assert "total" in out and result
+
+
+def _check_products_i8(folder: Path, out: str) -> None:
+    assert "rows   1:" in out and "ns/weight-row" in out
+
+
+def _check_stages(folder: Path, out: str) -> None:
+    result = json.loads(out[out.index("\n{") + 1:])  # after the per-round lines
+    assert set(result) >= {"one", "local/1", "local/2", "variant", "load_average"}
+    assert all(result[k]["prefill_tps"] > 0 for k in ("one", "local/1", "local/2"))
+
+
+# entry point -> (arguments, check of its folder and stdout, seconds it may take at most)
+CASES: dict[str, tuple[Callable[[Path], list[str]], Callable[[Path, str], None], int]] = {
+    "needlepoint-bench": (
+        lambda d: ["--quick", "--archive", _toy(), "--no-peer", "--engines",
+                   "needlepoint-deploy", "--reps", "1", "--threads", "1", "--lengths", "16",
+                   "--new-tokens", "4", "--budget-s", "5", "--out", str(d / "out.json"),
+                   "--no-docs"], _check_run, 300),
+    "needlepoint-bench-speculate": (
+        lambda d: ["--limit", "2", "--warmup", "0", "--repeat", "1", "--reps", "1",
+                   "--cost-models", "toy", "--no-write"], _check_speculate, 300),
+    "needlepoint-bench-batch-engine": (
+        lambda d: ["--models", "toy", "--clients", "2", "--rounds", "1", "--seconds", "1",
+                   "--max-new", "4"], _check_batch_engine, 300),
+    "needlepoint-bench-load": (
+        lambda d: ["--model", "toy", "--phases", "scaling", "--scale-clients", "2",
+                   "--scale-duration", "2", "--rounds", "1", "--max-tokens", "4", "--out",
+                   "-"], _check_load, 300),
+    "needlepoint-bench-hf": (
+        lambda d: ["--gguf", _llama_tiny(), "--engines", "needlepoint-int8", "--threads", "1",
+                   "--rounds", "1", "--reps", "1", "--decode", "4", "--out", str(d / "hf.md"),
+                   "--json", str(d / "hf.json")], _check_hf, 300),
+    "needlepoint-bench-bfcl": (
+        lambda d: ["--model", _toy(), "--category", "sample", "--no-peer", "--out",
+                   str(d / "bfcl.json")], _check_bfcl, 300),
+    "needlepoint-bench-products": (
+        lambda d: [_toy(), "--rows", "1", "--reps", "1", "--json", str(d / "p.json")],
+        _check_products, 300),
+    "needlepoint-bench-products-i8": (
+        lambda d: ["--gguf", _llama_tiny(), "--rows", "1", "--reps", "1"], _check_products_i8,
+        300),
+    "needlepoint-bench-stages": (
+        lambda d: ["--local-only", "--model", _toy(), "--prefill", "32", "--decode", "4",
+                   "--repeats", "1"], _check_stages, 300),
+}
+
+
+def script(name: str) -> str:
+    """The installed console script (beside this interpreter, else on PATH)."""
+    beside = Path(sys.executable).parent / name
+    found = str(beside) if beside.is_file() else shutil.which(name)
+    if found is None:
+        pytest.fail(f"{name} is not installed: run scripts/test (it installs bench/)")
+    return found
+
+
+def run(name: str, folder: Path) -> str:
+    make_args, _, timeout = CASES[name]
+    env = dict(os.environ, NEEDLEPOINT_SHARED=str(shared_dir()), NEEDLEPOINT_CACHE="0",
+               OMP_NUM_THREADS="1")
+    done = subprocess.run([script(name), *make_args(folder)], cwd=folder, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, f"{name} exited {done.returncode}:\n{done.stderr[-3000:]}"
+    return done.stdout
+
+
+def test_every_entry_point_has_a_smoke_run() -> None:
+    scripts = tomllib.loads((REPO_ROOT / "bench" / "pyproject.toml").read_text())
+    assert set(scripts["project"]["scripts"]) == set(CASES) | {"needlepoint-bench-bfcl-report"}
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_entry_point_runs_without_its_peer(name: str, tmp_path: Path) -> None:
+    out = run(name, tmp_path)
+    CASES[name][1](tmp_path, out)
+
+
+def test_bfcl_report_tables_a_bfcl_run(tmp_path: Path) -> None:
+    run("needlepoint-bench-bfcl", tmp_path)
+    done = subprocess.run([script("needlepoint-bench-bfcl-report"), str(tmp_path / "bfcl.json")],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    _check_bfcl_report(tmp_path, done.stdout)
