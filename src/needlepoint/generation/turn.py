@@ -193,6 +193,9 @@ class TurnResult:
     decode_s: float
     pending: list[int]  # tokens generated but not yet fed to the session
     logprobs: list[dict[str, Any]] | None = None  # per answer-text token, when requested
+    # the unmasked probability of the turn's first sampled token (its respond / think / call
+    # decision): the token confidence of an answer without a call (api/envelope.py)
+    first_token_prob: float | None = None
     # forward passes after the prefill, and the drafts per source (`speculate.py`):
     # {"decode_passes", "lookup_drafted", "lookup_accepted", "grammar_drafted", ...}
     speculation: dict[str, int] = field(default_factory=dict)
@@ -261,6 +264,7 @@ def generate_turn(
     parser = vocab.parser(config.stop)
     tokens: list[int] = []
     probs_in_call: list[float] = []
+    first_prob: float | None = None
     logprobs: list[dict[str, Any]] | None = [] if config.logprobs is not None else None
     matcher: Matcher | None = None
     answer: Matcher | None = content.start() if content is not None else None
@@ -338,6 +342,8 @@ def generate_turn(
                                      allowed=allowed)
                 if in_call:
                     probs_in_call.append(float(softmax(logits)[token]))
+                elif first_prob is None:
+                    first_prob = float(softmax(logits)[token])
                 if matcher is not None:
                     matcher.advance(token)
                 elif answer is not None:
@@ -382,6 +388,7 @@ def generate_turn(
         decode_s=t2 - t1,
         pending=pending,
         logprobs=logprobs,
+        first_token_prob=first_prob,
         speculation=feed.stats(),
     )
     yield TurnComplete(result)
