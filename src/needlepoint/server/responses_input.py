@@ -167,6 +167,8 @@ def tool_choice(choice: Any) -> Any:
 def response_format(text: dict[str, Any] | None) -> dict[str, Any] | None:
     """`text.format` as the chat `response_format`."""
     fmt = (text or {}).get("format")
+    if fmt is not None and not isinstance(fmt, dict):
+        raise bad_request("Invalid 'text.format': expected an object.", param="text.format")
     if fmt is None or fmt.get("type") == "text":
         return None
     if fmt.get("type") == "json_object":

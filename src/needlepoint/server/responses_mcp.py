@@ -152,6 +152,10 @@ class McpBridge:
         allowed = tool.get("allowed_tools")
         if isinstance(allowed, Mapping):
             allowed = allowed.get("tool_names")
+        if allowed is not None and (not isinstance(allowed, list) or
+                                    not all(isinstance(n, str) for n in allowed)):
+            raise bad_request(f"Invalid '{where}.allowed_tools': expected a list of tool names.",
+                              param=f"{where}.allowed_tools")
         approve_all, listed = _approval(tool.get("require_approval", "always"), where)
         offered = [t for t in source.tools if t.server == label and
                    (allowed is None or t.tool in allowed or t.name in allowed)]
