@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import McpServerError, NeedlepointError, ToolSchemaError
+from ..errors import McpConfigError, McpServerError, NeedlepointError, ToolSchemaError
 from .mcp_config import ServerConfig, load_config
 from .tools import ToolSpec, from_dict
 
@@ -64,6 +64,11 @@ class McpTools:
     def __init__(self, config: str | Path | Mapping[str, Any], *, timeout: float | None = None,
                  reserved: Iterable[str] = ()) -> None:
         self.servers = {s.name: s for s in load_config(config, timeout=timeout)}
+        try:
+            import mcp  # noqa: F401 - the client lives in the `mcp` extra
+        except ImportError:
+            raise McpConfigError("MCP servers need the `mcp` package: pip install "
+                                 "'needlepoint[mcp]'") from None
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True,
                                         name="needlepoint-mcp")

@@ -245,7 +245,7 @@ function finishAnswer(answer) {
     ...(calls.length ? { tool_calls: calls.map((c) => ({
       id: c.id, type: "function", function: { name: c.name, arguments: c.arguments } })) } : {}),
   });
-  if (calls.length && calls.every((c) => mcpServerOf(c.name))) runOnServers(calls);
+  if (calls.length && mcpMayRun(calls)) runOnServers(calls);
   else if (calls.length) resultsForm(calls);
 }
 
@@ -374,7 +374,7 @@ async function start() {
   $("api-key").value = sessionStorage.getItem("needlepoint-api-key") || "";
   $("api-key").addEventListener("change", () => {
     sessionStorage.setItem("needlepoint-api-key", apiKey());
-    loadModel();
+    loadModel().then(() => typeof loadMcpTools === "function" && loadMcpTools());
   });
   $("tools").addEventListener("input", validateTools);
   $("ask").addEventListener("submit", ask);

@@ -35,13 +35,18 @@ async function loadMcpTools() {
   }
 }
 
+// A tool of the editor wins over an MCP tool of the same name (playground.js: state).
+function localTool(name) {
+  return (state.tools || []).some((t) => t.function.name === name);
+}
+
 function mcpChatTools() {
-  return mcp.tools.map((t) => ({ type: "function", function: {
-    name: t.name, description: t.description, parameters: t.parameters } }));
+  return mcp.tools.filter((t) => !localTool(t.name)).map((t) => ({ type: "function",
+    function: { name: t.name, description: t.description, parameters: t.parameters } }));
 }
 
 function mcpServerOf(name) {
-  const tool = mcp.tools.find((t) => t.name === name);
+  const tool = localTool(name) ? null : mcp.tools.find((t) => t.name === name);
   return tool ? tool.server : null;
 }
 
@@ -68,6 +73,14 @@ function handoffLine(stats) {
     ? `handed off to ${mark.model} (${mark.reason})`
     : `hand-off to ${mark.model} failed (${mark.reason}): ${mark.error || "no answer"}`;
   return node;
+}
+
+// One automatic round per user turn, as `Needle.run`'s default: calls after it get the
+// results form, so a model that keeps calling never loops on its own.
+function mcpMayRun(calls) {
+  const last = state.messages.map((m) => m.role).lastIndexOf("user");
+  const ranSince = state.messages.slice(last + 1).some((m) => m.role === "tool");
+  return calls.every((c) => mcpServerOf(c.name)) && !ranSince;
 }
 
 // Calls of MCP tools run on their servers; the results go back as tool messages and the
