@@ -56,3 +56,30 @@ def test_playground_lists_and_runs_mcp_tools() -> None:
                 browser.close()
     assert not errors, errors
     assert calls == [{"name": "set_alarm", "arguments": {"time": "06:45"}}]
+
+
+def test_playground_shows_a_hand_off_with_its_reason() -> None:
+    """Every answer of the demo model is below a threshold of 1.0: the second server's
+    answer is shown, marked with the model and the reason."""
+    from needlepoint.api.handoff import Handoff
+
+    model = resolve_model_path(None)
+    with ServerThread(create_app(model, workers=2)) as big:
+        handoff = Handoff(f"{big.url}/v1", model.stem, below=1.0)
+        app = create_app(model, workers=2, handoff=handoff)
+        with ServerThread(app) as server, sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=str(CHROMIUM),
+                                                 args=["--disable-dev-shm-usage"])
+            try:
+                page = browser.new_page()
+                expect.set_options(timeout=TIMEOUT_MS)
+                page.goto(f"{server.url}/")
+                expect(page.locator("#send")).to_be_enabled()
+                page.fill("#query", "wake me up at 06:45")
+                page.click("#send")
+                mark = page.locator(".msg.assistant .handoff")
+                expect(mark).to_have_text(f"handed off to {model.stem} (low_confidence)")
+                card = page.locator(".msg.assistant .tool-call").first
+                expect(card.locator(".call-name")).to_have_text("set_alarm")
+            finally:
+                browser.close()
