@@ -20,6 +20,8 @@ from .models.loader import load as load_model_file
 from .version import __version__
 
 if TYPE_CHECKING:  # pragma: no cover
+    from .api.handoff import Handoff
+    from .api.mcp_tools import McpTools
     from .api.needle import Needle, tool
 
 
@@ -61,6 +63,14 @@ def __getattr__(name: str) -> Any:
         from .api import needle as api
 
         return getattr(api, name)
+    if name == "Handoff":  # issue 29: unsure answers go to a bigger model
+        from .api.handoff import Handoff
+
+        return Handoff
+    if name == "McpTools":  # issue 29: MCP servers as tools
+        from .api.mcp_tools import McpTools
+
+        return McpTools
     raise AttributeError(f"module 'needlepoint' has no attribute {name!r}")
 
 
@@ -68,6 +78,8 @@ __all__ = [
     "NUMERICS",
     "CactArchive",
     "CactFormatError",
+    "Handoff",
+    "McpTools",
     "ModelInputError",
     "Needle",
     "NeedlepointError",

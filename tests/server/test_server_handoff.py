@@ -9,6 +9,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -34,31 +35,47 @@ KEY = "big-secret-key-29"
 @pytest.fixture(scope="module")
 def big():
     """`needlepoint serve` on 127.0.0.1 (the bundled demo model), requiring an API key."""
-    port = free_port()
-    env = {**os.environ, "PYTHONPATH": str(SRC), "OMP_NUM_THREADS": "1"}
-    process = subprocess.Popen([sys.executable, "-m", "needlepoint.cli", "serve", "--port",
-                                str(port), "--workers", "2", "--api-key", KEY,
-                                "--log-level", "warning"], env=env,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
+    process, url = start_serve("--api-key", KEY)
     try:
-        while True:
-            assert process.poll() is None, "the second server exited"
-            assert time.monotonic() < deadline, "the second server did not start"
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.2)
         yield f"{url}/v1"
     finally:
-        process.terminate()
+        stop(process)
+
+
+def start_serve(*args: str, env: dict | None = None) -> tuple[subprocess.Popen, str]:
+    """`needlepoint serve ARGS` on a free loopback port, once /health answers."""
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": str(SRC), "OMP_NUM_THREADS": "1", **(env or {})}
+    log = tempfile.TemporaryFile()  # a file, not a pipe: it never fills up
+    process = subprocess.Popen([sys.executable, "-m", "needlepoint.cli", "serve", "--port",
+                                str(port), "--workers", "2", "--log-level", "warning", *args],
+                               env=env, stdout=subprocess.DEVNULL, stderr=log)
+    process.log = log  # type: ignore[attr-defined]
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while True:
+        if process.poll() is not None:
+            raise AssertionError(f"serve exited: {log_of(process)[-2000:]}")
+        assert time.monotonic() < deadline, "serve did not start"
         try:
-            process.wait(20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(20)
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return process, url
+        except httpx.HTTPError:
+            time.sleep(0.2)
+
+
+def log_of(process: subprocess.Popen) -> str:
+    process.log.seek(0)  # type: ignore[attr-defined]
+    return process.log.read().decode("utf-8", "replace")  # type: ignore[attr-defined]
+
+
+def stop(process: subprocess.Popen) -> None:
+    process.terminate()
+    try:
+        process.wait(20)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(20)
 
 
 @pytest.fixture
@@ -188,3 +205,29 @@ def test_a_failing_endpoint_is_never_a_500(model):  # noqa: F811
             in metrics
 
 
+
+
+def test_serve_flags_wire_mcp_and_handoff(big):
+    """`needlepoint serve --mcp examples/mcp.json --handoff-url ... --handoff-key-env ...`."""
+    mcp = Path(__file__).resolve().parents[2] / "examples" / "mcp.json"
+    process, url = start_serve("--mcp", str(mcp), "--handoff-url", big, "--handoff-model",
+                               MODEL_ID, "--handoff-below", "1.0", "--handoff-key-env",
+                               "BIG_KEY_29", env={"BIG_KEY_29": KEY})
+    try:
+        listed = httpx.get(f"{url}/v1/needlepoint/mcp/tools").json()["data"]
+        assert [(t["name"], t["server"]) for t in listed] == [("set_alarm", "alarms"),
+                                                              ("get_weather", "alarms")]
+        reply = httpx.post(f"{url}/v1/chat/completions", timeout=60, json={
+            "model": MODEL_ID, "messages": [{"role": "user", "content": QUERY}],
+            "tools": [{"type": "function", "function": TOOL}]})
+        assert reply.headers["x-needlepoint-handoff"].endswith("answered=true")
+    finally:
+        stop(process)
+    assert KEY not in log_of(process)
+
+
+def test_serve_refuses_a_handoff_url_without_a_model():
+    result = subprocess.run([sys.executable, "-m", "needlepoint.cli", "serve", "--handoff-url",
+                             "http://127.0.0.1:1/v1"], capture_output=True, text=True,
+                            env={**os.environ, "PYTHONPATH": str(SRC)}, timeout=120)
+    assert result.returncode != 0 and "--handoff-model" in result.stderr
