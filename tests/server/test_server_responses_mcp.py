@@ -70,6 +70,7 @@ def test_approval_is_requested_then_given_or_declined(client):
                 "approve": True}])
     call = items(approved, "mcp_call")[0]
     assert call.id == request.id and json.loads(call.output)["status"] == "set"
+    assert approved.output[0] == call and len(approved.output) > 1  # then the model answers
     declined = client.responses.create(
         model=MODEL_ID, previous_response_id=first.id, tools=[tool],
         input=[{"type": "mcp_approval_response", "approval_request_id": request.id,

@@ -108,6 +108,13 @@ class ResponseRun:
         event = EventCounter()
         started = False
         incomplete = None
+        if self.approvals:  # approved calls run first: the model answers their results
+            started = True
+            yield event("response.created", response=self.response("in_progress"))
+            yield event("response.in_progress", response=self.response("in_progress"))
+            for approved in self.approvals:
+                async for out in self.run_mcp(event, approved):
+                    yield out
         for round_number in range(MAX_MCP_ROUNDS + 1):
             job = self.engine.chat_job(self.chat_request())
             pump = self.pool.stream(self.pool.admit(), self.metrics.chat_stream(job),
@@ -118,9 +125,6 @@ class ResponseRun:
                     started = True
                     yield event("response.created", response=self.response("in_progress"))
                     yield event("response.in_progress", response=self.response("in_progress"))
-                    for approved in self.approvals:
-                        async for out in self.run_mcp(event, approved):
-                            yield out
                 index, item_id, text, result = len(self.output), None, [], None
                 while more:
                     if isinstance(item, Delta) and item.content:
