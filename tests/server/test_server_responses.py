@@ -153,3 +153,13 @@ def test_openai_agents_sdk_runs_a_function_tool(server):
     result = asyncio.run(agents.Runner.run(agent, QUERY, max_turns=3))
     assert ran == ["06:45"]
     assert result.final_output == "alarm set for 06:45"
+
+
+def test_api_keys_guard_the_route(model):  # noqa: F811
+    app = create_app(model, workers=2, model_name=MODEL_ID, api_keys=["k-29"])
+    with ServerThread(app) as server:
+        with pytest.raises(openai.AuthenticationError):
+            server.client().responses.create(model=MODEL_ID, input=QUERY)
+        keyed = openai.OpenAI(base_url=f"{server.url}/v1", api_key="k-29", max_retries=0)
+        assert keyed.responses.create(model=MODEL_ID, input=QUERY,
+                                      tools=[ALARM]).status == "completed"
