@@ -62,6 +62,9 @@ def test_streaming_follows_the_documented_event_sequence(client, model):  # noqa
     assert [e.sequence_number for e in events] == list(range(len(events)))
     done = next(e for e in events if e.type == "response.function_call_arguments.done")
     assert json.loads(done.arguments) == expected_calls(model)[0]["arguments"]
+    pieces = [e.delta for e in events if e.type == "response.function_call_arguments.delta"]
+    assert "".join(pieces) == done.arguments  # streamed as decoded, adding up to the call
+    assert len(pieces) > 1
     assert events[-1].response.output[0].type == "function_call"
 
 

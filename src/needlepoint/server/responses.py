@@ -4,10 +4,10 @@ A request is translated to chat messages (`responses_input.py`) and each model a
 chat-completion job (`engine.py`) on the same worker pool, scheduler and metrics; its deltas
 become the documented stream events: `response.created`, `response.in_progress`,
 `response.output_item.added`, `response.content_part.added`, `response.output_text.delta` /
-`.done`, `response.function_call_arguments.delta` / `.done`, `response.output_item.done`,
-`response.completed`. Without `stream` the same events are consumed and the completed
-response is the body. Finished responses are kept in a bounded in-memory store for
-`previous_response_id` (`responses_items.ResponseStore`).
+`.done`, `response.function_call_arguments.delta` (as the call's JSON decodes) / `.done`,
+`response.output_item.done`, `response.completed`. Without `stream` the same events are
+consumed and the completed response is the body. Finished responses are kept in a bounded
+in-memory store for `previous_response_id` (`responses_items.ResponseStore`).
 
 MCP tools (`{"type": "mcp", "server_label"}`, `responses_mcp.py`) are function tools to the
 model; the calls it makes to them run on the server: with `require_approval: "never"` they
@@ -46,6 +46,7 @@ from .responses_items import (
 from .responses_mcp import McpBridge, McpPlan
 from .responses_schemas import ResponsesRequest
 from .schemas import ChatCompletionRequest
+from .streaming import ARGS, START, CallSplitter, merge_args
 
 MAX_MCP_ROUNDS = 4
 
@@ -126,8 +127,22 @@ class ResponseRun:
                     yield event("response.created", response=self.response("in_progress"))
                     yield event("response.in_progress", response=self.response("in_progress"))
                 index, item_id, text, result = len(self.output), None, [], None
+                splitter, live = CallSplitter(), {}  # call k -> [item id, args streamed]
                 while more:
-                    if isinstance(item, Delta) and item.content:
+                    if isinstance(item, Delta) and item.call_text:
+                        for kind, k, piece in merge_args(splitter.feed(item.call_text)):
+                            if kind == START and not self.plan.owns(piece):
+                                live[k] = [new_id("fc"), False]  # MCP calls: at the end
+                                yield event("response.output_item.added",
+                                            output_index=index + (item_id is not None) + k,
+                                            item=function_call_item(live[k][0], job.call_id(k),
+                                                                    piece, "", "in_progress"))
+                            elif kind == ARGS and k in live:
+                                live[k][1] = True
+                                yield event("response.function_call_arguments.delta",
+                                            item_id=live[k][0], delta=piece,
+                                            output_index=index + (item_id is not None) + k)
+                    elif isinstance(item, Delta) and item.content:
                         if item_id is None:
                             item_id = new_id("msg")
                             yield event("response.output_item.added", output_index=index,
@@ -187,7 +202,7 @@ class ResponseRun:
                 call_id = f"{job.call_id(k)}"
                 calls.append({"id": call_id, "type": "function",
                               "function": {"name": name, "arguments": arguments}})
-                for out in self.function_call(event, call_id, name, arguments):
+                for out in self.function_call(event, call_id, name, arguments, live.get(k)):
                     yield out
             if calls:
                 self.messages.append({"role": "assistant", "content": None, "tool_calls": calls})
@@ -199,17 +214,22 @@ class ResponseRun:
             self.store.put(self.id, self.messages, final)
         yield event(f"response.{status}", response=final)
 
-    def function_call(self, event: EventCounter, call_id: str, name: str, arguments: str
-                      ) -> list[dict[str, Any]]:
-        index, item_id = len(self.output), new_id("fc")
+    def function_call(self, event: EventCounter, call_id: str, name: str, arguments: str,
+                      live: list | None = None) -> list[dict[str, Any]]:
+        """The events that finish a call: all of them for a call the stream could not follow
+        (its arguments as one delta), the rest for one streamed live (`live`)."""
+        index = len(self.output)
+        item_id = live[0] if live else new_id("fc")
         done = function_call_item(item_id, call_id, name, arguments)
         self.output.append(done)
-        return [event("response.output_item.added", output_index=index,
-                      item=function_call_item(item_id, call_id, name, "", "in_progress")),
-                event("response.function_call_arguments.delta", item_id=item_id,
-                      output_index=index, delta=arguments),
-                event("response.function_call_arguments.done", item_id=item_id,
-                      output_index=index, arguments=arguments),
+        events = [] if live else [event("response.output_item.added", output_index=index,
+                                        item=function_call_item(item_id, call_id, name, "",
+                                                                "in_progress"))]
+        if not (live and live[1]):
+            events.append(event("response.function_call_arguments.delta", item_id=item_id,
+                                output_index=index, delta=arguments))
+        return [*events, event("response.function_call_arguments.done", item_id=item_id,
+                               output_index=index, arguments=arguments),
                 event("response.output_item.done", output_index=index, item=done)]
 
     async def run_mcp(self, event: EventCounter, call: Any) -> AsyncIterator[dict[str, Any]]:
