@@ -13,7 +13,7 @@ import argparse
 
 from mcp.server.mcpserver import MCPServer
 
-server = MCPServer("alarms")
+server = MCPServer("alarms", log_level="WARNING")  # the CLI shows only the answer
 
 
 @server.tool()

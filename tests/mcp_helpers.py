@@ -80,7 +80,7 @@ def main() -> None:
     from mcp.server.mcpserver import MCPServer
     from mcp.server.mcpserver.exceptions import ToolError
 
-    server = MCPServer("test-alarms")
+    server = MCPServer("test-alarms", log_level="WARNING")
 
     @server.tool()
     def set_alarm(time: str, label: str = "") -> dict:
