@@ -20,6 +20,8 @@ from .models.loader import load as load_model_file
 from .version import __version__
 
 if TYPE_CHECKING:  # pragma: no cover
+    from .api.handoff import Handoff
+    from .api.mcp_tools import McpTools
     from .api.needle import Needle, tool
     from .formats.checkpoints import open_checkpoint
     from .models.parts import load_part
@@ -81,6 +83,14 @@ def __getattr__(name: str) -> Any:
         from .models.protocol import resolve_model_name
 
         return resolve_model_name
+    if name == "Handoff":  # issue 29: unsure answers go to a bigger model
+        from .api.handoff import Handoff
+
+        return Handoff
+    if name == "McpTools":  # issue 29: MCP servers as tools
+        from .api.mcp_tools import McpTools
+
+        return McpTools
     raise AttributeError(f"module 'needlepoint' has no attribute {name!r}")
 
 
@@ -88,6 +98,8 @@ __all__ = [
     "NUMERICS",
     "CactArchive",
     "CactFormatError",
+    "Handoff",
+    "McpTools",
     "ModelInputError",
     "Needle",
     "NeedlepointError",

@@ -115,3 +115,22 @@ class StagePlacementError(StageStartError):
 class StagePlanError(StageError, ValueError):
     """Bad stage options: the cut points, stage count, transport or placement are invalid,
     or the model cannot be cut (Needle 2, Hugging Face / GGUF models)."""
+
+
+class McpConfigError(NeedlepointError, ValueError):
+    """An `mcp.json` (the `{"mcpServers": {...}}` form, issue 29) is malformed: not JSON, not
+    an object, a server with neither `command` nor `url`, a field of the wrong type; the
+    message names the file and the server."""
+
+
+class McpServerError(NeedlepointError, RuntimeError):
+    """An MCP server did not start, died, or did not answer within its timeout; `server` is
+    its name in the `mcp.json`, and the message names it. (A tool that answers with an error
+    is not this: that is a tool result the model sees.)"""
+
+    def __init__(self, message: str, server: str | None = None) -> None:
+        super().__init__(message)
+        self.server = server
+
+    def __reduce__(self):  # picklable with its server name
+        return (type(self), (str(self), self.server))

@@ -5,6 +5,7 @@
      "text": str,            # the plain answer of a "respond" turn ("" otherwise)
      "reasoning": str,       # the think block, "" when there is none
      "confidence": float | None,
+     "token_confidence": float | None,
      "timings": {...}}
 
 "call" = a non-empty call list, "refuse" = `<tool_call>[]</tool_call>`, "respond" = the turn
@@ -14,6 +15,13 @@ well-formed calls that break the tool schemas (only with the grammar off, when t
 given to check against): "function_calls" holds them as written, "error" says what is wrong,
 and nothing should execute them. With `logprobs` requested, "logprobs" lists one entry per
 answer-text token.
+
+"confidence" is the confidence head's (with the call tokens' probabilities), None when the
+archive has no head. "token_confidence" is there for every model (issue 29 item 3): the
+lowest unmasked probability of a token chosen inside the call (`<tool_call>` through its
+closing marker; a refusal `[]` included), or, for an answer without a call, the probability
+of the turn's first sampled token (the model's respond-or-call decision); None only when no
+token was sampled. `answer_confidence` picks the one a hand-off compares with its threshold.
 """
 
 from __future__ import annotations
@@ -57,6 +65,19 @@ def combine_confidence(head_logit: float | None, call_token_probs: Sequence[floa
     if head_logit is None:
         return None
     return min([sigmoid(float(head_logit)), *map(float, call_token_probs)])
+
+
+def token_confidence(result: TurnResult) -> float | None:
+    """The confidence of a turn from its own token probabilities (see the module doc)."""
+    if result.call_token_probs:
+        return min(map(float, result.call_token_probs))
+    return result.first_token_prob
+
+
+def answer_confidence(envelope: dict[str, Any]) -> float | None:
+    """The head's confidence where the archive has one, else the token confidence."""
+    head = envelope.get("confidence")
+    return head if head is not None else envelope.get("token_confidence")
 
 
 def timings(result: TurnResult, confidence_s: float = 0.0) -> dict[str, float | int]:
@@ -104,6 +125,7 @@ def turn_envelope(
                 envelope["type"] = "invalid"
                 envelope["error"] = "invalid tool call: " + "; ".join(problems)
     envelope["confidence"] = confidence
+    envelope["token_confidence"] = token_confidence(result)
     envelope["timings"] = timings(result, confidence_s)
     envelope["stop_reason"] = result.stop_reason
     if result.logprobs is not None:

@@ -37,16 +37,17 @@ from ..generation.retrieval import (
 )
 from ..generation.turn_config import GenerationConfig
 from ..models.hub import MODEL_CACHE, ModelCache, load_model
-from .chat_history import ChatHistory, tool_messages
+from .agent import AgentMixin
+from .chat_history import ChatHistory
 from .conversation import Conversation
 from .grammars import GRAMMAR_VOCABS
 from .history import answer_room, fitting_replay
 from .many import complete_many
 from .plan import Plan
 from .planner import NO_TOOLS_NOTE, TurnPlanner
-from .results import annotated, call_key, check_rounds, final, jsonable, summary
+from .results import annotated, check_rounds, final, jsonable
 from .template_chat import template_turn
-from .tools import ToolSpec, from_dict, from_pydantic, tool, tool_specs
+from .tools import ToolSpec, from_dict, from_pydantic, tool
 
 __all__ = ["ExtractionError", "GRAMMAR_VOCABS", "NO_TOOLS_NOTE", "Needle",
            "RetrievalUnavailableError", "jsonable", "tool"]
@@ -69,9 +70,10 @@ def check_query(text: Any) -> str:
     return text
 
 
-class Needle:
+class Needle(AgentMixin):
     """A tool-calling assistant over one model: a `TurnPlanner` (tools, options, grammars,
-    retrieval) and a `ChatHistory` (the conversation it continues), each its own object."""
+    retrieval) and a `ChatHistory` (the conversation it continues), each its own object;
+    executing calls, the agent loop, MCP tools and hand-off come from `agent.py`."""
 
     def __init__(
         self, tools: Iterable[Any] = (), model: Any = None,
@@ -92,10 +94,12 @@ class Needle:
         speculate: bool = True,
         threads: int | None = None,
         tool_format: str | None = None, template_kwargs: Mapping[str, Any] | None = None,
+        mcp: Any = None,  # an mcp.json path or dict, or McpTools (issue 29; agent.py)
+        handoff: Any = None,  # a Handoff: unsure answers go to a bigger model (handoff.py)
     ) -> None:
         self.model = load_model(model, cache, threads)
         self.tokenizer = self.model.tokenizer
-        self.tools: list[ToolSpec] = tool_specs(tools)
+        self.tools: list[ToolSpec] = self._attach(tools, mcp, handoff)
         self.system = system
         self.auto_date = auto_date
         self.max_rounds = check_rounds(max_rounds)
@@ -195,7 +199,7 @@ class Needle:
 
     def complete(self, text: str, **options: Any) -> dict[str, Any]:
         """Start a new conversation with `text`; return the turn's envelope."""
-        return final(self.stream(text, **options))
+        return self._reviewed(True, text, final(self.stream(text, **options)), options)
 
     complete_many = complete_many  # many first turns decoded as one batch (many.py)
 
@@ -227,56 +231,8 @@ class Needle:
 
     def chat(self, text: str, **options: Any) -> dict[str, Any]:
         """Continue the conversation with a user turn; return its envelope."""
-        return final(self.chat_stream(text, **options))
-
-    def send_tool_results(self, results: list[dict[str, Any]], **options: Any) -> dict[str, Any]:
-        """Give tool results back as the next user turn (`<tool_result>...</tool_result>`)."""
-        if self.history.conversation is None:
-            raise NeedlepointError("no conversation to send tool results to")
-        if self.whole_answer:
-            return final(template_turn(self.planner, self.history, self.system_text(),
-                                       tool_messages(results), options))
-        return self.chat(self.format.tool_results_content(results), **options)
-
-    # ------------------------------------------------------------------ agent loop
-    def execute(self, call: Mapping[str, Any]) -> dict[str, Any]:
-        """Run one call's Python function: `{"name", "arguments", "result" | "error"}`."""
-        entry: dict[str, Any] = {"name": call["name"], "arguments": call["arguments"]}
-        spec = next((s for s in self.tools if s.name == call["name"]), None)
-        try:
-            if spec is None:
-                raise NeedlepointError(f"unknown tool {call['name']!r}")
-            entry["result"] = jsonable(spec.call(call["arguments"]))
-        except Exception as error:  # a tool's failure is reported to the model, not raised
-            entry["error"] = f"{type(error).__name__}: {error}"
-        return entry
-
-    def run(self, query: str, *, max_rounds: int | None = None, **options: Any
-            ) -> dict[str, Any]:
-        """Answer `query`, executing the calls the model asks for (the agent loop).
-
-        A round executes the latest answer's new calls (each distinct call once per `run`)
-        and sends their results back as a user turn; the reply's new calls start another
-        round, up to `max_rounds` (default: the constructor's, 1). Calls asked for after the
-        last round are never executed (they stay in `turns[-1]["function_calls"]`).
-
-        Returns the last turn's envelope with `function_calls`/`results` listing every call
-        executed (in order), `type` "call" if any ran, `turns` holding each turn's envelope,
-        `confidence` the lowest over the turns, and timings summed."""
-        rounds = self.max_rounds if max_rounds is None else check_rounds(max_rounds)
-        envelope = self.complete(query, **options)
-        turns, results, done = [envelope], [], set()
-        for _ in range(rounds):
-            calls = [c for c in envelope["function_calls"] if call_key(c) not in done]
-            if envelope["type"] != "call" or not calls:
-                break
-            round_results = [self.execute(call) for call in calls]
-            done.update(call_key(call) for call in calls)
-            results.extend(round_results)
-            feedback = [{k: v for k, v in r.items() if k != "arguments"} for r in round_results]
-            envelope = self.send_tool_results(feedback, **options)
-            turns.append(envelope)
-        return summary(turns, results)
+        fresh = self.history.conversation is None
+        return self._reviewed(fresh, text, final(self.chat_stream(text, **options)), options)
 
     # ------------------------------------------------------------------ extraction
     def extract(self, text: str, schema: Any, **options: Any) -> Any:

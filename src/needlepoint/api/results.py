@@ -57,6 +57,7 @@ def call_key(call: Mapping[str, Any]) -> str:
 def summary(turns: list[dict[str, Any]], results: list[dict[str, Any]]) -> dict[str, Any]:
     last = turns[-1]
     confidences = [t["confidence"] for t in turns if t["confidence"] is not None]
+    by_tokens = [t["token_confidence"] for t in turns if t.get("token_confidence") is not None]
     timings: dict[str, float] = {}
     for turn in turns:
         for key, value in turn["timings"].items():
@@ -72,6 +73,7 @@ def summary(turns: list[dict[str, Any]], results: list[dict[str, Any]]) -> dict[
         "results": results,
         "reasoning": "\n".join(t["reasoning"] for t in turns if t["reasoning"]),
         "confidence": min(confidences) if confidences else None,
+        "token_confidence": min(by_tokens) if by_tokens else None,
         "timings": timings,
         "turns": turns,
     }

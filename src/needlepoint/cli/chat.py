@@ -14,9 +14,10 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Iterator
+from typing import Any
 
 from ..errors import NeedlepointError
-from .common import add_model_arguments, build_needle, notice, print_events
+from .common import add_model_arguments, build_needle, notice, print_events, print_result
 
 HELP = "interactive multi-turn chat with tool calls (reads one user turn per line of stdin)"
 HINT = "type a request and press Enter; /reset starts a new conversation, /exit quits"
@@ -57,7 +58,11 @@ def _piped_lines() -> Iterator[str | None]:
 
 
 def run(args: argparse.Namespace) -> int:
-    needle = build_needle(args)
+    with build_needle(args) as needle:  # stops the MCP servers it started
+        return _chat(needle, args)
+
+
+def _chat(needle: Any, args: argparse.Namespace) -> int:
     interactive = sys.stdin.isatty()
     if interactive:
         print(f"needlepoint chat: {HINT}", file=sys.stderr, flush=True)
@@ -83,6 +88,12 @@ def run(args: argparse.Namespace) -> int:
             continue
         try:
             envelope = print_events(needle.chat_stream(text), args)
+            if needle.mcp is not None and not args.no_execute and envelope.get("type") == "call":
+                # MCP calls run on their servers; the results go back as the next turn
+                results = [needle.execute(call) for call in envelope["function_calls"]]
+                feedback = [{k: v for k, v in r.items() if k not in ("arguments", "server")}
+                            for r in results]
+                print_result({**needle.send_tool_results(feedback), "results": results}, args)
         except NeedlepointError as error:
             print(f"needlepoint: error: {' '.join(str(error).split())}", file=sys.stderr)
             needle.reset()

@@ -18,6 +18,11 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
                         '({"name", "description", "parameters"} or OpenAI form)')
     parser.add_argument("--model", help="a .cact or .gguf file, a Hugging Face model directory, or "
                         "smollm2 (default: $NEEDLEPOINT_MODEL, else the bundled demo model)")
+    parser.add_argument("--mcp", type=Path, metavar="MCP_JSON",
+                        help='MCP servers whose tools to offer: an mcp.json ({"mcpServers": '
+                        '...}, docs/api.md "MCP servers as tools")')
+    parser.add_argument("--no-execute", action="store_true",
+                        help="with --mcp: only print the chosen calls, do not run them")
     parser.add_argument("--system", help="system facts, e.g. 'locale: en-US'")
     parser.add_argument("--auto-date", action="store_true", help="add a 'date:' system fact")
     parser.add_argument("--json", action="store_true", help="print the raw envelope as JSON")
@@ -108,7 +113,7 @@ def build_needle(args: argparse.Namespace) -> Any:
         max_new_tokens=args.max_new_tokens, reasoning_budget=args.reasoning_budget,
         auto_date=args.auto_date, grammar=not args.no_grammar,
         speculate=not getattr(args, "no_speculate", False),
-        threads=getattr(args, "threads", None),
+        threads=getattr(args, "threads", None), mcp=getattr(args, "mcp", None),
         tool_format=getattr(args, "tool_format", None),
     )
 
@@ -138,6 +143,14 @@ def print_events(events: Iterator[Any], args: argparse.Namespace) -> dict[str, A
     else:
         print_envelope(envelope)
     return envelope
+
+
+def print_result(envelope: dict[str, Any], args: argparse.Namespace) -> None:
+    """A finished envelope (`Needle.run`): JSON with --json, else the readable summary."""
+    if args.json:
+        print(json.dumps(envelope, ensure_ascii=False, default=str), flush=True)
+    else:
+        print_envelope(envelope)
 
 
 def print_envelope(envelope: dict[str, Any]) -> None:
@@ -173,6 +186,13 @@ def print_envelope(envelope: dict[str, Any]) -> None:
     timings = envelope.get("timings", {})
     confidence = envelope.get("confidence")
     conf = "n/a (no confidence head)" if confidence is None else f"{confidence:.3f}"
+    if confidence is None and envelope.get("token_confidence") is not None:
+        conf = f"{envelope['token_confidence']:.3f} (token probabilities)"  # api/envelope.py
+    handoff = envelope.get("handoff")
+    if handoff:
+        outcome = f"answered by {handoff['model']}" if handoff.get("answered") else \
+            f"kept the local answer: {handoff.get('error')}"
+        console.print(f"[yellow]handed off ({handoff['reason']}): {outcome}[/]", markup=True)
     console.print(
         f"[dim]confidence {conf} | prefill {timings.get('prefill_tokens', 0)} tok "
         f"@ {timings.get('prefill_tps', 0):.0f} tok/s | decode {timings.get('decode_tokens', 0)} "

@@ -108,6 +108,7 @@ class TurnState:
     matcher: Matcher | None = None  # the call grammar's, once `<tool_call>` is written
     tokens: list[int] = field(default_factory=list)
     probs_in_call: list[float] = field(default_factory=list)
+    first_prob: float | None = None  # the first sampled token's, unmasked (api/envelope.py)
     logprobs: list[dict[str, Any]] | None = None
     forced_call: bool = False
     think_closed: bool = False  # a text-only turn's budget closed the think block
@@ -185,6 +186,8 @@ class TurnState:
                              allowed=self.allowed(logits))
         if in_call:
             self.probs_in_call.append(float(softmax(logits)[token]))
+        elif self.first_prob is None:
+            self.first_prob = float(softmax(logits)[token])
         if self.matcher is not None:
             self.matcher.advance(token)
         elif self.answer is not None:
@@ -229,7 +232,8 @@ class TurnState:
             stop_reason=self.stop_reason, call_token_probs=self.probs_in_call,
             forced_call=self.forced_call, seed=self.seed, prefill_tokens=prompt_tokens,
             prefill_s=prefill_s, decode_s=decode_s, pending=self.pending,
-            logprobs=self.logprobs, speculation=speculation)
+            logprobs=self.logprobs, first_token_prob=self.first_prob,
+            speculation=speculation)
 
 
 def _feed(session: SessionProtocol, turn: TurnState, context_limit: int | None,

@@ -28,6 +28,7 @@ class TurnResult:
     decode_s: float
     pending: list[int]  # tokens generated but not yet fed to the session
     logprobs: list[dict[str, Any]] | None = None  # per answer-text token, when requested
+    first_token_prob: float | None = None  # first sampled token, unmasked (api/envelope.py)
     # forward passes after the prefill, and the drafts per source (`speculate.py`):
     # {"decode_passes", "lookup_drafted", "lookup_accepted", "grammar_drafted", ...}
     speculation: dict[str, int] = field(default_factory=dict)

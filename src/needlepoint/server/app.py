@@ -21,6 +21,7 @@ from .auth import ApiKeyMiddleware, KeyChecker
 from .concurrency import ClientGone, EventPump, WorkerPool
 from .engine import ChatResult, Delta, Engine
 from .errors import ApiError, as_api_error, bad_request
+from .extras import handoff_headers, install_extras
 from .fields import validation_message
 from .metrics import Metrics, install_metrics
 from .middleware import BodyLimitMiddleware, CatchAllMiddleware
@@ -53,6 +54,7 @@ def create_app(
     speculate: bool = True,
     api_keys: Sequence[str] = (),
     body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
+    mcp: Any = None, mcp_hosts: Sequence[str] = (), handoff: Any = None,  # server/extras.py
 ) -> FastAPI:
     """Build the server for one model: a `.cact` path or an already loaded model object.
 
@@ -62,12 +64,12 @@ def create_app(
     under `step_tokens` per step; default `workers` 32), their KV caches capped at
     `max_kv_bytes` in all (429 past it); without, `workers` threads each run their own
     request (default: one per CPU). Bodies over `max_body_bytes` get 413, bodies not
-    received within `body_timeout_s` of the first read 408.
-    `needle_factory` replaces `needlepoint.Needle` (tests use it to inject a test double).
-    `speculate=False` decodes without drafts (`Needle(speculate=False)`; same tokens).
-    With `api_keys`, every `/v1/*` route needs one of them (`server/auth.py`). `/metrics`
-    (`server/metrics.py`), `x-request-id` (`server/observe.py`) and the playground at `/`
-    (`server/playground.py`) are always on.
+    received within `body_timeout_s` of the first read 408. `needle_factory` replaces
+    `needlepoint.Needle` (tests inject a test double). `speculate=False` decodes without
+    drafts (same tokens). `mcp` / `mcp_hosts` / `handoff`: `/v1/responses`' MCP tools, the
+    confidence hand-off (`extras.py`). With `api_keys`, every `/v1/*` route needs one of
+    them (`server/auth.py`). `/metrics`, `x-request-id` (`server/observe.py`) and the
+    playground at `/` are always on.
     """
     if max_body_bytes < 1:
         raise ValueError(f"max_body_bytes must be >= 1, got {max_body_bytes}")
@@ -106,6 +108,7 @@ def create_app(
     app.add_middleware(ObserveMiddleware, metrics=metrics)  # outermost: ids, log, counts
     install_metrics(app, metrics)
     install_playground(app)
+    install_extras(app, as_api_error, mcp=mcp, mcp_hosts=mcp_hosts, handoff=handoff)
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
@@ -133,7 +136,8 @@ def create_app(
                                         gone=_disconnected(request))
             except ClientGone:
                 return Response(status_code=499)  # nobody is listening any more
-            return JSONResponse(job.completion(result).model_dump())
+            return JSONResponse(job.completion(result).model_dump(),
+                                headers=handoff_headers(result.envelope))
         pump = pool.stream(ticket, metrics.chat_stream(job), job.cancel)
         # Wait for the first item before committing to a 200: errors found while preparing
         # (bad tool schema, prompt over the context) still become proper 4xx responses.

@@ -52,15 +52,20 @@ def serve(
     api_keys: Sequence[str] | None = None,
     body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
     tool_format: str | None = None,
+    mcp: Any = None,
+    mcp_hosts: Sequence[str] = (),
+    handoff: Any = None,
 ) -> None:
     """Load `model` once (a path; None: `$NEEDLEPOINT_MODEL`, else the bundled demo model)
     and serve it until interrupted (blocking). `threads`: `needlepoint.load(threads=...)`.
     `api_keys` plus `$NEEDLEPOINT_API_KEY`: the keys `/v1/*` accepts (none: open; a warning
-    when the address is reachable from other machines)."""
+    when the address is reachable from other machines). `mcp`: an mcp.json path or dict
+    (its servers start now and stop with the server); `mcp_hosts`: the hosts a Responses
+    request's `server_url` may name; `handoff`: an `api.handoff.Handoff` (issue 29)."""
     if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= MAX_PORT:
         raise InvalidOptionError(f"port must be 0-{MAX_PORT}, got {port!r}")
     try:
-        import uvicorn
+        import uvicorn  # noqa: F401 - checked here, used by _run
 
         from .app import create_app
     except ImportError as error:
@@ -69,7 +74,7 @@ def serve(
             "pip install 'needlepoint[server]'"
         ) from None
     from ..models.hub import resolve_model_path
-    from .auth import KeyConfigError, exposure_warning, keys_from
+    from .auth import KeyConfigError, keys_from
     from .memory import limit_arenas
 
     limit_arenas()  # before any worker thread exists (memory.py: RSS creep under load)
@@ -91,10 +96,29 @@ def serve(
         from ..api.needle import Needle
 
         factory = partial(Needle, tool_format=tool_format)
-    app = create_app(model, workers=workers, max_queue=max_queue, max_body_bytes=max_body_bytes,
-                     batching=batching, max_kv_bytes=max_kv_bytes, step_tokens=step_tokens,
-                     speculate=speculate, api_keys=keys, body_timeout_s=body_timeout_s,
-                     needle_factory=factory)
+    tools = None
+    if mcp is not None:
+        from ..api.mcp_tools import McpTools
+
+        tools = McpTools(mcp)  # a server that does not start is an error now, naming it
+    try:
+        app = create_app(model, workers=workers, max_queue=max_queue,
+                         max_body_bytes=max_body_bytes, batching=batching,
+                         max_kv_bytes=max_kv_bytes, step_tokens=step_tokens,
+                         speculate=speculate, api_keys=keys, body_timeout_s=body_timeout_s,
+                         needle_factory=factory, mcp=tools, mcp_hosts=mcp_hosts,
+                         handoff=handoff)
+        _run(app, host, port, keys, log_level)
+    finally:
+        if tools is not None:
+            tools.close()
+
+
+def _run(app: Any, host: str, port: int, keys: Sequence[str], log_level: str) -> None:
+    import uvicorn
+
+    from .auth import exposure_warning
+
     warning = exposure_warning(host, port, keys)
     if warning is not None:
         print(warning, file=sys.stderr, flush=True)
@@ -183,6 +207,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="require 'Authorization: Bearer KEY' on /v1/* (repeatable; also "
                         "$NEEDLEPOINT_API_KEY)")
     add_stage_arguments(parser)  # --stages, --ray, --placement (docs/distributed.md)
+    parser.add_argument("--mcp", metavar="MCP_JSON",
+                        help="MCP servers for /v1/responses mcp tools and the playground")
+    parser.add_argument("--mcp-allow-host", dest="mcp_hosts", action="append", default=[],
+                        metavar="HOST", help="a host a Responses request's mcp server_url may "
+                        "name (repeatable; default: none, server_url is refused)")
+    parser.add_argument("--handoff-url", metavar="URL", help="OpenAI-compatible endpoint "
+                        "(.../v1) that answers when the local answer is unsure")
+    parser.add_argument("--handoff-model", metavar="M", help="the endpoint's model name")
+    parser.add_argument("--handoff-below", type=float, default=0.7, metavar="C",
+                        help="hand off answers whose confidence is below C (default 0.7)")
+    parser.add_argument("--handoff-key-env", metavar="NAME",
+                        help="environment variable holding the endpoint's API key")
+
+
+def _handoff(args: argparse.Namespace) -> Any:
+    url = getattr(args, "handoff_url", None)
+    if url is None:
+        return None
+    if not getattr(args, "handoff_model", None):
+        raise ServeOptionError("--handoff-url needs --handoff-model")
+    from ..api.handoff import Handoff
+
+    return Handoff(url, args.handoff_model, api_key_env=args.handoff_key_env,
+                   below=args.handoff_below)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -205,6 +253,9 @@ def run(args: argparse.Namespace) -> int:
         api_keys=getattr(args, "api_keys", None),
         body_timeout_s=getattr(args, "body_timeout", DEFAULT_BODY_TIMEOUT_S),
         tool_format=getattr(args, "tool_format", None),
+        mcp=getattr(args, "mcp", None),
+        mcp_hosts=getattr(args, "mcp_hosts", ()),
+        handoff=_handoff(args),
     )
     return 0
 

@@ -85,6 +85,7 @@ class Engine:
     ) -> None:
         self.speculate = speculate  # False: `Needle(speculate=False)` (no drafts)
         self.scheduler: Any = None  # set by create_app when batching is on
+        self.review: Any = None  # set by create_app with a hand-off (server/handoff.py)
         path = Path(model) if isinstance(model, str | os.PathLike) else None
         if path is not None:
             from ..models.loader import load
@@ -164,8 +165,9 @@ class Engine:
         check_fields(req)
         conversation = from_messages(req.messages, req.tools, req.tool_choice)
         limit = self._max_new_tokens(req.token_limit, "max_tokens")
-        return ChatJob(self, conversation, {**_options(req, limit), **_chat_options(req)},
-                       limit)
+        job = ChatJob(self, conversation, {**_options(req, limit), **_chat_options(req)}, limit)
+        job.request = req  # the hand-off sends the client's own messages (server/handoff.py)
+        return job
 
     def native_job(self, req: NativeCompleteRequest) -> NativeJob:
         if not req.text.strip():
@@ -266,6 +268,10 @@ class ChatJob(Cancellable):
 
     # -- running (worker thread) ----------------------------------------------------------
     def stream(self) -> Iterator[Delta | ChatResult]:
+        items = self._leased_stream()
+        yield from items if self.engine.review is None else self.engine.review(self, items)
+
+    def _leased_stream(self) -> Iterator[Delta | ChatResult]:
         with self.engine.leased(self) as model:
             yield from self._stream(model)
 

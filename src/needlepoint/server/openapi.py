@@ -22,6 +22,7 @@ from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
 from .fields import REFUSED
+from .responses_openapi import describe_extras
 from .schemas import ChatCompletion, ChatCompletionChunk, ErrorResponse, ModelCard, ModelList
 
 REF = "#/components/schemas/{model}"
@@ -40,6 +41,7 @@ ERRORS: dict[str, str] = {
     "408": "The client sent the headers but not the whole body in time.",
     "500": "The model failed (non-finite activations: corrupt weights).",
     "503": "A stage of a model cut into stages is unavailable; retry later.",
+    "502": "An MCP server failed, died or did not answer in time (the message names it).",
 }
 
 ENVELOPE: dict[str, Any] = {
@@ -197,6 +199,7 @@ def describe(schema: dict[str, Any], *, api_keys: bool = False,
                 responses["200"] = {"description": "The server is up.",
                                     "content": _json(_ref("Health"))}
     _refused_as_null(components)
+    describe_extras(schema, served, _errors)  # /v1/responses, the MCP routes (issue 29)
     if served is not None:
         _served_only(schema, served)
         _examples(schema, served)

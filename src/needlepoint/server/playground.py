@@ -21,6 +21,7 @@ from .errors import ApiError
 FILES = {
     "index.html": "text/html; charset=utf-8",
     "playground.js": "text/javascript; charset=utf-8",
+    "playground_mcp.js": "text/javascript; charset=utf-8",
     "playground.css": "text/css; charset=utf-8",
     "tools.json": "application/json",
 }

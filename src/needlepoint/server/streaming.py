@@ -256,4 +256,6 @@ def answer_stats(envelope: dict[str, Any]) -> dict[str, Any]:
     confidence (None without a confidence head) and its prefill and decode speeds."""
     timings = envelope.get("timings", {})
     return {"confidence": envelope.get("confidence"),
+            "token_confidence": envelope.get("token_confidence"),
+            "handoff": envelope.get("handoff"),  # issue 29: None unless handed off
             "timings": {key: timings[key] for key in STAT_TIMINGS if key in timings}}

@@ -227,10 +227,16 @@ function finishAnswer(answer) {
   for (const call of answer.calls) {
     if (!call) continue;
     call.argsNode.textContent = prettyArgs(call.arguments);
-    call.confNode.textContent = conf === null || conf === undefined
-      ? "confidence: n/a (the model has no confidence head)"
-      : `confidence: ${conf.toFixed(3)}`;
+    const tokens = answer.stats ? answer.stats.token_confidence : null;
+    call.confNode.textContent = conf !== null && conf !== undefined
+      ? `confidence: ${conf.toFixed(3)}` : tokens !== null && tokens !== undefined
+        ? `confidence: ${tokens.toFixed(3)} (token probabilities)`
+        : "confidence: n/a (the model has no confidence head)";
+    const server = mcpServerOf(call.name);
+    if (server) call.nameNode.textContent = `${call.name} (MCP: ${server})`;
   }
+  const handoff = handoffLine(answer.stats);
+  if (handoff) answer.node.appendChild(handoff);
   answer.node.appendChild(el("div", "stats", statsLine(answer)));
   const calls = answer.calls.filter(Boolean);
   state.messages.push({
@@ -239,7 +245,8 @@ function finishAnswer(answer) {
     ...(calls.length ? { tool_calls: calls.map((c) => ({
       id: c.id, type: "function", function: { name: c.name, arguments: c.arguments } })) } : {}),
   });
-  if (calls.length) resultsForm(calls);
+  if (calls.length && mcpMayRun(calls)) runOnServers(calls);
+  else if (calls.length) resultsForm(calls);
 }
 
 // ---- entering the tools' results ---------------------------------------------------------
@@ -282,8 +289,9 @@ async function complete(keep) {
   const body = { model: state.model, messages: state.messages, stream: true,
                  stream_options: { include_usage: true },
                  temperature: Number($("temperature").value) };
-  if (state.tools.length) {
-    body.tools = state.tools;
+  const tools = state.tools.concat(mcpChatTools());
+  if (tools.length) {
+    body.tools = tools;
     body.tool_choice = toolChoice();
   }
   const started = performance.now();
@@ -352,11 +360,21 @@ async function loadModel() {
   updateSend();
 }
 
+function loadScript(src) {
+  return new Promise((resolve, reject) => {
+    const script = document.createElement("script");
+    script.src = src;
+    script.onload = resolve;
+    script.onerror = () => reject(new Error(`cannot load ${src}`));
+    document.head.appendChild(script);
+  });
+}
+
 async function start() {
   $("api-key").value = sessionStorage.getItem("needlepoint-api-key") || "";
   $("api-key").addEventListener("change", () => {
     sessionStorage.setItem("needlepoint-api-key", apiKey());
-    loadModel();
+    loadModel().then(() => typeof loadMcpTools === "function" && loadMcpTools());
   });
   $("tools").addEventListener("input", validateTools);
   $("ask").addEventListener("submit", ask);
@@ -365,6 +383,8 @@ async function start() {
   $("tools").value = JSON.stringify(await resp.json(), null, 2);
   validateTools();
   await loadModel();
+  await loadScript("/playground/playground_mcp.js");  // MCP tools, hand-offs (issue 29)
+  await loadMcpTools();
   $("query").focus();
 }
 
