@@ -7,7 +7,7 @@
  * (ctypes releases the GIL during each call; kernels/native/__init__.py is the one binding
  * module). Compiled with -ffp-contract=off: every float operation below is one IEEE
  * operation, never fused, so numpy can reproduce it exactly. Every kernel is compiled three
- * times (np_body.h, np_v3_block.h, np_i8_body.h, np_i8_rows.h: AVX-512 VNNI, AVX2 + FMA +
+ * times (np_variant.h lists the headers, one per kernel family: AVX-512 VNNI, AVX2 + FMA +
  * F16C, and baseline x86-64); the first call picks the variant by CPU features, one pick for
  * all of them (NEEDLEPOINT_NATIVE_VARIANT=0 / 1, or the int8 kernels' older
  * NEEDLEPOINT_I8_VARIANT, caps it at the baseline / AVX2 one). Exactness never depends on the
@@ -48,10 +48,7 @@ typedef struct {
 #define I8_NAME(name) name##_avx2
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
-#include "np_body.h"
-#include "np_v3_block.h"
-#include "np_i8_body.h"
-#include "np_i8_rows.h"
+#include "np_variant.h"
 #pragma GCC pop_options
 #undef I8_NAME
 #undef NP_NAME
@@ -66,10 +63,7 @@ typedef struct {
 #define I8_NAME(name) name##_avx512
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")
-#include "np_body.h"
-#include "np_v3_block.h"
-#include "np_i8_body.h"
-#include "np_i8_rows.h"
+#include "np_variant.h"
 #pragma GCC pop_options
 #undef I8_NAME
 #undef NP_NAME
@@ -82,10 +76,7 @@ typedef struct {
 
 #define NP_NAME(name) name##_base
 #define I8_NAME(name) name##_base
-#include "np_body.h"
-#include "np_v3_block.h"
-#include "np_i8_body.h"
-#include "np_i8_rows.h"
+#include "np_variant.h"
 #undef I8_NAME
 #undef NP_NAME
 

@@ -3,7 +3,7 @@
  * references `kernels.pinned.exp32_reference`, `kernels.exact.a8_codes_reference` and
  * `kernels.pinned.attend_reference` (tests/kernels/test_i8_block.py checks the bits). */
 
-/* The pinned exp and the A8 row codes are the library's own (np_body.h: np_exp32,
+/* The pinned exp and the A8 row codes are the library's own (np_exp.h, np_a8.h: np_exp32,
  * np_exp32_array, np_a8_codes, compiled in the same variant block); these names keep the
  * int8 kernels' spelling. */
 static inline float I8_NAME(i8_exp32)(float x) { return NP_NAME(np_exp32)(x); }

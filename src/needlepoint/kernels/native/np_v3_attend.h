@@ -1,5 +1,5 @@
 /* One query row of the Needle 3 native attention against its kv head's int8 cache, in
- * position order (np_v3_rows.h includes this once per variant; np_attend in np_body.h is the
+ * position order (np_v3_rows.h includes this once per variant; np_attend in np_attend.h is the
  * same operation over listed slots). score_j = f32(((dot_j * sq) * sk_j) * inv_sqrt_qk), dot_j
  * the exact int32 product of the codes; peak = max_j score_j; e_j = exp32(score_j - peak);
  * total = sum_j e_j (float32, j ascending); p_j = e_j / total; out = sum_j p_j * f32(v_j * sv_j)
