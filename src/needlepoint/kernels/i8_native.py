@@ -6,26 +6,21 @@ computes the same bits.
 
 from __future__ import annotations
 
-from .native import LIBRARY, UNAVAILABLE_REASON
+from .native import (  # the one variants table (issue 26 item 4)
+    LIBRARY,
+    UNAVAILABLE_REASON,
+    VARIANTS,
+    simd_variant,
+)
 from .native import I8Layer as Layer
 from .native import I8Lin as Lin
 from .native import I8Part as Part
 
-__all__ = ["LIBRARY", "UNAVAILABLE_REASON", "Layer", "Lin", "Part", "library", "simd_variant"]
+__all__ = ["LIBRARY", "UNAVAILABLE_REASON", "VARIANTS", "Layer", "Lin", "Part", "library",
+           "simd_variant"]
 
 
 def library(use_native: bool | None = None):
     """`native.library` for the int8 wrappers (this module's `LIBRARY`, so a test can turn
     the int8 kernels alone to their references)."""
     return LIBRARY if use_native is not False else None
-
-
-VARIANTS = ("baseline", "avx2", "avx512vnni")
-
-
-def simd_variant() -> str:
-    """Which compiled variant runs: "avx512vnni", "avx2", "baseline", or "none" (numpy
-    reference)."""
-    if LIBRARY is None:
-        return "none"
-    return VARIANTS[LIBRARY.i8_simd_variant()]

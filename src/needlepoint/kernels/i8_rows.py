@@ -1,8 +1,9 @@
-"""Row kernels of the int8 numerics, native in `native/np_i8_rows.h`: the pinned exp, A8 row codes
-and causal int8 attention. Their definitions (and numpy references) are those of
+"""Row kernels of the int8 numerics: the pinned exp and the A8 row codes (the library's
+`np_exp32_array`, `np_a8_codes`) and causal int8 attention (`native/np_i8_rows.h`, the one
+attention row of `np_attend.h`). Their definitions (and numpy references) are those of
 `kernels.pinned.exp32_reference`, `kernels.exact.a8_codes_reference` and
-`kernels.pinned.attend_reference`; the native versions here give the same bits
-(tests/kernels/test_i8_block.py) and do not depend on the `kernels.native` library.
+`kernels.pinned.attend_reference`; the native versions give the same bits
+(tests/kernels/test_i8_block.py).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ def exp32(x: np.ndarray, use_native: bool | None = None) -> np.ndarray:
         return pinned.exp32_reference(x)
     x = np.ascontiguousarray(x, F32)
     out = np.empty_like(x)
-    lib.i8_exp32_array(x.ctypes.data, x.size, out.ctypes.data)
+    lib.np_exp32_array(x.ctypes.data, x.size, out.ctypes.data)
     return out
 
 
@@ -35,7 +36,7 @@ def a8_codes(x: np.ndarray, use_native: bool | None = None) -> tuple[np.ndarray,
     rows, cols = x.shape
     codes = np.empty((rows, cols), np.int8)
     scale = np.empty(rows, F32)
-    if lib.i8_a8_rows(x.ctypes.data, rows, cols, codes.ctypes.data, scale.ctypes.data):
+    if lib.np_a8_codes(x.ctypes.data, rows, cols, codes.ctypes.data, scale.ctypes.data):
         raise NonFiniteActivationError("non-finite activation entering an int8 quantiser")
     return codes, scale
 
