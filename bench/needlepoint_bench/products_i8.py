@@ -82,7 +82,7 @@ def main() -> int:
     lib = i8_native.LIBRARY
     runs = []
     for variant in (1, 2, 0):  # AVX2 (the code before) first, then VNNI, then baseline
-        got = lib.i8_force_variant(variant)
+        got = lib.np_force_variant(variant)
         if got != variant:
             continue
         load = os.getloadavg()
@@ -112,7 +112,7 @@ def write_section(args, gguf: Path, weights: list, runs: list) -> None:
          "bits: `tests/kernels/test_i8.py`, `tests/kernels/test_i8_tile.py`, and "
          "`tests/models/transformer/test_transformer_int8_variants.py`: the SmolLM2 logits "
          "are equal across the three variants and the numpy reference). One process, "
-         "variants switched with `i8_force_variant`. At one row the weights stream at about "
+         "variants switched with `np_force_variant`. At one row the weights stream at about "
          "the machine's DRAM read bandwidth (18-25 GB/s unloaded, less when other work shares "
          "the memory bus), so decode products are memory-bound in every SIMD variant; the "
          "tiles show in the multi-row products (prefill).", "",

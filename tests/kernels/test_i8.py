@@ -19,7 +19,7 @@ F32 = np.float32
 def lib():
     assert i8_native.LIBRARY is not None, i8_native.UNAVAILABLE_REASON
     yield i8_native.LIBRARY
-    i8_native.LIBRARY.i8_force_variant(2)  # back to the best this CPU runs
+    i8_native.LIBRARY.np_force_variant(2)  # back to the best this CPU runs
 
 
 def _rows(rng, rows, cols, zero_block=True):
@@ -48,7 +48,7 @@ def test_quantize_native_equals_reference_and_the_definition(lib) -> None:
     rng = np.random.default_rng(0)
     x = _rows(rng, 7, 83)  # 83 is not a multiple of 32: the last block is zero-padded
     for variant in (2, 1, 0):  # AVX-512 VNNI (or the best below it), AVX2, baseline
-        lib.i8_force_variant(variant)
+        lib.np_force_variant(variant)
         got = i8.quantize(x, 96)
         ref = i8.quantize_reference(x, 96)
         for a, b in zip(got, ref, strict=True):
@@ -96,13 +96,13 @@ def test_matmul_native_equals_reference_any_rows_threads_variant(lib, kind) -> N
     codes, scale, sums = i8.quantize(x, w.k_pad)
     ref = i8.matmul_reference(codes, scale, sums, w, bias)
     for variant in (2, 1, 0):  # AVX-512 VNNI (or the best below it), AVX2, baseline
-        lib.i8_force_variant(variant)
+        lib.np_force_variant(variant)
         for threads in (1, 2, 3):
             w.threads = threads
             np.testing.assert_array_equal(i8.matmul(codes, scale, sums, w, bias), ref)
     w.threads = 1
     for variant in (2, 1):
-        lib.i8_force_variant(variant)
+        lib.np_force_variant(variant)
         for rows in (1, 2, 3, 4, 5):  # every row tile of the kernel, and each row on its own
             part = i8.matmul(codes[:rows], scale[:rows], sums[:rows], w, bias)
             np.testing.assert_array_equal(part, ref[:rows])
@@ -133,7 +133,7 @@ def test_float16_scales_are_stored_as_such_and_give_the_same_bits(lib) -> None:
     q = i8.quantize(x, k)
     ref = i8.matmul_reference(*q, full)
     for variant in (2, 1, 0):  # AVX-512 VNNI (or the best below it), AVX2, baseline
-        lib.i8_force_variant(variant)
+        lib.np_force_variant(variant)
         np.testing.assert_array_equal(i8.matmul(*q, half), ref)
         np.testing.assert_array_equal(i8.matmul(*q, full), ref)
     np.testing.assert_array_equal(i8.matmul_reference(*q, half), ref)
@@ -172,14 +172,14 @@ def test_integer_dots_are_exact_at_the_extremes(lib) -> None:
     sums = codes.reshape(2, -1, 32).astype(np.int32).sum(-1, dtype=np.int32)
     exact = codes.astype(np.int64) @ wcodes.astype(np.int64).T
     for variant in (2, 1, 0):  # AVX-512 VNNI (or the best below it), AVX2, baseline
-        lib.i8_force_variant(variant)
+        lib.np_force_variant(variant)
         np.testing.assert_array_equal(i8.matmul(codes, ones, sums, w), exact.astype(F32))
     q4 = i8.pack_weight(np.full((8, k), 15, np.int8), np.ones((8, k // 32), F32),
                         np.zeros((8, k // 32), F32))
     assert q4.bits == 4
     expect = (codes.astype(np.int64) * 15).sum(1)
     for variant in (2, 1, 0):  # AVX-512 VNNI (or the best below it), AVX2, baseline
-        lib.i8_force_variant(variant)
+        lib.np_force_variant(variant)
         np.testing.assert_array_equal(i8.matmul(codes, ones, sums, q4)[:, 0], expect)
 
 
@@ -191,7 +191,7 @@ def test_norm_native_equals_reference_and_is_accurate(lib, center) -> None:
     b = rng.standard_normal(100).astype(F32) if center else None
     ref = i8_ops.norm_reference(x, w, b, 1e-5, center)
     for variant in (2, 1, 0):  # AVX-512 VNNI (or the best below it), AVX2, baseline
-        lib.i8_force_variant(variant)
+        lib.np_force_variant(variant)
         np.testing.assert_array_equal(i8_ops.norm(x, w, b, 1e-5, center), ref)
     for t in range(6):
         np.testing.assert_array_equal(i8_ops.norm(x[t : t + 1], w, b, 1e-5, center)[0], ref[t])
@@ -215,7 +215,7 @@ def test_force_variant_falls_back_to_what_the_cpu_runs(lib) -> None:
     flags = open("/proc/cpuinfo").read().split()
     vnni = all(f in flags for f in ("avx512f", "avx512bw", "avx512vl", "avx512_vnni"))
     best = 2 if vnni else 1 if "avx2" in flags and "f16c" in flags else 0
-    assert lib.i8_force_variant(2) == best
+    assert lib.np_force_variant(2) == best
     assert i8_native.simd_variant() == i8_native.VARIANTS[best]
-    assert lib.i8_force_variant(1) == min(best, 1)
-    assert lib.i8_force_variant(0) == 0 and i8_native.simd_variant() == "baseline"
+    assert lib.np_force_variant(1) == min(best, 1)
+    assert lib.np_force_variant(0) == 0 and i8_native.simd_variant() == "baseline"

@@ -17,7 +17,7 @@ F32 = np.float32
 def lib():
     assert i8_native.LIBRARY is not None, i8_native.UNAVAILABLE_REASON
     yield i8_native.LIBRARY
-    i8_native.LIBRARY.i8_force_variant(2)  # back to the best this CPU runs
+    i8_native.LIBRARY.np_force_variant(2)  # back to the best this CPU runs
 
 
 def test_exp32_equals_the_pinned_reference(lib) -> None:
@@ -30,7 +30,7 @@ def test_exp32_equals_the_pinned_reference(lib) -> None:
     x[::7] *= 8  # some lanes of a SIMD group beyond +-700, beside ordinary ones
     ref = pinned.exp32_reference(x)
     for variant in (2, 1, 0):  # AVX-512 VNNI (or the best below it), AVX2, baseline
-        lib.i8_force_variant(variant)
+        lib.np_force_variant(variant)
         got = i8_rows.exp32(x)
         np.testing.assert_array_equal(got, ref)
         assert np.isnan(got[np.isnan(x)]).all()
@@ -43,7 +43,7 @@ def test_a8_codes_equal_the_exact_reference(lib) -> None:
     x[5, :3] = [127.0, 0.5, -1.5]
     ref = exact.a8_codes_reference(x)
     for variant in (2, 1, 0):  # AVX-512 VNNI (or the best below it), AVX2, baseline
-        lib.i8_force_variant(variant)
+        lib.np_force_variant(variant)
         for a, b in zip(i8_rows.a8_codes(x), ref, strict=True):
             np.testing.assert_array_equal(a, b)
     x[7, 3] = np.inf
@@ -84,7 +84,7 @@ def test_causal_attention_equals_the_pinned_reference(lib, hd, start, count) -> 
                                   vcode.reshape(flat, hd), vscale.reshape(flat), slots, seen)
     ref = ref.reshape(count, heads * hd)
     for variant in (2, 1, 0):  # AVX-512 VNNI (or the best below it), AVX2, baseline
-        lib.i8_force_variant(variant)
+        lib.np_force_variant(variant)
         got = i8_rows.attend_causal(qcode, qscale, start, heads, kcode, kscale, vcode, vscale)
         np.testing.assert_array_equal(got, ref)
     np.testing.assert_array_equal(

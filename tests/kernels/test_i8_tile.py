@@ -20,7 +20,7 @@ ROWS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 17, 33)
 def lib():
     assert i8_native.LIBRARY is not None, i8_native.UNAVAILABLE_REASON
     yield i8_native.LIBRARY
-    i8_native.LIBRARY.i8_force_variant(2)  # back to the best this CPU runs
+    i8_native.LIBRARY.np_force_variant(2)  # back to the best this CPU runs
 
 
 def _weight(rng, n: int, k: int, kind: str, half: bool) -> i8.I8Weight:
@@ -41,7 +41,7 @@ def _weight(rng, n: int, k: int, kind: str, half: bool) -> i8.I8Weight:
 
 def _variants(lib) -> list[int]:
     """The variants this CPU runs, best first (force_variant caps at the best)."""
-    return sorted({lib.i8_force_variant(v) for v in (2, 1, 0)}, reverse=True)
+    return sorted({lib.np_force_variant(v) for v in (2, 1, 0)}, reverse=True)
 
 
 @pytest.mark.parametrize("kind", ["q4", "q5", "int8"])
@@ -59,7 +59,7 @@ def test_tiles_equal_the_reference_at_every_edge(lib, kind, k) -> None:
     ref = i8.matmul_reference(codes, scale, sums, w, bias)
     ref_nobias = i8.matmul_reference(codes, scale, sums, w)
     for variant in _variants(lib):
-        assert lib.i8_force_variant(variant) == variant
+        assert lib.np_force_variant(variant) == variant
         for rows in ROWS:
             got = i8.matmul(codes[:rows], scale[:rows], sums[:rows], w, bias)
             np.testing.assert_array_equal(got, ref[:rows], err_msg=f"v{variant} rows {rows}")
@@ -95,7 +95,7 @@ def test_the_fused_epilogue_rounds_like_the_separate_add(lib) -> None:
     ref = i8.matmul_reference(*q, w)
     assert np.isfinite(ref[:, 1:]).all()
     for variant in _variants(lib):
-        lib.i8_force_variant(variant)
+        lib.np_force_variant(variant)
         for rows in (1, 4, 8, 9):
             np.testing.assert_array_equal(i8.matmul(*(a[:rows] for a in q), w), ref[:rows])
 
@@ -114,7 +114,7 @@ def test_quantizer_vector_blocks_equal_the_reference(lib) -> None:
     x[4, 100] = -127.0
     ref = i8.quantize_reference(x, 224)
     for variant in _variants(lib):
-        lib.i8_force_variant(variant)
+        lib.np_force_variant(variant)
         for a, b in zip(i8.quantize(x, 224), ref, strict=True):
             np.testing.assert_array_equal(a, b)
         for bad_value in (np.inf, -np.inf, np.nan):

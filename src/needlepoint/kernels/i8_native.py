@@ -2,25 +2,20 @@
 headers, bound and loaded there). `LIBRARY` is that library, or None when it is not built or
 disabled with `NEEDLEPOINT_NATIVE=0`. Every int8 wrapper picks its path through
 `native.library` (the one helper), so `kernels.i8` runs its numpy reference, which computes
-the same bits, when `native.LIBRARY` is None.
+the same bits, when `native.LIBRARY` is None. The variants table and `simd_variant` are the
+library's own (issue 26 item 4: one table, one environment variable).
 """
 
 from __future__ import annotations
 
-from .native import LIBRARY, UNAVAILABLE_REASON
+from .native import (
+    LIBRARY,
+    UNAVAILABLE_REASON,
+    VARIANTS,
+    simd_variant,
+)
 from .native import I8Layer as Layer
 from .native import I8Lin as Lin
 from .native import I8Part as Part
 
-__all__ = ["LIBRARY", "UNAVAILABLE_REASON", "Layer", "Lin", "Part", "simd_variant"]
-
-
-VARIANTS = ("baseline", "avx2", "avx512vnni")
-
-
-def simd_variant() -> str:
-    """Which compiled variant runs: "avx512vnni", "avx2", "baseline", or "none" (numpy
-    reference)."""
-    if LIBRARY is None:
-        return "none"
-    return VARIANTS[LIBRARY.i8_simd_variant()]
+__all__ = ["LIBRARY", "UNAVAILABLE_REASON", "VARIANTS", "Layer", "Lin", "Part", "simd_variant"]

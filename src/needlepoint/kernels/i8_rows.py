@@ -1,9 +1,8 @@
-"""Row kernels of the int8 numerics, native in `native/np_i8_rows.h`: the pinned exp, A8 row
-codes and causal int8 attention. The exp and the A8 codes are the one wrapper of each in
-`kernels.pinned` (`exp32`) and `kernels.exact` (`a8_codes`), re-exported here (the C names
-`i8_exp32_array` / `i8_a8_rows` call the same `np_exp32_array` / `np_a8_codes`); causal
-attention is `kernels.pinned.attend_reference`'s definition over a causal cache, native here
-(same bits: tests/kernels/test_i8_block.py).
+"""Row kernels of the int8 numerics: the pinned exp and the A8 row codes (the one wrapper of
+each, `kernels.pinned.exp32` and `kernels.exact.a8_codes`, re-exported here) and causal int8
+attention (`native/np_i8_rows.h`, the one attention row of `np_attend.h`), whose definition
+is `kernels.pinned.attend_reference` over a causal cache (same bits:
+tests/kernels/test_i8_block.py).
 """
 
 from __future__ import annotations

@@ -38,11 +38,11 @@ def test_fused_blocks_equal_block_forward(name) -> None:
     assert model.native_blocks() is not None and len(model.fused_blocks) == 4
     ids = ref["p3_ids"][:120].tolist()
     for variant in (2, 1, 0):  # AVX-512 VNNI (or the best below it), AVX2, baseline
-        i8_native.LIBRARY.i8_force_variant(variant)
+        i8_native.LIBRARY.np_force_variant(variant)
         try:
             out = _both_paths(model, ids)  # chunks of 64: the KV caches grow mid-prefill
         finally:
-            i8_native.LIBRARY.i8_force_variant(2)  # back to the best this CPU runs
+            i8_native.LIBRARY.np_force_variant(2)  # back to the best this CPU runs
         for fused, unfused in zip(out[True], out[False], strict=True):
             np.testing.assert_array_equal(fused, unfused)
         full, prefix, stepped = out[True]

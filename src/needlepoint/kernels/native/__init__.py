@@ -16,7 +16,7 @@ import os
 import warnings
 from pathlib import Path
 
-ABI_VERSION = 10
+ABI_VERSION = 11
 HERE = Path(__file__).resolve().parent
 
 c_int64_p = ctypes.POINTER(ctypes.c_int64)
@@ -164,20 +164,12 @@ def _signatures(lib: ctypes.CDLL) -> None:
 def _i8_signatures(lib: ctypes.CDLL) -> None:
     """The int8 kernels' entry points (np_i8.h, np_i8_block.h)."""
     p, i64, i32, f64 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_double
-    lib.i8_abi_version.restype = i32
-    lib.i8_simd_variant.restype = i32
-    lib.i8_force_variant.argtypes = [i32]
-    lib.i8_force_variant.restype = i32
     lib.i8_quantize.argtypes = [p, i64, i64, i64, p, p, p]
     lib.i8_quantize.restype = i32
     lib.i8_norm.argtypes = [p, i64, i64, p, p, f64, i32, p]
     lib.i8_norm.restype = i32
     lib.i8_matmul.argtypes = [p, p, p, i64, i64, i32, p, p, p, i32, i64, i64, p, p, i64, i32]
     lib.i8_matmul.restype = i32
-    lib.i8_exp32_array.argtypes = [p, i64, p]
-    lib.i8_exp32_array.restype = None
-    lib.i8_a8_rows.argtypes = [p, i64, i64, p, p]
-    lib.i8_a8_rows.restype = i32
     lib.i8_attend_causal.argtypes = [p, p, i64, i64, i64, i64, i64, p, p, p, p, p, p]
     lib.i8_attend_causal.restype = None
     lib.i8_block.argtypes = [ctypes.POINTER(I8Layer), p, i64, i64, p, p, p, p, p, p]

@@ -7,10 +7,10 @@
  * (ctypes releases the GIL during each call; kernels/native/__init__.py is the one binding
  * module). Compiled with -ffp-contract=off: every float operation below is one IEEE
  * operation, never fused, so numpy can reproduce it exactly. Every kernel is compiled three
- * times (np_body.h, np_v3_block.h, np_i8_body.h, np_i8_rows.h: AVX-512 VNNI, AVX2 + FMA +
+ * times (np_variant.h lists the headers, one per kernel family: AVX-512 VNNI, AVX2 + FMA +
  * F16C, and baseline x86-64); the first call picks the variant by CPU features, one pick for
- * all of them (NEEDLEPOINT_NATIVE_VARIANT=0 / 1, or the int8 kernels' older
- * NEEDLEPOINT_I8_VARIANT, caps it at the baseline / AVX2 one). Exactness never depends on the
+ * all of them (NEEDLEPOINT_NATIVE_VARIANT=0 / 1, the one variable, caps it at the baseline /
+ * AVX2 one). Exactness never depends on the
  * variant: the products are exact sums (integer level sums in np_cq_int.h, any order gives
  * the same float64), and the pinned-order kernels use no FMA and no reassociation in any
  * variant.
@@ -34,6 +34,7 @@ typedef struct {
     int64_t out_col;
 } np_cq_part;
 
+#include "np_pool.h"
 #include "np_v3_types.h"
 #define I8_TYPES
 #include "np_i8.h"
@@ -43,17 +44,11 @@ typedef struct {
 #define NP_HAVE_AVX2 1
 #include <immintrin.h>
 #define NP_SIMD_AVX2 1
-#define I8_SIMD_AVX2 1
 #define NP_NAME(name) name##_avx2
-#define I8_NAME(name) name##_avx2
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
-#include "np_body.h"
-#include "np_v3_block.h"
-#include "np_i8_body.h"
-#include "np_i8_rows.h"
+#include "np_variant.h"
 #pragma GCC pop_options
-#undef I8_NAME
 #undef NP_NAME
 /* AVX-512 (F, BW, VL, DQ) with VNNI: the integer CQ products and the int8 block dots use
  * vpdpbusd (np_cq_int.h, np_i8_body.h); every other kernel is the AVX2 one recompiled (same
@@ -61,32 +56,19 @@ typedef struct {
 #if defined(__clang__) || __GNUC__ >= 8
 #define NP_HAVE_AVX512 1
 #define NP_SIMD_AVX512 1
-#define I8_SIMD_VNNI 1
 #define NP_NAME(name) name##_avx512
-#define I8_NAME(name) name##_avx512
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")
-#include "np_body.h"
-#include "np_v3_block.h"
-#include "np_i8_body.h"
-#include "np_i8_rows.h"
+#include "np_variant.h"
 #pragma GCC pop_options
-#undef I8_NAME
 #undef NP_NAME
-#undef I8_SIMD_VNNI
 #undef NP_SIMD_AVX512
 #endif
-#undef I8_SIMD_AVX2
 #undef NP_SIMD_AVX2
 #endif
 
 #define NP_NAME(name) name##_base
-#define I8_NAME(name) name##_base
-#include "np_body.h"
-#include "np_v3_block.h"
-#include "np_i8_body.h"
-#include "np_i8_rows.h"
-#undef I8_NAME
+#include "np_variant.h"
 #undef NP_NAME
 
 static int np_variant = -1; /* 0 baseline, 1 AVX2 + FMA + F16C, 2 AVX-512 VNNI */
@@ -110,15 +92,12 @@ static int np_best(void) {
 }
 
 /* The one CPU-feature pick of every kernel: the best variant the CPU runs, capped by
- * NEEDLEPOINT_NATIVE_VARIANT (or the int8 kernels' older NEEDLEPOINT_I8_VARIANT) = 0 / 1. */
+ * NEEDLEPOINT_NATIVE_VARIANT = 0 / 1. */
 static int np_pick(void) {
     if (np_variant < 0) {
         int v = np_best();
-        const char *names[2] = {"NEEDLEPOINT_NATIVE_VARIANT", "NEEDLEPOINT_I8_VARIANT"};
-        for (int i = 0; i < 2; i++) {
-            const char *force = getenv(names[i]);
-            if (force && force[0] >= '0' && force[0] < '0' + v) v = force[0] - '0';
-        }
+        const char *force = getenv("NEEDLEPOINT_NATIVE_VARIANT");
+        if (force && force[0] >= '0' && force[0] < '0' + v) v = force[0] - '0';
         np_variant = v;
     }
     return np_variant;
@@ -144,7 +123,7 @@ int np_force_variant(int v) {
 #define NP_DISPATCH(name, ...) name##_base(__VA_ARGS__)
 #endif
 
-int np_abi_version(void) { return 10; }
+int np_abi_version(void) { return 11; }
 
 /* 2 when the AVX-512 VNNI variant runs, 1 for AVX2 + FMA, 0 for the baseline one. */
 int np_simd_variant(void) { return np_pick(); }
@@ -162,10 +141,9 @@ int np_cq_matmul(const int32_t *v, const float *scale, int64_t T, int64_t in_pad
                        parts, n_parts, out, out_stride, r_first, r_last);
 }
 
-/* np_cq_matmul with the output rows split between `threads` POSIX threads (started for this
- * call and joined before it returns: no pool, nothing left spinning). Each thread computes
- * whole outputs, so the bits do not depend on the thread count. Small products (under about
- * a million multiply-adds) stay on the calling thread. */
+/* np_cq_matmul with the output rows split into `threads` ranges on the worker pool
+ * (np_pool.h). Each range is whole outputs, so the bits do not depend on the thread count.
+ * Small products (under about a million multiply-adds) stay on the calling thread. */
 typedef struct {
     const int32_t *v;
     const float *scale;
@@ -176,16 +154,16 @@ typedef struct {
     const np_cq_part *parts;
     int64_t n_parts;
     float *out;
-    int64_t out_stride, r_first, r_last;
-    int status;
+    int64_t out_stride, r_first;
+    int status[NP_POOL_MAX];
 } np_cq_job;
 
-static void *np_cq_worker(void *arg) {
+static void np_cq_rows(void *arg, int64_t lo, int64_t hi, int64_t share) {
     np_cq_job *job = (np_cq_job *)arg;
-    job->status = np_cq_matmul(job->v, job->scale, job->T, job->in_pad, job->storage_bits,
-                               job->codebook, job->codebook_len, job->parts, job->n_parts,
-                               job->out, job->out_stride, job->r_first, job->r_last);
-    return NULL;
+    job->status[share] = np_cq_matmul(job->v, job->scale, job->T, job->in_pad, job->storage_bits,
+                                      job->codebook, job->codebook_len, job->parts, job->n_parts,
+                                      job->out, job->out_stride, job->r_first + lo,
+                                      job->r_first + hi);
 }
 
 int np_cq_matmul_threads(const int32_t *v, const float *scale, int64_t T, int64_t in_pad,
@@ -196,31 +174,15 @@ int np_cq_matmul_threads(const int32_t *v, const float *scale, int64_t T, int64_
     for (int64_t p = 0; p < n_parts; p++) total += parts[p].rows;
     if (r_last > total) r_last = total;
     int64_t rows = r_last - r_first;
-    if (threads > 16) threads = 16;
     if (threads <= 1 || rows < 2 * threads || T * rows * in_pad < (1 << 20))
         return np_cq_matmul(v, scale, T, in_pad, storage_bits, codebook, codebook_len, parts,
                             n_parts, out, out_stride, r_first, r_last);
-    np_cq_job jobs[16];
-    pthread_t ids[16];
-    int started[16] = {0};
-    for (int i = 0; i < threads; i++) {
-        np_cq_job job = {v, scale, T, in_pad, storage_bits, codebook, codebook_len, parts,
-                         n_parts, out, out_stride, r_first + rows * i / threads,
-                         r_first + rows * (i + 1) / threads, 0};
-        jobs[i] = job;
-    }
-    for (int i = 1; i < threads; i++)
-        started[i] = pthread_create(&ids[i], NULL, np_cq_worker, &jobs[i]) == 0;
-    np_cq_worker(&jobs[0]);
-    int status = jobs[0].status;
-    for (int i = 1; i < threads; i++) {
-        if (started[i])
-            pthread_join(ids[i], NULL);
-        else
-            np_cq_worker(&jobs[i]); /* could not start a thread: do its share here */
-        if (jobs[i].status) status = jobs[i].status;
-    }
-    return status;
+    np_cq_job job = {v, scale, T, in_pad, storage_bits, codebook, codebook_len, parts, n_parts,
+                     out, out_stride, r_first, {0}};
+    np_pool_run(np_cq_rows, &job, rows, threads);
+    for (int i = 0; i < NP_POOL_MAX; i++)
+        if (job.status[i]) return job.status[i];
+    return NP_OK;
 }
 
 void np_matmul_seq(const float *x, int64_t T, int64_t K, int64_t x_stride, const float *w,

@@ -1,4 +1,4 @@
-/* Exact CQ x A8 products in integers, AVX2 and AVX-512 VNNI variants (included by np_body.h
+/* Exact CQ x A8 products in integers, AVX2 and AVX-512 VNNI variants (included by np_cq.h
  * once per variant, every name through NP_NAME; the baseline variant keeps the float64
  * kernel, faster without SIMD): here the level-sum kernel (2-bit storage, decode rows), in
  * np_cq_int16.h the 16-bit digit kernel (4-bit storage, and 2-bit prefill tiles); np_cq_int
@@ -327,7 +327,7 @@ static int NP_NAME(np_cq_int2)(const int32_t *v, const float *scale, int64_t T, 
 
 #include "np_cq_int16.h"
 
-/* The integer kernels' entry (np_body.h np_cq_matmul): NP_BADARG when none covers this
+/* The integer kernels' entry (np_cq.h np_cq_matmul): NP_BADARG when none covers this
  * product (storage width, codebook, variant or v range), and the float64 kernel runs. Both
  * integer kernels give the float64 kernel's bits, so the pick by T changes no output: the
  * level-sum kernel above for decode rows (T <= NP_I2_TMAX: fewer operations per weight for

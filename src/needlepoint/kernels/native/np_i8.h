@@ -11,7 +11,6 @@
 #define I8_NONFINITE 1
 #define I8_NOMEM 2
 #define I8_BADARG 3
-#define I8_MAX_THREADS 16
 /* GELU-tanh's -2 sqrt(2/pi) as models/transformer/int8.py rounds it: the float64 constant
  * rounded to float32, times -2 (exact) */
 #define I8_GELU_C ((float)0.044715)
@@ -64,24 +63,15 @@ typedef struct {
 #endif /* I8_TYPES */
 
 #ifdef I8_API
-#define I8_DISPATCH NP_DISPATCH
-
-int i8_abi_version(void) { return 3; }
-
-/* The library's variant (np_simd_variant / np_force_variant, kept under the int8 names). */
-int i8_simd_variant(void) { return np_pick(); }
-
-int i8_force_variant(int v) { return np_force_variant(v); }
-
 int i8_quantize(const float *x, int64_t T, int64_t K, int64_t k_pad, int8_t *codes,
                 float *scale, int32_t *sums) {
     if (k_pad % 32 || K > k_pad) return I8_BADARG;
-    return I8_DISPATCH(i8_quantize, x, T, K, k_pad, codes, scale, sums);
+    return NP_DISPATCH(i8_quantize, x, T, K, k_pad, codes, scale, sums);
 }
 
 int i8_norm(const float *x, int64_t T, int64_t d, const float *w, const float *bias,
             double eps, int center, float *out) {
-    return I8_DISPATCH(i8_norm, x, T, d, w, bias, eps, center, out);
+    return NP_DISPATCH(i8_norm, x, T, d, w, bias, eps, center, out);
 }
 
 typedef struct {
@@ -99,65 +89,36 @@ typedef struct {
     int64_t out_stride;
 } i8_job;
 
-static void i8_run(const i8_job *j) {
-    I8_DISPATCH(i8_matmul_groups, j->codes, j->xscale, j->xsums, j->T, j->nb, j->bits, j->wdata,
-                j->wscale, j->woffset, j->half, j->g_first, j->g_last, j->n_out, j->bias,
-                j->out, j->out_stride);
-}
-
-static void *i8_worker(void *arg) {
-    i8_run((const i8_job *)arg);
-    return NULL;
+static void i8_groups(void *arg, int64_t lo, int64_t hi, int64_t share) {
+    const i8_job *j = (const i8_job *)arg;
+    (void)share;
+    NP_DISPATCH(i8_matmul_groups, j->codes, j->xscale, j->xsums, j->T, j->nb, j->bits, j->wdata,
+                j->wscale, j->woffset, j->half, lo, hi, j->n_out, j->bias, j->out,
+                j->out_stride);
 }
 
 /* y [T, n_out] (row stride out_stride) of quantised rows times a packed weight of `groups`
- * groups of 8 outputs. The groups are split between `threads` POSIX threads started for
- * this call and joined before it returns (no pool); each output is computed whole by one
- * thread, so the bits do not depend on the thread count. Products under about a million
- * multiply-adds stay on the calling thread. */
+ * groups of 8 outputs. The groups are split into `threads` ranges on the library's worker
+ * pool (np_pool.h); each output is computed whole by one thread, so the bits do not depend
+ * on the thread count. Products under about a million multiply-adds stay on the calling
+ * thread. */
 int i8_matmul(const int8_t *codes, const float *xscale, const int32_t *xsums, int64_t T,
               int64_t nb, int bits, const uint8_t *wdata, const void *wscale,
               const void *woffset, int half, int64_t groups, int64_t n_out, const float *bias,
               float *out, int64_t out_stride, int threads) {
     if ((bits != 8 && bits != 4) || n_out > groups * 8) return I8_BADARG;
-    if (threads > I8_MAX_THREADS) threads = I8_MAX_THREADS;
-    if (threads > groups) threads = (int)groups;
     if (T * groups * 8 * nb * 32 < (1 << 20)) threads = 1;
-    i8_job jobs[I8_MAX_THREADS];
-    pthread_t ids[I8_MAX_THREADS];
-    int started[I8_MAX_THREADS] = {0};
-    if (threads < 1) threads = 1;
-    for (int i = 0; i < threads; i++) {
-        i8_job job = {codes, xscale, xsums, T, nb, bits, wdata, wscale, woffset, half,
-                      groups * i / threads, groups * (i + 1) / threads, n_out, bias, out,
-                      out_stride};
-        jobs[i] = job;
-    }
-    for (int i = 1; i < threads; i++)
-        started[i] = pthread_create(&ids[i], NULL, i8_worker, &jobs[i]) == 0;
-    i8_run(&jobs[0]);
-    for (int i = 1; i < threads; i++) {
-        if (started[i])
-            pthread_join(ids[i], NULL);
-        else
-            i8_run(&jobs[i]); /* could not start a thread: do its share here */
-    }
+    i8_job job = {codes, xscale, xsums, T, nb, bits, wdata, wscale, woffset, half,
+                  0, groups, n_out, bias, out, out_stride};
+    np_pool_run(i8_groups, &job, groups, threads);
     return I8_OK;
-}
-
-void i8_exp32_array(const float *x, int64_t n, float *out) {
-    I8_DISPATCH(i8_exp32_array, x, n, out);
-}
-
-int i8_a8_rows(const float *x, int64_t T, int64_t cols, int8_t *codes, float *scale) {
-    return I8_DISPATCH(i8_a8_rows, x, T, cols, codes, scale);
 }
 
 void i8_attend_causal(const int8_t *qcode, const float *qscale, int64_t T, int64_t start,
                       int64_t heads, int64_t kv_heads, int64_t hd, const int8_t *kcode,
                       const float *kscale, const int8_t *vcode, const float *vscale,
                       float *out, float *work) {
-    I8_DISPATCH(i8_attend_causal, qcode, qscale, T, start, heads, kv_heads, hd, kcode, kscale,
+    NP_DISPATCH(i8_attend_causal, qcode, qscale, T, start, heads, kv_heads, hd, kcode, kscale,
                 vcode, vscale, out, work);
 }
 

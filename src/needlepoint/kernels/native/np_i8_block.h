@@ -90,16 +90,16 @@ int i8_block(const i8_layer *L, float *h, int64_t T, int64_t start, const float 
                 i8_rope_row(k, cs, sn, hd, rowbuf);
                 k = rowbuf;
             }
-            st = I8_DISPATCH(i8_a8_row, k, hd, kcode + row * hd, kscale + row);
+            st = NP_DISPATCH(np_a8_codes, k, 1, hd, kcode + row * hd, kscale + row);
             if (st) goto done;
-            st = I8_DISPATCH(i8_a8_row, yr + nq + nkv + g * hd, hd, vcode + row * hd,
+            st = NP_DISPATCH(np_a8_codes, yr + nq + nkv + g * hd, 1, hd, vcode + row * hd,
                              vscale + row);
             if (st) goto done;
         }
     }
-    st = I8_DISPATCH(i8_a8_rows, qrows, T * H, hd, codes, qscale);
+    st = NP_DISPATCH(np_a8_codes, qrows, T * H, hd, codes, qscale);
     if (st) goto done;
-    I8_DISPATCH(i8_attend_causal, codes, qscale, T, start, H, G, hd, kcode, kscale, vcode,
+    NP_DISPATCH(i8_attend_causal, codes, qscale, T, start, H, G, hd, kcode, kscale, vcode,
                 vscale, att, work);
     st = i8_apply(&L->o, att, T, ob, codes, xs, sums);
     if (st) goto done;
@@ -112,7 +112,7 @@ int i8_block(const i8_layer *L, float *h, int64_t T, int64_t start, const float 
         const float *yr = y + t * L->up.n_total;
         float *ar = act + t * L->d_ff;
         for (int64_t j = 0; j < L->d_ff; j++) ar[j] = i8_act_arg(yr[j], L->gelu);
-        I8_DISPATCH(i8_exp32_array, ar, L->d_ff, ar);
+        NP_DISPATCH(np_exp32_array, ar, L->d_ff, ar);
         for (int64_t j = 0; j < L->d_ff; j++) {
             float e = ar[j] + 1.0f;
             float a = yr[j] / e;

@@ -1,4 +1,4 @@
-/* The kernels of np_i8.h, included once per instruction-set variant (I8_NAME appends the
+/* The kernels of np_i8.h, included once per instruction-set variant (NP_NAME appends the
  * variant's suffix). kernels/i8.py and kernels/i8_ops.py hold the numpy reference of each
  * function; both give the same bits. No float operation here is fused or reordered
  * (-ffp-contract=off; np_i8_tile.h's one explicit fma adds two exact products, see there):
@@ -8,7 +8,7 @@
 /* -- activation quantiser --------------------------------------------------------------- */
 /* Row t of x [T, K] -> codes [T, k_pad] int8, per 32-block b: s = max|x| / 127 (1 if the
  * block is all zero), q = clip(rint(x / s), -127, 127), sums = sum q. */
-static int I8_NAME(i8_quantize)(const float *x, int64_t T, int64_t K, int64_t k_pad,
+static int NP_NAME(i8_quantize)(const float *x, int64_t T, int64_t K, int64_t k_pad,
                                 int8_t *codes, float *scale, int32_t *sums) {
     int64_t nb = k_pad / 32;
     for (int64_t t = 0; t < T; t++) {
@@ -19,7 +19,7 @@ static int I8_NAME(i8_quantize)(const float *x, int64_t T, int64_t K, int64_t k_
             float v[32];
             float peak = 0.0f;
             int finite = 1;
-#if defined(I8_SIMD_AVX2)
+#if defined(NP_SIMD_AVX2)
             if (n == 32) { /* max |x| and the finiteness test eight lanes at a time (exact) */
                 const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
                 const __m256 big = _mm256_set1_ps(3.4028234663852886e38f);
@@ -49,7 +49,7 @@ static int I8_NAME(i8_quantize)(const float *x, int64_t T, int64_t K, int64_t k_
             float s = peak > 0.0f ? peak / 127.0f : 1.0f;
             int8_t *out = codes + t * k_pad + k0;
             int32_t total = 0;
-#if defined(I8_SIMD_AVX2)
+#if defined(NP_SIMD_AVX2)
             __m256 sv = _mm256_set1_ps(s), hi = _mm256_set1_ps(127.0f), lo = _mm256_set1_ps(-127.0f);
             __m256i qi[4];
             for (int i = 0; i < 4; i++) {
@@ -88,13 +88,13 @@ static int I8_NAME(i8_quantize)(const float *x, int64_t T, int64_t K, int64_t k_
 /* -- the product -------------------------------------------------------------------------- */
 /* Block b's 8 weight scales (or offsets) as float32: stored float32, or float16 (GGUF's own
  * d / m, converted exactly). */
-static inline void I8_NAME(i8_load8)(const void *base, int half, int64_t b, float *out) {
+static inline void NP_NAME(i8_load8)(const void *base, int half, int64_t b, float *out) {
     if (!half) {
         memcpy(out, (const float *)base + b * 8, sizeof(float) * 8);
         return;
     }
     const uint16_t *h = (const uint16_t *)base + b * 8;
-#if defined(I8_SIMD_AVX2)
+#if defined(NP_SIMD_AVX2)
     _mm256_storeu_ps(out, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h)));
 #else
     for (int j = 0; j < 8; j++) out[j] = i8_half(h[j]);
@@ -104,7 +104,7 @@ static inline void I8_NAME(i8_load8)(const void *base, int half, int64_t b, floa
 /* Rows t0 .. t0+R-1 against one group of 8 outputs: exact int32 block dots, then the pinned
  * float64 epilogue over the blocks in order (kernels/i8.py module doc). The portable kernel;
  * the SIMD variants run np_i8_tile.h. */
-static inline void I8_NAME(i8_group)(const int8_t *codes, const float *xscale,
+static inline void NP_NAME(i8_group)(const int8_t *codes, const float *xscale,
                                      const int32_t *xsums, int64_t t0, int R, int64_t nb,
                                      int bits, const uint8_t *wg, const void *sg,
                                      const void *mg, int half, double acc[4][8]) {
@@ -133,9 +133,9 @@ static inline void I8_NAME(i8_group)(const int8_t *codes, const float *xscale,
         }
         float sb[8], mbuf[8];
         const float *mb = NULL;
-        I8_NAME(i8_load8)(sg, half, b, sb);
+        NP_NAME(i8_load8)(sg, half, b, sb);
         if (mg) {
-            I8_NAME(i8_load8)(mg, half, b, mbuf);
+            NP_NAME(i8_load8)(mg, half, b, mbuf);
             mb = mbuf;
         }
         for (int r = 0; r < R; r++) {
@@ -156,7 +156,7 @@ static inline void I8_NAME(i8_group)(const int8_t *codes, const float *xscale,
 
 /* out[t, n] for groups g_first .. g_last-1 (outputs n < n_out), every row: the portable
  * kernel (and the SIMD variants' fallback). */
-static void I8_NAME(i8_matmul_portable)(const int8_t *codes, const float *xscale,
+static void NP_NAME(i8_matmul_portable)(const int8_t *codes, const float *xscale,
                                         const int32_t *xsums, int64_t T, int64_t nb, int bits,
                                         const uint8_t *wdata, const void *wscale,
                                         const void *woffset, int half, int64_t g_first,
@@ -173,19 +173,19 @@ static void I8_NAME(i8_matmul_portable)(const int8_t *codes, const float *xscale
             double acc[4][8];
             switch (R) {  /* constant R: each case is unrolled on its own */
             case 4:
-                I8_NAME(i8_group)(codes, xscale, xsums, t0, 4, nb, bits, wg, sg, mg, half,
+                NP_NAME(i8_group)(codes, xscale, xsums, t0, 4, nb, bits, wg, sg, mg, half,
                                   acc);
                 break;
             case 3:
-                I8_NAME(i8_group)(codes, xscale, xsums, t0, 3, nb, bits, wg, sg, mg, half,
+                NP_NAME(i8_group)(codes, xscale, xsums, t0, 3, nb, bits, wg, sg, mg, half,
                                   acc);
                 break;
             case 2:
-                I8_NAME(i8_group)(codes, xscale, xsums, t0, 2, nb, bits, wg, sg, mg, half,
+                NP_NAME(i8_group)(codes, xscale, xsums, t0, 2, nb, bits, wg, sg, mg, half,
                                   acc);
                 break;
             default:
-                I8_NAME(i8_group)(codes, xscale, xsums, t0, 1, nb, bits, wg, sg, mg, half,
+                NP_NAME(i8_group)(codes, xscale, xsums, t0, 1, nb, bits, wg, sg, mg, half,
                                   acc);
             }
             for (int r = 0; r < R; r++) {
@@ -202,14 +202,14 @@ static void I8_NAME(i8_matmul_portable)(const int8_t *codes, const float *xscale
     }
 }
 
-#if !defined(I8_SIMD_AVX2)
-static void I8_NAME(i8_matmul_groups)(const int8_t *codes, const float *xscale,
+#if !defined(NP_SIMD_AVX2)
+static void NP_NAME(i8_matmul_groups)(const int8_t *codes, const float *xscale,
                                       const int32_t *xsums, int64_t T, int64_t nb, int bits,
                                       const uint8_t *wdata, const void *wscale,
                                       const void *woffset, int half, int64_t g_first,
                                       int64_t g_last, int64_t n_out, const float *bias,
                                       float *out, int64_t out_stride) {
-    I8_NAME(i8_matmul_portable)(codes, xscale, xsums, T, nb, bits, wdata, wscale, woffset, half,
+    NP_NAME(i8_matmul_portable)(codes, xscale, xsums, T, nb, bits, wdata, wscale, woffset, half,
                                 g_first, g_last, n_out, bias, out, out_stride);
 }
 #else
@@ -217,7 +217,7 @@ static void I8_NAME(i8_matmul_groups)(const int8_t *codes, const float *xscale,
 
 /* out[t, n] for groups g_first .. g_last-1 (outputs n < n_out), every row: the SIMD tiles,
  * with the rows' activation scales and sums in float64 (exact conversions). */
-static void I8_NAME(i8_matmul_groups)(const int8_t *codes, const float *xscale,
+static void NP_NAME(i8_matmul_groups)(const int8_t *codes, const float *xscale,
                                       const int32_t *xsums, int64_t T, int64_t nb, int bits,
                                       const uint8_t *wdata, const void *wscale,
                                       const void *woffset, int half, int64_t g_first,
@@ -227,7 +227,7 @@ static void I8_NAME(i8_matmul_groups)(const int8_t *codes, const float *xscale,
     size_t n = (size_t)(T * nb);
     double *xs = n <= 512 ? local : (double *)malloc(sizeof(double) * 2 * n);
     if (!xs) { /* no memory for the float64 copies: the portable kernel, same bits */
-        I8_NAME(i8_matmul_portable)(codes, xscale, xsums, T, nb, bits, wdata, wscale, woffset,
+        NP_NAME(i8_matmul_portable)(codes, xscale, xsums, T, nb, bits, wdata, wscale, woffset,
                                     half, g_first, g_last, n_out, bias, out, out_stride);
         return;
     }
@@ -236,7 +236,7 @@ static void I8_NAME(i8_matmul_groups)(const int8_t *codes, const float *xscale,
         xs[i] = (double)xscale[i];
         ss[i] = (double)xsums[i];
     }
-    I8_NAME(i8_matmul_tiles)(codes, xs, ss, T, nb, bits, wdata, wscale, woffset, half, g_first,
+    NP_NAME(i8_matmul_tiles)(codes, xs, ss, T, nb, bits, wdata, wscale, woffset, half, g_first,
                              g_last, n_out, bias, out, out_stride);
     if (xs != local) free(xs);
 }
@@ -245,7 +245,7 @@ static void I8_NAME(i8_matmul_groups)(const int8_t *codes, const float *xscale,
 /* -- pinned norms ------------------------------------------------------------------------- */
 /* The halving tree of kernels/i8_ops.py: v zero-padded to a power of two P, then
  * v[i] = v[i] + v[i + P/2] for P/2, P/4, ..., 1; returns v[0]. */
-static double I8_NAME(i8_tree)(double *v, int64_t n, int64_t p) {
+static double NP_NAME(i8_tree)(double *v, int64_t n, int64_t p) {
     for (int64_t i = n; i < p; i++) v[i] = 0.0;
     while (p > 1) {
         p >>= 1;
@@ -258,7 +258,7 @@ static double I8_NAME(i8_tree)(double *v, int64_t n, int64_t p) {
  * rms:   ss = tree(x*x), inv = 1 / sqrt(ss / d + eps), y = f32((x * inv) * w)
  * layer: m = tree(x) / d, c = x - m, var = tree(c*c) / d, inv = 1 / sqrt(var + eps),
  *        y = f32(((c * inv) * w) + b); all in float64. */
-static int I8_NAME(i8_norm)(const float *x, int64_t T, int64_t d, const float *w,
+static int NP_NAME(i8_norm)(const float *x, int64_t T, int64_t d, const float *w,
                             const float *bias, double eps, int center, float *out) {
     int64_t p = 1;
     while (p < d) p <<= 1;
@@ -270,13 +270,13 @@ static int I8_NAME(i8_norm)(const float *x, int64_t T, int64_t d, const float *w
         double mean = 0.0;
         if (center) {
             for (int64_t k = 0; k < d; k++) buf[k] = (double)row[k];
-            mean = I8_NAME(i8_tree)(buf, d, p) / (double)d;
+            mean = NP_NAME(i8_tree)(buf, d, p) / (double)d;
         }
         for (int64_t k = 0; k < d; k++) {
             c[k] = center ? (double)row[k] - mean : (double)row[k];
             buf[k] = c[k] * c[k];
         }
-        double var = I8_NAME(i8_tree)(buf, d, p) / (double)d;
+        double var = NP_NAME(i8_tree)(buf, d, p) / (double)d;
         double inv = 1.0 / sqrt(var + eps);
         float *o = out + t * d;
         for (int64_t k = 0; k < d; k++) {

@@ -4,12 +4,12 @@
  * unsigned bytes q + 128 (q ^ 0x80), so vpdpbusd forms sum (q + 128) k exactly and
  * 128 * sum k (per key, once per call) takes it back to the exact integer dot. The scale
  * chain ((dot * sq) * sk) * inv_sqrt runs in float64, eight keys per vector, the same
- * operations in the same order as i8_softmax_row: the same bits. */
+ * operations in the same order as np_att_scores (np_attend.h): the same bits. */
 
 /* Keys of kv head g at positions 0 .. n-1 (cache rows p * stride + g), zero past n up to a
  * multiple of 16: kt [n16 / 16][hd / 4][16][4], ksum [n16] (sum of each key's codes),
  * ksc [n16] (its scale in float64). */
-static void I8_NAME(i8_keys_t)(const int8_t *kcode, const float *kscale, int64_t n,
+static void NP_NAME(i8_keys_t)(const int8_t *kcode, const float *kscale, int64_t n,
                                int64_t stride, int64_t g, int64_t hd, int8_t *kt,
                                int32_t *ksum, double *ksc) {
     int64_t n16 = (n + 15) / 16 * 16, h4 = hd / 4;
@@ -30,8 +30,8 @@ static void I8_NAME(i8_keys_t)(const int8_t *kcode, const float *kscale, int64_t
     }
 }
 
-/* i8_softmax_row of query row q against the first n prepared keys (i8_keys_t). */
-static void I8_NAME(i8_softmax_t)(const int8_t *q, float sq_f, int64_t n, int64_t hd,
+/* np_att_scores of query row q against the first n prepared keys (i8_keys_t). */
+static void NP_NAME(i8_scores_t)(const int8_t *q, float sq_f, int64_t n, int64_t hd,
                                   const int8_t *kt, const int32_t *ksum, const double *ksc,
                                   double inv_sqrt, float *work) {
     int64_t h4 = hd / 4;
@@ -58,9 +58,4 @@ static void I8_NAME(i8_softmax_t)(const int8_t *q, float sq_f, int64_t n, int64_
         _mm256_storeu_ps(s16 + 8, _mm512_cvtpd_ps(hi));
         memcpy(work + p0, s16, sizeof(float) * (size_t)(n - p0 < 16 ? n - p0 : 16));
     }
-    float peak = -INFINITY;
-    for (int64_t p = 0; p < n; p++)
-        if (work[p] > peak) peak = work[p];
-    for (int64_t p = 0; p < n; p++) work[p] = work[p] - peak;
-    I8_NAME(i8_exp32_array)(work, n, work);
 }

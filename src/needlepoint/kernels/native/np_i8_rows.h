@@ -1,108 +1,13 @@
-/* Row kernels of np_i8.h (included once per instruction-set variant, like np_i8_body.h):
- * the pinned exp, A8 row codes and int8 attention, operation for operation the numpy
- * references `kernels.pinned.exp32_reference`, `kernels.exact.a8_codes_reference` and
- * `kernels.pinned.attend_reference` (tests/kernels/test_i8_block.py checks the bits). */
-
-/* The pinned exp and the A8 row codes are the library's own (np_body.h: np_exp32,
- * np_exp32_array, np_a8_codes, compiled in the same variant block); these names keep the
- * int8 kernels' spelling. */
-static inline float I8_NAME(i8_exp32)(float x) { return NP_NAME(np_exp32)(x); }
-
-static void I8_NAME(i8_exp32_array)(const float *x, int64_t n, float *out) {
-    NP_NAME(np_exp32_array)(x, n, out);
-}
-
-static int I8_NAME(i8_a8_rows)(const float *x, int64_t T, int64_t cols, int8_t *codes,
-                               float *scale) {
-    return NP_NAME(np_a8_codes)(x, T, cols, codes, scale);
-}
-
-static int I8_NAME(i8_a8_row)(const float *row, int64_t cols, int8_t *codes, float *scale) {
-    return NP_NAME(np_a8_codes)(row, 1, cols, codes, scale);
-}
-
-/* Query row q (codes, scale sq) against keys p = 0 .. n-1 at rows p * stride + g of the
- * int8 cache (hd codes each, scales at the same row index), in position order:
- * score_p = f32(((dot * sq) * sk_p) * inv_sqrt), then work[p] = exp32(score_p - peak), the
- * softmax's unnormalised weights (kernels/pinned.py attend). */
-static void I8_NAME(i8_softmax_row)(const int8_t *q, float sq_f, int64_t n, int64_t stride,
-                                    int64_t g, int64_t hd, const int8_t *kcode,
-                                    const float *kscale, double inv_sqrt, float *work) {
-    double sq = (double)sq_f;
-    float peak = -INFINITY;
-#if defined(I8_SIMD_AVX2)
-    if (hd % 16 == 0 && hd <= 256) { /* the same exact dots, sixteen codes at a time */
-        __m256i qw[16];
-        for (int64_t e = 0; e < hd; e += 16)
-            qw[e / 16] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(q + e)));
-        for (int64_t p = 0; p < n; p++) {
-            int64_t row = p * stride + g;
-            const int8_t *k = kcode + row * hd;
-            __m256i acc = _mm256_setzero_si256();
-            for (int64_t e = 0; e < hd; e += 16) {
-                __m256i kw = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(k + e)));
-                acc = _mm256_add_epi32(acc, _mm256_madd_epi16(qw[e / 16], kw));
-            }
-            __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(acc),
-                                       _mm256_extracti128_si256(acc, 1));
-            s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
-            s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
-            int32_t dot = _mm_cvtsi128_si32(s4);
-            double t = (double)dot * sq;
-            t = t * (double)kscale[row];
-            t = t * inv_sqrt;
-            float score = (float)t;
-            work[p] = score;
-            if (score > peak) peak = score;
-        }
-    } else
-#endif
-    {
-        for (int64_t p = 0; p < n; p++) {
-            int64_t row = p * stride + g;
-            const int8_t *k = kcode + row * hd;
-            int32_t dot = 0;
-            for (int64_t e = 0; e < hd; e++) dot += (int32_t)q[e] * (int32_t)k[e];
-            double t = (double)dot * sq;
-            t = t * (double)kscale[row];
-            t = t * inv_sqrt;
-            float score = (float)t;
-            work[p] = score;
-            if (score > peak) peak = score;
-        }
-    }
-    for (int64_t p = 0; p < n; p++) work[p] = work[p] - peak;
-    I8_NAME(i8_exp32_array)(work, n, work);
-}
-
-/* One query row's attention, out = sum_p prob_p * (v_p * sv_p) in position order, the
- * softmax's float32 sum in order (kernels/pinned.py attend); i8_attend_causal's fallback. */
-static void I8_NAME(i8_attend_row)(const int8_t *q, float sq, int64_t n, int64_t stride,
-                                   int64_t g, int64_t hd, const int8_t *kcode,
-                                   const float *kscale, const int8_t *vcode,
-                                   const float *vscale, double inv_sqrt, float *out,
-                                   float *work) {
-    I8_NAME(i8_softmax_row)(q, sq, n, stride, g, hd, kcode, kscale, inv_sqrt, work);
-    float total = 0.0f;
-    for (int64_t p = 0; p < n; p++) total = total + work[p];
-    for (int64_t e = 0; e < hd; e++) out[e] = 0.0f;
-    for (int64_t p = 0; p < n; p++) {
-        int64_t row = p * stride + g;
-        float prob = work[p] / total;
-        const int8_t *v = vcode + row * hd;
-        float sv = vscale[row];
-        for (int64_t e = 0; e < hd; e++) {
-            float value = (float)v[e] * sv;
-            float prod = prob * value;
-            out[e] = out[e] + prod;
-        }
-    }
-}
+/* The transformer int8 numerics' causal attention (np_i8.h; included once per instruction-set
+ * variant, like np_i8_body.h): the one attention row of np_attend.h over the cache rows
+ * p * stride + g, several query rows of a kv head at a time; the numpy reference is
+ * `kernels.pinned.attend_reference` (tests/kernels/test_i8_block.py checks the bits). The
+ * pinned exp and the A8 codes are the library's own (np_exp.h, np_a8.h). */
 
 /* Values of kv head g at positions 0 .. n-1 (cache rows p * stride + g) as float32:
  * vf[p, e] = f32(v[e]) * sv, the attention's per-key product, once per call instead of once
  * per query row that reads it. */
-static void I8_NAME(i8_values)(const int8_t *vcode, const float *vscale, int64_t n,
+static void NP_NAME(i8_values)(const int8_t *vcode, const float *vscale, int64_t n,
                                int64_t stride, int64_t g, int64_t hd, float *vf) {
     for (int64_t p = 0; p < n; p++) {
         int64_t row = p * stride + g;
@@ -112,7 +17,7 @@ static void I8_NAME(i8_values)(const int8_t *vcode, const float *vscale, int64_t
     }
 }
 
-#if defined(I8_SIMD_VNNI)
+#if defined(NP_SIMD_AVX512)
 #define I8_VW 16
 #define I8_V __m512
 #define I8_VZERO _mm512_setzero_ps()
@@ -121,7 +26,7 @@ static void I8_NAME(i8_values)(const int8_t *vcode, const float *vscale, int64_t
 #define I8_VSTORE _mm512_storeu_ps
 #define I8_VADD _mm512_add_ps
 #define I8_VMUL _mm512_mul_ps
-#elif defined(I8_SIMD_AVX2)
+#elif defined(NP_SIMD_AVX2)
 #define I8_VW 8
 #define I8_V __m256
 #define I8_VZERO _mm256_setzero_ps()
@@ -136,11 +41,11 @@ static void I8_NAME(i8_values)(const int8_t *vcode, const float *vscale, int64_t
  * starting from 0 (kernels/pinned.py attend), for R query rows at once (R constant where
  * inlined: R * 4 independent vector sums hide the add latency; each element's own sum is
  * still in key order). prob_r = prob + r * n, out_r = out + r * out_stride. */
-static inline void I8_NAME(i8_weighted)(const float *prob, const float *vf, int64_t n,
+static inline void NP_NAME(i8_weighted)(const float *prob, const float *vf, int64_t n,
                                         int64_t hd, const int R, float *out,
                                         int64_t out_stride) {
     int64_t e0 = 0;
-#if defined(I8_SIMD_AVX2)
+#if defined(NP_SIMD_AVX2)
     for (; e0 + 4 * I8_VW <= hd; e0 += 4 * I8_VW) {
         I8_V a[4][4];
         for (int r = 0; r < R; r++) a[r][0] = a[r][1] = a[r][2] = a[r][3] = I8_VZERO;
@@ -178,59 +83,56 @@ static inline void I8_NAME(i8_weighted)(const float *prob, const float *vf, int6
         }
 }
 
-/* The softmax's float32 sums in key order and prob = w / total, for R rows (R constant
- * where inlined: R independent sums). */
-static inline void I8_NAME(i8_normalise)(float *work, int64_t n, const int R) {
-    float total[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    for (int64_t p = 0; p < n; p++)
-        for (int r = 0; r < R; r++) total[r] = total[r] + work[r * n + p];
-    for (int r = 0; r < R; r++)
-        for (int64_t p = 0; p < n; p++) work[r * n + p] = work[r * n + p] / total[r];
-}
-
-#if defined(I8_SIMD_VNNI)
+#if defined(NP_SIMD_AVX512)
 #include "np_i8_keys.h"
 #endif
 
+/* The cache rows p * stride + g (p = 0 .. n-1) of kv head g as the one attention row's view
+ * (np_attend.h). */
+static inline np_kv_view NP_NAME(i8_view)(const int8_t *kcode, const float *kscale,
+                                         const int8_t *vcode, const float *vscale,
+                                         int64_t stride, int64_t g, int64_t hd) {
+    np_kv_view kv = {kcode + g * hd, vcode + g * hd, kscale + g, vscale + g, stride * hd,
+                     stride * hd, stride, 0, 0, NULL};
+    return kv;
+}
+
 /* R query rows (R <= 4, constant where inlined) of one position and kv head (rows q0, q0 +
- * hd, ...; scales sq[0 ..]) against its n keys, with the head's values as float32
- * (i8_values) and, where kt is not NULL, its keys prepared by i8_keys_t: i8_attend_row's
- * scores and softmax, its float32 sums, prob = w / total and its value sums; the same bits.
- * work: R * n floats. */
-static inline void I8_NAME(i8_attend_vf)(const int8_t *q0, const float *sq, const int R,
-                                         int64_t n, int64_t stride, int64_t g, int64_t hd,
-                                         const int8_t *kcode, const float *kscale,
+ * hd, ...; scales sq[0 ..]) against its n keys: the one attention row's scores (or, where kt
+ * is not NULL, the same scores from the keys prepared by i8_keys_t), exps and normalisation
+ * per row, then the value sums of the R rows together from the head's values as float32
+ * (i8_values, i8_weighted): the same operations, the same bits. work: R * n floats. */
+static inline void NP_NAME(i8_attend_vf)(const int8_t *q0, const float *sq, const int R,
+                                         int64_t n, const np_kv_view *kv, int64_t hd,
                                          const float *vf, const int8_t *kt,
                                          const int32_t *ksum, const double *ksc,
                                          double inv_sqrt, float *out, float *work) {
     for (int r = 0; r < R; r++) {
-#if defined(I8_SIMD_VNNI)
-        if (kt) {
-            I8_NAME(i8_softmax_t)(q0 + r * hd, sq[r], n, hd, kt, ksum, ksc, inv_sqrt,
-                                  work + r * n);
-            continue;
-        }
+        float *w = work + r * n;
+#if defined(NP_SIMD_AVX512)
+        if (kt)
+            NP_NAME(i8_scores_t)(q0 + r * hd, sq[r], n, hd, kt, ksum, ksc, inv_sqrt, w);
+        else
 #endif
-        I8_NAME(i8_softmax_row)(q0 + r * hd, sq[r], n, stride, g, hd, kcode, kscale, inv_sqrt,
-                                work + r * n);
+            NP_NAME(np_att_scores)(q0 + r * hd, sq[r], hd, kv, n, inv_sqrt, w);
+        NP_NAME(np_att_exp)(w, n);
+        NP_NAME(np_att_normalise)(w, n);
     }
     (void)kt, (void)ksum, (void)ksc;
-    I8_NAME(i8_normalise)(work, n, R);
-    I8_NAME(i8_weighted)(work, vf, n, hd, R, out, hd);
+    NP_NAME(i8_weighted)(work, vf, n, hd, R, out, hd);
 }
 
 #define I8_ATTEND_CASE(c)                                                                  \
     case c:                                                                                \
-        I8_NAME(i8_attend_vf)(qcode + row * hd, qscale + row, c, start + t + 1, kv_heads,   \
-                              g, hd, kcode, kscale, vf, kt, ksum, ksc, inv_sqrt,           \
-                              out + row * hd, wk);                                         \
+        NP_NAME(i8_attend_vf)(qcode + row * hd, qscale + row, c, start + t + 1, &kv, hd, vf, \
+                              kt, ksum, ksc, inv_sqrt, out + row * hd, wk);                \
         break;
 
 /* Causal attention of T positions start .. start+T-1: query rows (t, h) of qcode [T*H, hd]
  * against the cache's positions 0 .. start+t of kv head h / (H / Hkv) -> out [T, H*hd].
  * Kv head by kv head, its values dequantised once (i8_values); without memory for them,
- * row by row (i8_attend_row): the same bits either way. */
-static void I8_NAME(i8_attend_causal)(const int8_t *qcode, const float *qscale, int64_t T,
+ * row by row (np_att_row): the same bits either way. */
+static void NP_NAME(i8_attend_causal)(const int8_t *qcode, const float *qscale, int64_t T,
                                       int64_t start, int64_t heads, int64_t kv_heads,
                                       int64_t hd, const int8_t *kcode, const float *kscale,
                                       const int8_t *vcode, const float *vscale, float *out,
@@ -242,7 +144,7 @@ static void I8_NAME(i8_attend_causal)(const int8_t *qcode, const float *qscale, 
     int8_t *kt = NULL;
     int32_t *ksum = NULL;
     double *ksc = NULL;
-#if defined(I8_SIMD_VNNI)
+#if defined(NP_SIMD_AVX512)
     /* the vector scores (np_i8_keys.h), worth rearranging the keys for from a few rows up */
     if (hd % 4 == 0 && hd <= 256 && T >= 4) {
         kt = (int8_t *)malloc((size_t)(n16 * hd));
@@ -256,9 +158,10 @@ static void I8_NAME(i8_attend_causal)(const int8_t *qcode, const float *qscale, 
 #endif
     (void)n16;
     for (int64_t g = 0; vf && g < kv_heads; g++) {
-        I8_NAME(i8_values)(vcode, vscale, n, kv_heads, g, hd, vf);
-#if defined(I8_SIMD_VNNI)
-        if (kt) I8_NAME(i8_keys_t)(kcode, kscale, n, kv_heads, g, hd, kt, ksum, ksc);
+        NP_NAME(i8_values)(vcode, vscale, n, kv_heads, g, hd, vf);
+        np_kv_view kv = NP_NAME(i8_view)(kcode, kscale, vcode, vscale, kv_heads, g, hd);
+#if defined(NP_SIMD_AVX512)
+        if (kt) NP_NAME(i8_keys_t)(kcode, kscale, n, kv_heads, g, hd, kt, ksum, ksc);
 #endif
         for (int64_t t = 0; t < T; t++)
             for (int64_t h = g * group; h < (g + 1) * group; h += 4) {
@@ -281,14 +184,15 @@ static void I8_NAME(i8_attend_causal)(const int8_t *qcode, const float *qscale, 
     for (int64_t t = 0; t < T; t++)
         for (int64_t h = 0; h < heads; h++) {
             int64_t row = t * heads + h;
-            I8_NAME(i8_attend_row)(qcode + row * hd, qscale[row], start + t + 1, kv_heads,
-                                   h / group, hd, kcode, kscale, vcode, vscale, inv_sqrt,
-                                   out + row * hd, work);
+            np_kv_view kv = NP_NAME(i8_view)(kcode, kscale, vcode, vscale, kv_heads, h / group,
+                                             hd);
+            NP_NAME(np_att_row)(qcode + row * hd, qscale[row], hd, hd, &kv, start + t + 1,
+                                inv_sqrt, out + row * hd, work);
         }
 }
 
 #undef I8_ATTEND_CASE
-#if defined(I8_SIMD_AVX2)
+#if defined(NP_SIMD_AVX2)
 #undef I8_VW
 #undef I8_V
 #undef I8_VZERO

@@ -14,24 +14,24 @@
  *   other two operations stay separate (-ffp-contract=off; only this explicit fma fuses).
  *   The activation scales and sums are converted to float64 once per call (exact).
  */
-#if defined(I8_SIMD_AVX2)
+#if defined(NP_SIMD_AVX2)
 
-#if defined(I8_SIMD_VNNI)
+#if defined(NP_SIMD_AVX512)
 #define I8_TILE 8 /* 32 vector registers: 8 int32 sums + 8 float64 accumulators of 8 */
 #else
 #define I8_TILE 4 /* 16 vector registers */
 #endif
 
 /* 8 float32 (or float16) weight scales of block b -> float32 vector. */
-static inline __m256 I8_NAME(i8_scale8)(const void *base, int half, int64_t b) {
+static inline __m256 NP_NAME(i8_scale8)(const void *base, int half, int64_t b) {
     if (half) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)base + b * 8)));
     return _mm256_loadu_ps((const float *)base + b * 8);
 }
 
-#if defined(I8_SIMD_VNNI)
+#if defined(NP_SIMD_AVX512)
 /* One row's block dot against a group in four independent vpdpbusd chains (one chain of
  * eight would bound a single-row product by the instruction's latency, not by memory). */
-static inline __m256i I8_NAME(i8_dot1)(const int8_t *xb, int bits, const uint8_t *wg,
+static inline __m256i NP_NAME(i8_dot1)(const int8_t *xb, int bits, const uint8_t *wg,
                                        int64_t b) {
     __m256i a[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
                     _mm256_setzero_si256()};
@@ -62,7 +62,7 @@ static inline __m256i I8_NAME(i8_dot1)(const int8_t *xb, int bits, const uint8_t
 
 /* Rows t0 .. t0+R-1 (R constant where inlined) against one group: acc [R][8] float64 over
  * all blocks. xs / ss: the rows' activation scales / sums as float64, [T, nb]. */
-static inline void I8_NAME(i8_tile)(const int8_t *codes, const double *xs, const double *ss,
+static inline void NP_NAME(i8_tile)(const int8_t *codes, const double *xs, const double *ss,
                                     int64_t t0, const int R, int64_t nb, int bits,
                                     const uint8_t *wg, const void *sg, const void *mg,
                                     int half, double *out) {
@@ -71,7 +71,7 @@ static inline void I8_NAME(i8_tile)(const int8_t *codes, const double *xs, const
     const double *xs0 = xs + t0 * nb, *ss0 = ss + t0 * nb;
     const __m256i ones16 = _mm256_set1_epi16(1);
     (void)ones16;
-#if defined(I8_SIMD_VNNI)
+#if defined(NP_SIMD_AVX512)
     __m512d acc[I8_TILE];
     for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_pd();
 #else
@@ -81,15 +81,15 @@ static inline void I8_NAME(i8_tile)(const int8_t *codes, const double *xs, const
     for (int64_t b = 0; b < nb; b++) {
         __m256i iacc[I8_TILE];
         const int8_t *xb = x0 + b * 32;
-#if defined(I8_SIMD_VNNI)
+#if defined(NP_SIMD_AVX512)
         if (R == 1) {
-            iacc[0] = I8_NAME(i8_dot1)(xb, bits, wg, b);
+            iacc[0] = NP_NAME(i8_dot1)(xb, bits, wg, b);
         } else
 #endif
         if (bits == 4) {
             const uint8_t *wb = wg + b * 128;
             const __m256i mask = _mm256_set1_epi8(0x0F);
-#if !defined(I8_SIMD_VNNI)
+#if !defined(NP_SIMD_AVX512)
             __m256i acc16[I8_TILE];
             for (int r = 0; r < R; r++) acc16[r] = _mm256_setzero_si256();
 #else
@@ -104,7 +104,7 @@ static inline void I8_NAME(i8_tile)(const int8_t *codes, const double *xs, const
                     memcpy(&lo4, xb + r * k_pad + 4 * q, 4);
                     memcpy(&hi4, xb + r * k_pad + 4 * q + 16, 4);
                     __m256i xlo = _mm256_set1_epi32(lo4), xhi = _mm256_set1_epi32(hi4);
-#if defined(I8_SIMD_VNNI)
+#if defined(NP_SIMD_AVX512)
                     iacc[r] = _mm256_dpbusd_epi32(iacc[r], wlo, xlo);
                     iacc[r] = _mm256_dpbusd_epi32(iacc[r], whi, xhi);
 #else
@@ -114,7 +114,7 @@ static inline void I8_NAME(i8_tile)(const int8_t *codes, const double *xs, const
 #endif
                 }
             }
-#if !defined(I8_SIMD_VNNI)
+#if !defined(NP_SIMD_AVX512)
             for (int r = 0; r < R; r++) iacc[r] = _mm256_madd_epi16(acc16[r], ones16);
 #endif
         } else {
@@ -128,7 +128,7 @@ static inline void I8_NAME(i8_tile)(const int8_t *codes, const double *xs, const
                     int32_t four;
                     memcpy(&four, xb + r * k_pad + 4 * q, 4);
                     __m256i xv = _mm256_set1_epi32(four);
-#if defined(I8_SIMD_VNNI)
+#if defined(NP_SIMD_AVX512)
                     iacc[r] = _mm256_dpbusd_epi32(iacc[r], _mm256_abs_epi8(xv),
                                                   _mm256_sign_epi8(w, xv));
 #else
@@ -139,9 +139,9 @@ static inline void I8_NAME(i8_tile)(const int8_t *codes, const double *xs, const
             }
         }
         /* the pinned epilogue (file comment) */
-        __m256 s32 = I8_NAME(i8_scale8)(sg, half, b);
-        __m256 m32 = mg ? I8_NAME(i8_scale8)(mg, half, b) : _mm256_setzero_ps();
-#if defined(I8_SIMD_VNNI)
+        __m256 s32 = NP_NAME(i8_scale8)(sg, half, b);
+        __m256 m32 = mg ? NP_NAME(i8_scale8)(mg, half, b) : _mm256_setzero_ps();
+#if defined(NP_SIMD_AVX512)
         __m512d s8 = _mm512_cvtps_pd(s32), m8 = _mm512_cvtps_pd(m32);
         for (int r = 0; r < R; r++) {
             __m512d d = _mm512_cvtepi32_pd(iacc[r]);
@@ -173,7 +173,7 @@ static inline void I8_NAME(i8_tile)(const int8_t *codes, const double *xs, const
 #endif
     }
     for (int r = 0; r < R; r++) {
-#if defined(I8_SIMD_VNNI)
+#if defined(NP_SIMD_AVX512)
         _mm512_storeu_pd(out + r * 8, acc[r]);
 #else
         _mm256_storeu_pd(out + r * 8, acc[r][0]);
@@ -184,12 +184,12 @@ static inline void I8_NAME(i8_tile)(const int8_t *codes, const double *xs, const
 
 #define I8_TILE_CASE(n)                                                                    \
     case n:                                                                                \
-        I8_NAME(i8_tile)(codes, xs, ss, t0, n, nb, bits, wg, sg, mg, half, acc);           \
+        NP_NAME(i8_tile)(codes, xs, ss, t0, n, nb, bits, wg, sg, mg, half, acc);           \
         break;
 
 /* out[t, n] for groups g_first .. g_last-1 (outputs n < n_out), every row: the group's
  * weights stay in L1 while every row tile passes over them. */
-static void I8_NAME(i8_matmul_tiles)(const int8_t *codes, const double *xs, const double *ss,
+static void NP_NAME(i8_matmul_tiles)(const int8_t *codes, const double *xs, const double *ss,
                                      int64_t T, int64_t nb, int bits, const uint8_t *wdata,
                                      const void *wscale, const void *woffset, int half,
                                      int64_t g_first, int64_t g_last, int64_t n_out,
@@ -214,7 +214,7 @@ static void I8_NAME(i8_matmul_tiles)(const int8_t *codes, const double *xs, cons
                 I8_TILE_CASE(3)
                 I8_TILE_CASE(2)
             default:
-                I8_NAME(i8_tile)(codes, xs, ss, t0, 1, nb, bits, wg, sg, mg, half, acc);
+                NP_NAME(i8_tile)(codes, xs, ss, t0, 1, nb, bits, wg, sg, mg, half, acc);
             }
             for (int r = 0; r < R; r++) {
                 float *o = out + (t0 + r) * out_stride;
@@ -232,4 +232,4 @@ static void I8_NAME(i8_matmul_tiles)(const int8_t *codes, const double *xs, cons
 
 #undef I8_TILE_CASE
 #undef I8_TILE
-#endif /* I8_SIMD_AVX2 */
+#endif /* NP_SIMD_AVX2 */

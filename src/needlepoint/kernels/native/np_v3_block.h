@@ -37,12 +37,16 @@ static int NP_NAME(np_v3_blocks)(const np_v3_model *m, int64_t first, int64_t la
                              + R * d * 5       /* u, block, h, attn, mlp */
                              + R * fused_w + R * H * vd /* fused, gate */
                              + R + nd + max_count * v_end + max_count * (H + KV) * qk
-                             + max_count * (H + 2 * KV) + longest);
+                             + R * H + max_count * 2 * KV + longest);
     size_t bytes = floats * sizeof(float) + (size_t)(R * in_pad) * sizeof(int32_t) +
-                   (size_t)(max_count * (H * qk + KV * qk + KV * vd)) + 64;
+                   (size_t)(R * H * qk + max_count * (KV * qk + KV * vd)) + 64 +
+                   (size_t)n_parts * (sizeof(np_v3_attend_job) + sizeof(int64_t)) + 16;
     char *mem = (char *)malloc(bytes);
     if (!mem) return NP_NOMEM;
-    float *f = (float *)mem;
+    /* the step's attention rows of every session at once (np_v3_attend_parts) */
+    np_v3_attend_job *att_jobs = (np_v3_attend_job *)mem;
+    int64_t *att_first = (int64_t *)(att_jobs + n_parts);
+    float *f = (float *)(att_first + n_parts + 1);
     float *normed = f; f += R * nd;
     float *mixed = f; f += R * mixed_w;
     float *logits = f; f += R * n * n;
@@ -61,7 +65,7 @@ static int NP_NAME(np_v3_blocks)(const np_v3_model *m, int64_t first, int64_t la
     np_v3_attn_ws ws;
     ws.conv = f; f += max_count * v_end;
     ws.heads_rows = f; f += max_count * (H + KV) * qk;
-    ws.qscale = f; f += max_count * H;
+    ws.qscale = f; f += R * H;
     ws.kscale = f; f += max_count * KV;
     ws.vscale = f; f += max_count * KV;
     ws.work = f; f += longest * np_v3_max_threads(threads);
@@ -69,7 +73,7 @@ static int NP_NAME(np_v3_blocks)(const np_v3_model *m, int64_t first, int64_t la
     ws.sq = sq;
     int32_t *v = (int32_t *)f;
     int8_t *codes = (int8_t *)(v + R * in_pad);
-    ws.qcode = codes; codes += max_count * H * qk;
+    ws.qcode = codes; codes += R * H * qk;
     ws.kcode = codes; codes += max_count * KV * qk;
     ws.vcode = codes;
     int status = NP_OK;
@@ -133,10 +137,26 @@ static int NP_NAME(np_v3_blocks)(const np_v3_model *m, int64_t first, int64_t la
                 g[e] = 1.0f / s;
             }
         }
-        for (int64_t p = 0; p < n_parts && status == NP_OK; p++)
-            status = NP_NAME(np_v3_attention_part)(m, L, &parts[p], parts[p].caches[l - first], fused,
-                                          L->qkvg.out, gate, &ws);
+        /* per session: its taps, norms, RoPE, A8 and cache stores; the attention rows of every
+         * session of at most 64 positions (the decode rows) then in one split between the
+         * threads, the longer chunks' rows inside np_v3_attention_part */
+        int64_t n_att = 0, att_work = 0;
+        att_first[0] = 0;
+        for (int64_t p = 0; p < n_parts && status == NP_OK; p++) {
+            const np_v3_part *P = &parts[p];
+            att_jobs[n_att].m = NULL;
+            status = NP_NAME(np_v3_attention_part)(m, L, P, P->caches[l - first], fused,
+                                                   L->qkvg.out, gate, &ws, &att_jobs[n_att]);
+            if (att_jobs[n_att].m) {
+                att_first[n_att + 1] = att_first[n_att] + P->count * H;
+                att_work += P->count * H * (P->start + P->count) * (qk + vd);
+                n_att++;
+            }
+        }
         if (status) break;
+        np_v3_attend_all all = {att_jobs, att_first, n_att};
+        np_v3_parallel(NP_NAME(np_v3_attend_parts), &all, att_first[n_att],
+                       att_work >= (1 << 19) ? threads : 1);
         status = NP_NAME(np_v3_product_run)(&L->out_proj, gate, R, H * vd, v, scale, attn, threads);
         if (status) break;
         /* block + gate * ZC(attn), then + MLP(ZC(.)) - u (block.run_block) */

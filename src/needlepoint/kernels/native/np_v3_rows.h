@@ -94,13 +94,35 @@ static int NP_NAME(np_v3_product_run)(const np_v3_product *P, const float *x, in
     return NP_OK;
 }
 
-#include "np_v3_attend.h"
+/* query rows lo .. hi-1 of a block (row = (position - first) * H + head): the one attention
+ * row (np_attend.h) against the head's ring of the cache, in position order, times the gate */
+static void NP_NAME(np_v3_attend_items)(void *arg, int64_t lo, int64_t hi, int64_t worker) {
+    const np_v3_attend_job *job = (const np_v3_attend_job *)arg;
+    const np_v3_model *m = job->m;
+    const np_v3_cache *c = job->c;
+    const int64_t H = m->heads, qk = m->qk, vd = m->vd, group = H / m->kv_heads;
+    float o[1024];
+    float *work = job->ws->work + worker * job->ws->work_stride;
+    for (int64_t item = lo; item < hi; item++) {
+        int64_t r = job->first + item / H, h = item % H, kvh = h / group;
+        int64_t p = job->start + r;
+        int64_t from = c->window ? (p - c->window + 1 > 0 ? p - c->window + 1 : 0) : 0;
+        np_kv_view kv = {c->kcode + kvh * c->capacity * qk, c->vcode + kvh * c->capacity * vd,
+                         c->kscale + kvh * c->capacity, c->vscale + kvh * c->capacity, qk, vd,
+                         1, c->window ? from % c->capacity : from, c->capacity, NULL};
+        const int64_t q = (job->qrow0 + r) * H + h;
+        NP_NAME(np_att_row)(job->ws->qcode + q * qk, job->ws->qscale[q], qk, vd, &kv,
+                            p - from + 1, job->inv_sqrt_qk, o, work);
+        float *g = job->gate + r * H * vd + h * vd;
+        for (int64_t e = 0; e < vd; e++) g[e] = g[e] * o[e];
+    }
+}
 
 /* -- attention of one part (one session's chunk) ------------------------------------------- */
 
 static int NP_NAME(np_v3_attention_part)(const np_v3_model *m, const np_v3_layer *L, const np_v3_part *P,
                                 const np_v3_cache *c, const float *fused, int64_t fused_w,
-                                float *gate, np_v3_attn_ws *ws) {
+                                float *gate, np_v3_attn_ws *ws, np_v3_attend_job *deferred) {
     const int64_t H = m->heads, KV = m->kv_heads, qk = m->qk, vd = m->vd;
     const int64_t k_end = (H + KV) * qk, v_end = k_end + KV * vd;
     const int64_t count = P->count, start = P->start, half = qk / 2;
@@ -154,7 +176,9 @@ static int NP_NAME(np_v3_attention_part)(const np_v3_model *m, const np_v3_layer
     }
     for (int64_t r = 0; r < count; r++) {
         const float *row = hr + r * (H + KV) * qk;
-        if (NP_NAME(np_a8_codes)(row, H, qk, ws->qcode + r * H * qk, ws->qscale + r * H)) return NP_NONFINITE;
+        const int64_t q = (P->row0 + r) * H;
+        if (NP_NAME(np_a8_codes)(row, H, qk, ws->qcode + q * qk, ws->qscale + q))
+            return NP_NONFINITE;
         if (NP_NAME(np_a8_codes)(row + H * qk, KV, qk, ws->kcode + r * KV * qk, ws->kscale + r * KV))
             return NP_NONFINITE;
         if (NP_NAME(np_a8_codes)(conv + r * v_end + k_end, KV, vd, ws->vcode + r * KV * vd,
@@ -164,7 +188,7 @@ static int NP_NAME(np_v3_attention_part)(const np_v3_model *m, const np_v3_layer
     /* store then attend, 64 positions at a time: a ring keeps 64 slots beyond its window, so
      * a block's stores never overwrite a key one of its queries sees */
     np_v3_attend_job job = {m, c, ws, gate + P->row0 * H * vd, start, 0,
-                            1.0 / sqrt((double)qk), 0};
+                            1.0 / sqrt((double)qk), P->row0};
     for (int64_t b0 = 0; b0 < count; b0 += 64) {
         int64_t b1 = b0 + 64 < count ? b0 + 64 : count;
         for (int64_t r = b0; r < b1; r++) {
@@ -179,9 +203,15 @@ static int NP_NAME(np_v3_attention_part)(const np_v3_model *m, const np_v3_layer
                 c->vscale[h * c->capacity + slot] = ws->vscale[r * KV + h];
             }
         }
-        /* the block's query rows (position, head), split between threads when worth it */
+        /* the block's query rows (position, head), split between threads when worth it; a
+         * part of one block with `deferred` set leaves them to the caller, which runs the
+         * rows of every such part of the step in one split (np_v3_attend_parts) */
         int64_t keys = start + b1, items = (b1 - b0) * H;
         job.first = b0;
+        if (deferred && count <= 64) {
+            *deferred = job;
+            break;
+        }
         int threads = items * keys * (qk + vd) >= (1 << 19) ? (int)m->threads : 1;
         np_v3_parallel(NP_NAME(np_v3_attend_items), &job, items, threads);
     }
@@ -201,3 +231,13 @@ static void NP_NAME(np_v3_mlp_rows)(void *arg, int64_t lo, int64_t hi, int64_t w
         L->mlp_mats, L->cond_v, L->cond_u, 8, m->p1, m->p2, job->out + lo * m->d);
 }
 
+/* items lo .. hi-1 of np_v3_attend_all: each part's share through np_v3_attend_items */
+static void NP_NAME(np_v3_attend_parts)(void *arg, int64_t lo, int64_t hi, int64_t worker) {
+    const np_v3_attend_all *all = (const np_v3_attend_all *)arg;
+    for (int64_t i = 0; i < all->n; i++) {
+        int64_t a = all->first_item[i], b = all->first_item[i + 1];
+        int64_t from = lo > a ? lo : a, to = hi < b ? hi : b;
+        if (from < to)
+            NP_NAME(np_v3_attend_items)((void *)&all->jobs[i], from - a, to - a, worker);
+    }
+}

@@ -94,46 +94,14 @@ typedef struct { /* scratch of one part's attention */
 
 static int np_v3_max_threads(int threads) { return threads < 1 ? 1 : threads > 16 ? 16 : threads; }
 
-/* Threads inside one call: `fn(ctx, lo, hi, scratch)` over [0, n) split into `threads`
- * contiguous ranges, each on a POSIX thread started for it and joined before returning (no
- * pool, nothing spinning); range 0 runs on the calling thread. Every item is computed whole
- * by one thread, so the bits do not depend on the count. */
-typedef void (*np_v3_fn)(void *ctx, int64_t lo, int64_t hi, int64_t worker);
-typedef struct {
-    np_v3_fn fn;
-    void *ctx;
-    int64_t lo, hi, worker;
-} np_v3_job;
-
-static void *np_v3_job_run(void *arg) {
-    np_v3_job *job = (np_v3_job *)arg;
-    job->fn(job->ctx, job->lo, job->hi, job->worker);
-    return NULL;
-}
+/* Threads inside one call: `fn(ctx, lo, hi, share)` over [0, n) split into `threads`
+ * contiguous ranges on the library's worker pool (np_pool.h: parked workers, nothing created
+ * per call, nothing spinning); range 0 runs on the calling thread. Every item is computed
+ * whole by one thread, so the bits do not depend on the count. */
+typedef np_pool_fn np_v3_fn;
 
 static void np_v3_parallel(np_v3_fn fn, void *ctx, int64_t n, int threads) {
-    if (threads > 16) threads = 16;
-    if (threads > n) threads = (int)n;
-    if (threads <= 1) {
-        if (n > 0) fn(ctx, 0, n, 0);
-        return;
-    }
-    np_v3_job jobs[16];
-    pthread_t ids[16];
-    int started[16] = {0};
-    for (int i = 0; i < threads; i++) {
-        np_v3_job job = {fn, ctx, n * i / threads, n * (i + 1) / threads, i};
-        jobs[i] = job;
-    }
-    for (int i = 1; i < threads; i++)
-        started[i] = pthread_create(&ids[i], NULL, np_v3_job_run, &jobs[i]) == 0;
-    np_v3_job_run(&jobs[0]);
-    for (int i = 1; i < threads; i++) {
-        if (started[i])
-            pthread_join(ids[i], NULL);
-        else
-            np_v3_job_run(&jobs[i]); /* no thread: its share runs here */
-    }
+    np_pool_run(fn, ctx, n, threads);
 }
 
 /* one block's attention rows / one layer's MLP rows, for np_v3_parallel */
@@ -144,8 +112,16 @@ typedef struct {
     float *gate; /* the part's first row */
     int64_t start, first;
     double inv_sqrt_qk;
-    int64_t unused;
+    int64_t qrow0; /* the part's first row in ws->qcode / ws->qscale (its row0) */
 } np_v3_attend_job;
+
+/* the attention rows of several parts (sessions) in one split: part i's rows are the items
+ * first_item[i] .. first_item[i + 1] - 1, each (position, head) of jobs[i] */
+typedef struct {
+    const np_v3_attend_job *jobs;
+    const int64_t *first_item;
+    int64_t n;
+} np_v3_attend_all;
 
 typedef struct {
     const np_v3_model *m;

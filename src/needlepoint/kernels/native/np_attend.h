@@ -1,0 +1,200 @@
+/* The one int8 attention row (docs/numerics.md "int8 attention"; issue 26 item 4), for every
+ * caller: np_attend (listed slots: kernels/pinned.py attend), the Needle 3 step (a ring of its
+ * cache: np_v3_rows.h) and the transformer int8 attention (cache rows p * stride + g:
+ * np_i8_rows.h). Included once per instruction-set variant (np_variant.h); needs np_exp.h.
+ *
+ * One query row (a head of one position) against `n` int8 keys/values of its kv head, in
+ * position order: score_j = f32(((f64(dot_j) * f64(sq)) * f64(sk_j)) * inv_sqrt_qk) with dot_j
+ * the exact int32 product of the codes; m = max_j score_j; e_j = exp32(score_j - m) (f32
+ * subtraction); total = sum_j e_j (f32, j ascending); p_j = e_j / total; out = sum_j p_j *
+ * f32(vcode_j * sv_j) (f32, j ascending from 0, each product and sum rounded). Every caller
+ * ran exactly these operations in this order before they shared this code (their separate
+ * copies did); the SIMD variants run the same operations: the integer dots in any order
+ * (exact), the float ones across independent keys (scores, exps, p_j) or across independent
+ * output lanes (the value sum), never reassociated. */
+
+#ifndef NP_KV_VIEW_DEFINED /* included once per variant; the type once */
+#define NP_KV_VIEW_DEFINED
+/* The keys and values a query row attends, in position order: key j is slot s_j, with
+ * s_j = slots[j] where `slots` is set, else first + j taken modulo `wrap` (a ring; 0: no
+ * wrap; first < wrap and n <= wrap). Key j's codes are at k + s_j * k_step and its scale at
+ * ks[s_j * s_step]; its value's at v + s_j * v_step and vs[s_j * s_step]. */
+typedef struct {
+    const int8_t *k, *v;
+    const float *ks, *vs;
+    int64_t k_step, v_step, s_step;
+    int64_t first, wrap;
+    const int64_t *slots;
+} np_kv_view;
+
+static inline int64_t np_kv_slot(const np_kv_view *kv, int64_t j) {
+    if (kv->slots) return kv->slots[j];
+    int64_t s = kv->first + j;
+    return kv->wrap && s >= kv->wrap ? s - kv->wrap : s;
+}
+#endif
+
+#if defined(NP_SIMD_AVX2)
+/* dot_j for 4 keys at once (qk a multiple of 16): q as 16-bit lanes, vpmaddwd per 16 codes */
+static inline __m128i NP_NAME(np_att_dot4)(const __m256i *q16, int64_t chunks, const int8_t *k0,
+                                           const int8_t *k1, const int8_t *k2,
+                                           const int8_t *k3) {
+    __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
+#define NP_ATT_MADD(acc, k)                                                                     \
+    acc = _mm256_add_epi32(acc, _mm256_madd_epi16(q, _mm256_cvtepi8_epi16(                       \
+                                        _mm_loadu_si128((const __m128i *)((k) + 16 * c)))))
+    for (int64_t c = 0; c < chunks; c++) {
+        __m256i q = q16[c];
+        NP_ATT_MADD(a0, k0);
+        NP_ATT_MADD(a1, k1);
+        NP_ATT_MADD(a2, k2);
+        NP_ATT_MADD(a3, k3);
+    }
+#undef NP_ATT_MADD
+    __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(a0, a1), _mm256_hadd_epi32(a2, a3));
+    return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+}
+#endif
+
+/* work[j] = score_j for j < n */
+static void NP_NAME(np_att_scores)(const int8_t *q, float qscale, int64_t qk,
+                                   const np_kv_view *kv, int64_t n, double inv_sqrt_qk,
+                                   float *work) {
+    const double sq = (double)qscale;
+    int64_t j = 0;
+#if defined(NP_SIMD_AVX2)
+    if (qk % 16 == 0 && qk <= 256) {
+        __m256i q16[16];
+        for (int64_t ch = 0; ch < qk / 16; ch++)
+            q16[ch] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(q + 16 * ch)));
+        const __m256d vsq = _mm256_set1_pd(sq), vinv = _mm256_set1_pd(inv_sqrt_qk);
+        for (; j + 4 <= n; j += 4) {
+            int64_t s0 = np_kv_slot(kv, j), s1 = np_kv_slot(kv, j + 1);
+            int64_t s2 = np_kv_slot(kv, j + 2), s3 = np_kv_slot(kv, j + 3);
+            __m128i dot = NP_NAME(np_att_dot4)(q16, qk / 16, kv->k + s0 * kv->k_step,
+                                               kv->k + s1 * kv->k_step, kv->k + s2 * kv->k_step,
+                                               kv->k + s3 * kv->k_step);
+            const float *ks = kv->ks;
+            const int64_t ss = kv->s_step;
+            __m256d t = _mm256_mul_pd(_mm256_cvtepi32_pd(dot), vsq);
+            t = _mm256_mul_pd(t, _mm256_set_pd((double)ks[s3 * ss], (double)ks[s2 * ss],
+                                               (double)ks[s1 * ss], (double)ks[s0 * ss]));
+            t = _mm256_mul_pd(t, vinv);
+            _mm_storeu_ps(work + j, _mm256_cvtpd_ps(t));
+        }
+    }
+#endif
+    for (; j < n; j++) {
+        int64_t s = np_kv_slot(kv, j);
+        const int8_t *restrict k = kv->k + s * kv->k_step;
+        int32_t dot = 0;
+        for (int64_t e = 0; e < qk; e++) dot += (int32_t)q[e] * (int32_t)k[e];
+        double t = (double)dot * sq;
+        t = t * (double)kv->ks[s * kv->s_step];
+        t = t * inv_sqrt_qk;
+        work[j] = (float)t;
+    }
+}
+
+/* scores -> the softmax's unnormalised weights: work[j] = exp32(work[j] - max work) */
+static void NP_NAME(np_att_exp)(float *work, int64_t n) {
+    float peak = -INFINITY;
+    for (int64_t j = 0; j < n; j++)
+        if (work[j] > peak) peak = work[j];
+    for (int64_t j = 0; j < n; j++) work[j] = work[j] - peak;
+    NP_NAME(np_exp32_array)(work, n, work);
+}
+
+/* weights -> probabilities: the f32 total in key order, then work[j] / total */
+static void NP_NAME(np_att_normalise)(float *work, int64_t n) {
+    float total = 0.0f;
+    for (int64_t j = 0; j < n; j++) total = total + work[j];
+    for (int64_t j = 0; j < n; j++) work[j] = work[j] / total;
+}
+
+#if defined(NP_SIMD_AVX2)
+/* o[0..w) = sum_j p_j * f32(v_j[e] * sv_j) over the n keys, values from column e0, w <= 64
+ * lanes (a multiple of 8) held in registers across the keys */
+static inline void NP_NAME(np_att_values8)(const np_kv_view *kv, int64_t e0, int64_t n,
+                                           const float *p, int64_t w, float *o) {
+    __m256 acc[8];
+    const int64_t blocks = w / 8;
+    for (int64_t b = 0; b < 8; b++) acc[b] = _mm256_setzero_ps();
+    for (int64_t j = 0; j < n; j++) {
+        int64_t s = np_kv_slot(kv, j);
+        const int8_t *v = kv->v + s * kv->v_step + e0;
+        const __m256 sv = _mm256_set1_ps(kv->vs[s * kv->s_step]), pj = _mm256_set1_ps(p[j]);
+        for (int64_t b = 0; b < blocks; b++) {
+            __m128i codes = _mm_loadl_epi64((const __m128i *)(v + 8 * b));
+            __m256 value = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(codes)), sv);
+            acc[b] = _mm256_add_ps(acc[b], _mm256_mul_ps(pj, value));
+        }
+    }
+    for (int64_t b = 0; b < blocks; b++) _mm256_storeu_ps(o + 8 * b, acc[b]);
+}
+#endif
+
+/* o[0..vd) = sum_j p_j * f32(v_j * sv_j), j ascending, each lane's sum from 0 */
+static void NP_NAME(np_att_values)(const np_kv_view *kv, int64_t n, int64_t vd, const float *p,
+                                   float *o) {
+#if defined(NP_SIMD_AVX512)
+    if (vd == 64) { /* the 64 lanes in four zmm registers across the keys */
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        for (int64_t j = 0; j < n; j++) {
+            int64_t s = np_kv_slot(kv, j);
+            const int8_t *v = kv->v + s * kv->v_step;
+            const __m512 sv = _mm512_set1_ps(kv->vs[s * kv->s_step]), pj = _mm512_set1_ps(p[j]);
+#define NP_ATT_VALUE16(acc, at)                                                                  \
+    acc = _mm512_add_ps(acc, _mm512_mul_ps(pj, _mm512_mul_ps(_mm512_cvtepi32_ps(                 \
+        _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(v + at)))), sv)))
+            NP_ATT_VALUE16(a0, 0); NP_ATT_VALUE16(a1, 16); NP_ATT_VALUE16(a2, 32); NP_ATT_VALUE16(a3, 48);
+#undef NP_ATT_VALUE16
+        }
+        _mm512_storeu_ps(o, a0), _mm512_storeu_ps(o + 16, a1);
+        _mm512_storeu_ps(o + 32, a2), _mm512_storeu_ps(o + 48, a3);
+        return;
+    }
+#endif
+#if defined(NP_SIMD_AVX2)
+    if (vd % 8 == 0) {
+        for (int64_t e0 = 0; e0 < vd; e0 += 64)
+            NP_NAME(np_att_values8)(kv, e0, n, p, vd - e0 < 64 ? vd - e0 : 64, o + e0);
+        return;
+    }
+#endif
+    for (int64_t e = 0; e < vd; e++) o[e] = 0.0f;
+    for (int64_t j = 0; j < n; j++) {
+        int64_t s = np_kv_slot(kv, j);
+        const int8_t *v = kv->v + s * kv->v_step;
+        float sv = kv->vs[s * kv->s_step], pj = p[j];
+        for (int64_t e = 0; e < vd; e++) {
+            float value = (float)v[e] * sv;
+            float prod = pj * value;
+            o[e] = o[e] + prod;
+        }
+    }
+}
+
+/* The row: o [vd] of query q (codes, scale) against the n keys of `kv`; work: n floats. */
+static void NP_NAME(np_att_row)(const int8_t *q, float qscale, int64_t qk, int64_t vd,
+                                const np_kv_view *kv, int64_t n, double inv_sqrt_qk, float *o,
+                                float *work) {
+    NP_NAME(np_att_scores)(q, qscale, qk, kv, n, inv_sqrt_qk, work);
+    NP_NAME(np_att_exp)(work, n);
+    NP_NAME(np_att_normalise)(work, n);
+    NP_NAME(np_att_values)(kv, n, vd, work, o);
+}
+
+/* Q query rows, row i against the count[i] slots listed at slots + i * slots_stride of kcode
+ * [S, qk] / vcode [S, vd] (scales [S]) -> out [Q, vd] (kernels/pinned.py attend). */
+static void NP_NAME(np_attend)(const int8_t *qcode, const float *qscale, int64_t Q, int64_t qk,
+                               const int8_t *kcode, const float *kscale, const int8_t *vcode,
+                               const float *vscale, int64_t vd, const int64_t *slots,
+                               const int64_t *count, int64_t slots_stride, double inv_sqrt_qk,
+                               float *out, float *work) {
+    for (int64_t i = 0; i < Q; i++) {
+        np_kv_view kv = {kcode, vcode, kscale, vscale, qk, vd, 1, 0, 0, slots + i * slots_stride};
+        NP_NAME(np_att_row)(qcode + i * qk, qscale[i], qk, vd, &kv, count[i], inv_sqrt_qk,
+                            out + i * vd, work);
+    }
+}
