@@ -16,7 +16,7 @@ import sys
 from collections.abc import Iterator
 
 from ..errors import NeedlepointError
-from .common import add_model_arguments, build_needle, notice, print_events
+from .common import add_model_arguments, build_needle, notice, print_events, turn_options
 
 HELP = "interactive multi-turn chat with tool calls (reads one user turn per line of stdin)"
 HINT = "type a request and press Enter; /reset starts a new conversation, /exit quits"
@@ -82,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"(unknown command {text}; {HINT})", file=sys.stderr, flush=True)
             continue
         try:
-            envelope = print_events(needle.chat_stream(text), args)
+            envelope = print_events(needle.chat_stream(text, **turn_options(args)), args)
         except NeedlepointError as error:
             print(f"needlepoint: error: {' '.join(str(error).split())}", file=sys.stderr)
             needle.reset()

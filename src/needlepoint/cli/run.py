@@ -12,7 +12,14 @@ import sys
 from pathlib import Path
 
 from ..errors import InvalidQueryError
-from .common import add_model_arguments, build_needle, decode_utf8, notice, print_events
+from .common import (
+    add_model_arguments,
+    build_needle,
+    decode_utf8,
+    notice,
+    print_events,
+    turn_options,
+)
 
 HELP = "answer one query with tool calls (pretty output, or --json for the raw envelope)"
 
@@ -50,5 +57,5 @@ def run(args: argparse.Namespace) -> int:
     if not needle.tools:
         notice("no tools given (--tools FILE), so there is nothing to call: the answer is "
                "an immediate refusal")
-    print_events(needle.stream(query), args)
+    print_events(needle.stream(query, **turn_options(args)), args)
     return 0
