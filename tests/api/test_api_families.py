@@ -175,3 +175,83 @@ def test_server_tool_call_usage_and_stream(servers, models, name, body) -> None:
         model=name, messages=messages, tools=tools, tool_choice="required", max_tokens=96,
         stream=True, extra_body=extra))
     assert streamed["calls"] == calls
+
+
+RESULT_SYNTAX = {"qwen": ("<tool_call>\n{\"name\": ", "<tool_response>"),
+                 "functiongemma": ("<start_function_call>call:", "<start_function_response>")}
+
+
+@pytest.mark.parametrize("name", NEW)
+def test_server_multi_turn_with_tool_results(servers, models, name) -> None:
+    """A required call (one: the fixtures' context is 512 positions), then its results sent
+    back as OpenAI messages (the assistant's
+    `tool_calls`, one `tool` message per call), answered as `Needle.send_tool_results`
+    answers them, streamed and not; the prompt is the family's template over the whole
+    history: the past call and the results in its own syntax."""
+    client = servers(name, "own")
+    kwargs = _example(name)["template_kwargs"]
+    extra = {"chat_template_kwargs": kwargs} if kwargs else None
+    tools = [{"type": "function", "function": t} for t in FINITE]
+    messages: list[dict] = [{"role": "user", "content": QUERY}]
+    first = client.chat.completions.create(model=name, messages=messages, tools=tools,
+                                           tool_choice="required", max_tokens=96,
+                                           parallel_tool_calls=False, extra_body=extra)
+    calls = first.choices[0].message.tool_calls
+    needle = _needle(models, name, "own", FINITE, max_new_tokens=96)
+    envelope = needle.complete(QUERY, require_call=True, parallel_tool_calls=False)
+    assert len(calls) == 1
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == \
+        [(c["name"], c["arguments"]) for c in envelope["function_calls"]]
+    messages.append({"role": "assistant", "content": None, "tool_calls": [
+        {"id": c.id, "type": "function", "function": {"name": c.function.name,
+                                                      "arguments": c.function.arguments}}
+        for c in calls]})
+    messages += [{"role": "tool", "tool_call_id": c.id, "content": json.dumps({"ok": True})}
+                 for c in calls]
+    reply = client.chat.completions.create(model=name, messages=messages, tools=tools,
+                                           max_tokens=48, extra_body=extra)
+    after = needle.send_tool_results([{"name": c["name"], "result": {"ok": True}}
+                                      for c in envelope["function_calls"]], max_new_tokens=48)
+    history = [{"role": "user", "content": QUERY},
+               {"role": "assistant", "content": "", "tool_calls": envelope["function_calls"]},
+               *[{"role": "tool", "name": c["name"], "content": {"ok": True}}
+                 for c in envelope["function_calls"]]]
+    ids = needle.format.conversation_ids(history, FINITE)
+    assert reply.usage.prompt_tokens == len(ids)
+    past_call, result = RESULT_SYNTAX[needle.format.syntax]
+    rendered = needle.tokenizer.decode(ids)
+    assert past_call in rendered and rendered.count(result) == len(calls)
+    answer = reply.choices[0].message
+    got = [(c.function.name, json.loads(c.function.arguments)) for c in answer.tool_calls or []]
+    assert got == [(c["name"], c["arguments"]) for c in after["function_calls"]]
+    assert (answer.content or "") == ("" if got else after["text"])
+    streamed = collect_stream(client.chat.completions.create(
+        model=name, messages=messages, tools=tools, max_tokens=48, stream=True,
+        extra_body=extra))
+    assert streamed["calls"] == got and streamed["content"] == (answer.content or "")
+
+
+def test_serve_chat_template_kwargs_are_every_request_s_defaults(models) -> None:
+    """`serve --chat-template-kwargs` (`server.cli.needle_factory`): the template variables of
+    every request, under a request's own `chat_template_kwargs`."""
+    from needlepoint.cli.main import build_parser
+    from needlepoint.formats.chat_format import TemplateFormat
+    from needlepoint.server.cli import needle_factory
+
+    args = build_parser().parse_args(["serve", "--chat-template-kwargs",
+                                      '{"enable_thinking": false}', "--tool-format", "qwen"])
+    assert args.chat_template_kwargs == {"enable_thinking": False}
+    model = models["qwen3-tiny", "own"]
+    factory = needle_factory(args.tool_format, args.chat_template_kwargs)
+    messages = [{"role": "user", "content": QUERY}]
+    tools = [{"type": "function", "function": t} for t in _tools("qwen3-tiny")]
+    thinking = len(TemplateFormat(model.tokenizer).first_ids(_tools("qwen3-tiny"), QUERY))
+    with ServerThread(create_app(model, workers=1, model_name="q",
+                                 needle_factory=factory)) as server:
+        client = server.client()
+        usage = [client.chat.completions.create(model="q", messages=messages, tools=tools,
+                                                max_tokens=1, extra_body=extra).usage
+                 for extra in (None, {"chat_template_kwargs": {"enable_thinking": True}})]
+    assert [u.prompt_tokens for u in usage] == [len(hf_reference("qwen3-tiny")["p2_ids"]),
+                                                thinking]
+    assert thinking != len(hf_reference("qwen3-tiny")["p2_ids"])

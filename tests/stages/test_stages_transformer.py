@@ -193,3 +193,32 @@ def test_staged_smollm2_answers_a_tool_call_as_one_process_does():
     assert expected["type"] == "call" and expected["function_calls"][0]["name"] == "get_weather"
     assert answer["function_calls"] == expected["function_calls"]
     assert answer["timings"]["decode_tokens"] == expected["timings"]["decode_tokens"]
+
+
+@pytest.mark.parametrize(("name", "tool_format", "kwargs"), [
+    ("qwen3-tiny", None, {"enable_thinking": False}), ("qwen2-tiny", "qwen", None),
+    ("gemma3-tiny", "functiongemma", None)])
+def test_staged_families_call_in_their_own_format(name, tool_format, kwargs):
+    """A staged Qwen / Gemma 3 speaks its template's call syntax (`tool_format`,
+    `template_kwargs` apply to the head part's chat format through `Needle`): on 2 stages a
+    required call is the single-process model's, token for token (issue 28 item 4)."""
+    import json
+
+    from hf_helpers import hf_reference
+
+    path = hf_fixture_dir(name)
+    example = json.loads((hf_reference(name).folder / "chat_example.json").read_text())
+    tools = [t.get("function", t) for t in example["tools"]]
+    query = "Wake me at 6:45 tomorrow, then call Ana."
+    options = {"tool_format": tool_format, "template_kwargs": kwargs, "max_new_tokens": 48,
+               "speculate": False}
+    alone = needlepoint.Needle(tools=tools, model=_int8_model(path), **options)
+    expected = alone.complete(query, require_call=True)
+    with load_staged(path, 2, numerics="int8") as staged:
+        needle = needlepoint.Needle(tools=tools, model=staged, **options)
+        assert needle.format.syntax == alone.format.syntax
+        assert needle.prompt_ids(query) == hf_reference(name)["p2_ids"].tolist()
+        answer = needle.complete(query, require_call=True)
+    assert expected["type"] == "call" and expected["function_calls"]
+    assert answer["function_calls"] == expected["function_calls"]
+    assert answer["timings"]["decode_tokens"] == expected["timings"]["decode_tokens"]

@@ -17,7 +17,14 @@ from collections.abc import Iterator
 from typing import Any
 
 from ..errors import NeedlepointError
-from .common import add_model_arguments, build_needle, notice, print_events, print_result
+from .common import (
+    add_model_arguments,
+    build_needle,
+    notice,
+    print_events,
+    print_result,
+    turn_options,
+)
 
 HELP = "interactive multi-turn chat with tool calls (reads one user turn per line of stdin)"
 HINT = "type a request and press Enter; /reset starts a new conversation, /exit quits"
@@ -87,7 +94,7 @@ def _chat(needle: Any, args: argparse.Namespace) -> int:
             print(f"(unknown command {text}; {HINT})", file=sys.stderr, flush=True)
             continue
         try:
-            envelope = print_events(needle.chat_stream(text), args)
+            envelope = print_events(needle.chat_stream(text, **turn_options(args)), args)
             if needle.mcp is not None and not args.no_execute and envelope.get("type") == "call":
                 # MCP calls run on their servers; the results go back as the next turn
                 results = [needle.execute(call) for call in envelope["function_calls"]]

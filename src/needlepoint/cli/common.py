@@ -11,6 +11,8 @@ from typing import Any
 
 from ..errors import InvalidQueryError, ToolSchemaError
 
+TOOL_CHOICES = ("auto", "required", "none")
+
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     """--tools/--model/--system and the generation options shared by `run` and `chat`."""
@@ -46,12 +48,34 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_tool_format_argument(parser: argparse.ArgumentParser) -> None:
-    """--tool-format, shared by run, chat and serve (`Needle(tool_format=...)`, issue 28)."""
+    """--tool-format and --chat-template-kwargs of run and chat (`Needle(tool_format=...,
+    template_kwargs=...)`, issue 28 item 4); --tool-choice (OpenAI's, for one turn)."""
     from ..formats.call_syntax import TOOL_FORMATS
 
     parser.add_argument("--tool-format", choices=TOOL_FORMATS, default=None,
                         help="a chat-template model's tool-call syntax (default auto: the one "
                         "its chat template uses)")
+    parser.add_argument("--chat-template-kwargs", type=template_kwargs_argument, default=None,
+                        metavar="JSON", help="variables for a chat-template model's template, "
+                        """e.g. '{"enable_thinking": false}' (Qwen3)""")
+    parser.add_argument("--tool-choice", choices=TOOL_CHOICES, default="auto",
+                        help="auto: call or answer (default); required: a call; none: text")
+
+
+def template_kwargs_argument(text: str) -> dict[str, Any]:
+    """argparse's view of `call_syntax.parse_template_kwargs`."""
+    from ..formats.call_syntax import parse_template_kwargs
+
+    try:
+        return parse_template_kwargs(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def turn_options(args: argparse.Namespace) -> dict[str, Any]:
+    """Per-turn options of --tool-choice (`Needle.stream` / `chat_stream`)."""
+    choice = getattr(args, "tool_choice", "auto")
+    return {"required": {"require_call": True}, "none": {"allow_call": False}}.get(choice, {})
 
 
 def add_threads_argument(parser: argparse.ArgumentParser) -> None:
@@ -115,6 +139,7 @@ def build_needle(args: argparse.Namespace) -> Any:
         speculate=not getattr(args, "no_speculate", False),
         threads=getattr(args, "threads", None), mcp=getattr(args, "mcp", None),
         tool_format=getattr(args, "tool_format", None),
+        template_kwargs=getattr(args, "chat_template_kwargs", None),
     )
 
 

@@ -19,6 +19,7 @@ from .common import (
     notice,
     print_events,
     print_result,
+    turn_options,
 )
 
 HELP = "answer one query with tool calls (pretty output, or --json for the raw envelope)"
@@ -60,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     with needle:  # stops the MCP servers it started
         if needle.mcp is not None and not args.no_execute:
             # the agent loop: each chosen call runs on its MCP server (api/agent.py)
-            print_result(needle.run(query), args)
+            print_result(needle.run(query, **turn_options(args)), args)
         else:
-            print_events(needle.stream(query), args)
+            print_events(needle.stream(query, **turn_options(args)), args)
     return 0

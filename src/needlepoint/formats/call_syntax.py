@@ -93,6 +93,19 @@ def check_tool_format(name: str | None) -> str:
     return name
 
 
+def parse_template_kwargs(text: str) -> dict:
+    """`--chat-template-kwargs` of run / chat / serve: a JSON object of chat-template
+    variables (`{"enable_thinking": false}`, as llama.cpp's server takes it); ValueError with
+    the reason otherwise."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"not JSON ({error}): {text!r}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"expected a JSON object of template variables, got {text!r}")
+    return value
+
+
 # ---------------------------------------------------------------------- FunctionGemma -> JSON
 _NAME, _KEY, _VALUE, _AFTER, _STRING, _LITERAL, _DONE, _RAW = range(8)
 

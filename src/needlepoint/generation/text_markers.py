@@ -14,6 +14,7 @@ before the first, `,` between, `]` at the end), so `call_text` is a list either 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,6 +59,12 @@ def closing_mask(token_bytes: list[bytes], marker: str = "") -> np.ndarray:
                      for chars in tiers], bool)
 
 
+def close_reserve(budget: int | None) -> int:
+    """The tokens kept to close a call: `CLOSE_RESERVE`, at most a quarter of a small
+    `budget` (max_new_tokens)."""
+    return CLOSE_RESERVE if budget is None else min(CLOSE_RESERVE, budget // 4)
+
+
 def close_when_short(allowed: np.ndarray, closing: np.ndarray, remaining: int,
                      budget: int | None = None) -> np.ndarray:
     """Near the end of the token budget inside a call, only what closes it: a token that
@@ -66,14 +73,30 @@ def close_when_short(allowed: np.ndarray, closing: np.ndarray, remaining: int,
     grammar allows (a forced key). So a call running away (a string that never ends, the
     same call again and again) is closed instead of being cut off unparseable. The reserve is
     `CLOSE_RESERVE` tokens, at most a quarter of a small `budget` (max_new_tokens)."""
-    reserve = CLOSE_RESERVE if budget is None else min(CLOSE_RESERVE, budget // 4)
-    if remaining > reserve:
+    if remaining > close_reserve(budget):
         return allowed
     for tier in closing:
         narrowed = allowed & tier
         if narrowed.any():
             return narrowed
     return allowed
+
+
+def end_when_short(allowed: np.ndarray, ends: Iterable[int], remaining: int,
+                   budget: int | None = None, block: int = 0) -> np.ndarray:
+    """Between call blocks (one call object per marker pair: Qwen, FunctionGemma), when
+    another block like the longest so far (`block` tokens, markers included) would leave
+    less than the closing reserve of `close_when_short`: only the end of the turn, when the
+    grammar allows it. So the answer ends with the calls it has instead of opening one more
+    block that the budget cuts off unparseable (a looping model calling the same tool again
+    and again: issue 28 item 4, qwen3-tiny's own weights). Inside a block `close_when_short`
+    cannot shorten what the grammar forces (a name, a key), hence a whole block's room."""
+    if remaining > close_reserve(budget) + block:
+        return allowed
+    narrowed = np.zeros_like(allowed)
+    ids = [t for t in ends if 0 <= t < len(allowed)]
+    narrowed[ids] = allowed[ids]
+    return narrowed if narrowed.any() else allowed
 
 
 def held_prefix(text: str, marker: str) -> int:

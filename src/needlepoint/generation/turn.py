@@ -47,7 +47,7 @@ from .logprobs import token_logprob
 from .sampling import choose_token, resolve_seed, softmax
 from .segments import ANSWER, CALL, THINK, SegmentParser
 from .speculate import PlainStepper, stepper
-from .text_markers import close_when_short, explicit_choice
+from .text_markers import close_when_short, end_when_short, explicit_choice
 from .turn_config import Constraint, GenerationConfig, Matcher, TurnVocab
 from .turn_result import TurnResult
 
@@ -114,6 +114,8 @@ class TurnState:
     think_closed: bool = False  # a text-only turn's budget closed the think block
     stop_reason: str = "length"
     pending: list[int] = field(default_factory=list)
+    block_start: int | None = None  # where the call block being written began (its token)
+    longest_block: int = 0  # tokens of the longest call block so far (`end_when_short`)
 
     @classmethod
     def start(cls, vocab: TurnVocab, config: GenerationConfig, constraint: Constraint | None,
@@ -134,12 +136,24 @@ class TurnState:
     def emit(self, token: int) -> list[DeltaEvent]:
         """Record `token` and split it into events; `<tool_call>` starts the call grammar."""
         self.tokens.append(token)
+        before = self.parser.mode
         events = self.parser.feed(token)
+        self._measure_block(before)
         if token == self.vocab.markers.tool_call_open and self.parser.mode == CALL:
             self.answer = None  # a call replaces a constrained answer
             if self.constraint is not None:
                 self.matcher = self.constraint.start()
         return events
+
+    def _measure_block(self, before: str) -> None:
+        """Count the tokens of each call block, from the token that opened it to the one that
+        closed it."""
+        mode = self.parser.mode
+        if mode == CALL and before != CALL:
+            self.block_start = len(self.tokens) - 1
+        elif before == CALL and mode != CALL and self.block_start is not None:
+            self.longest_block = max(self.longest_block, len(self.tokens) - self.block_start)
+            self.block_start = None
 
     def budget_spent(self) -> bool:
         """Whether the reasoning budget ends the free phase now."""
@@ -170,9 +184,13 @@ class TurnState:
                     vocab.call_start is not None:
                 allowed = explicit_choice(allowed, logits, vocab.call_start,
                                           config.call_threshold)
+            remaining = config.max_new_tokens - len(self.tokens)
             if vocab.closing is not None and parser.mode == CALL:
-                allowed = close_when_short(allowed, vocab.closing, config.max_new_tokens
-                                           - len(self.tokens), config.max_new_tokens)
+                allowed = close_when_short(allowed, vocab.closing, remaining,
+                                           config.max_new_tokens)
+            elif vocab.closing is not None and parser.call is not None:  # a block closed
+                allowed = end_when_short(allowed, vocab.markers.stops, remaining,
+                                         config.max_new_tokens, self.longest_block)
             return allowed
         if parser.call is None:
             return _free_mask(vocab, parser, config)

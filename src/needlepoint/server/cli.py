@@ -52,6 +52,7 @@ def serve(
     api_keys: Sequence[str] | None = None,
     body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
     tool_format: str | None = None,
+    template_kwargs: dict[str, Any] | None = None,
     mcp: Any = None,
     mcp_hosts: Sequence[str] = (),
     handoff: Any = None,
@@ -89,13 +90,7 @@ def serve(
             from ..models.hub import load_model
 
             model = load_model(model, threads=threads)
-    factory = None
-    if tool_format not in (None, "auto"):  # a template model's call syntax (issue 28 item 4)
-        from functools import partial
-
-        from ..api.needle import Needle
-
-        factory = partial(Needle, tool_format=tool_format)
+    factory = needle_factory(tool_format, template_kwargs)
     tools = None
     if mcp is not None:
         from ..api.mcp_tools import McpTools
@@ -128,6 +123,23 @@ def _run(app: Any, host: str, port: int, keys: Sequence[str], log_level: str) ->
     # line per request with its x-request-id, through uvicorn's handler and format.
     uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False,
                 log_config=_log_config(log_level))
+
+
+def needle_factory(tool_format: str | None, template_kwargs: dict[str, Any] | None) -> Any:
+    """The server's `Needle` maker for `--tool-format` / `--chat-template-kwargs` (issue 28
+    item 4): the call syntax for every request, the template variables as every request's
+    defaults, under the request's own `chat_template_kwargs`; None: plain `Needle`."""
+    if tool_format in (None, "auto") and not template_kwargs:
+        return None
+    from ..api.needle import Needle
+
+    defaults = dict(template_kwargs or {})
+
+    def make(**kwargs: Any) -> Needle:
+        kwargs["template_kwargs"] = {**defaults, **(kwargs.get("template_kwargs") or {})}
+        return Needle(tool_format=tool_format, **kwargs)
+
+    return make
 
 
 def _log_config(level: str) -> dict[str, Any]:
@@ -201,6 +213,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tool-format", choices=TOOL_FORMATS, default=None,
                         help="a chat-template model's tool-call syntax (default auto: the one "
                         "its chat template uses)")
+    parser.add_argument("--chat-template-kwargs", type=_template_kwargs, default=None,
+                        metavar="JSON", help="default variables for a chat-template model's "
+                        """template, e.g. '{"enable_thinking": false}' (a request's """
+                        "chat_template_kwargs go on top)")
     from ..stages.options import add_stage_arguments
 
     parser.add_argument("--api-key", dest="api_keys", action="append", metavar="KEY",
@@ -253,6 +269,7 @@ def run(args: argparse.Namespace) -> int:
         api_keys=getattr(args, "api_keys", None),
         body_timeout_s=getattr(args, "body_timeout", DEFAULT_BODY_TIMEOUT_S),
         tool_format=getattr(args, "tool_format", None),
+        template_kwargs=getattr(args, "chat_template_kwargs", None),
         mcp=getattr(args, "mcp", None),
         mcp_hosts=getattr(args, "mcp_hosts", ()),
         handoff=_handoff(args),
@@ -292,3 +309,12 @@ def _at_least(low: int) -> Any:
         return value
 
     return parse
+
+
+def _template_kwargs(text: str) -> dict[str, Any]:
+    from ..formats.call_syntax import parse_template_kwargs
+
+    try:
+        return parse_template_kwargs(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
