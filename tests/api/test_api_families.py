@@ -234,7 +234,7 @@ def test_server_multi_turn_with_tool_results(servers, models, name) -> None:
 def test_serve_chat_template_kwargs_are_every_request_s_defaults(models) -> None:
     """`serve --chat-template-kwargs` (`server.cli.needle_factory`): the template variables of
     every request, under a request's own `chat_template_kwargs`."""
-    from needlepoint.cli.main import build_parser
+    from needlepoint.command import build_parser
     from needlepoint.formats.chat_format import TemplateFormat
     from needlepoint.server.cli import needle_factory
 

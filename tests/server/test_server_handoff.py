@@ -47,7 +47,7 @@ def start_serve(*args: str, env: dict | None = None) -> tuple[subprocess.Popen, 
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(SRC), "OMP_NUM_THREADS": "1", **(env or {})}
     log = tempfile.TemporaryFile()  # a file, not a pipe: it never fills up
-    process = subprocess.Popen([sys.executable, "-m", "needlepoint.cli", "serve", "--port",
+    process = subprocess.Popen([sys.executable, "-m", "needlepoint", "serve", "--port",
                                 str(port), "--workers", "2", "--log-level", "warning", *args],
                                env=env, stdout=subprocess.DEVNULL, stderr=log)
     process.log = log  # type: ignore[attr-defined]
@@ -227,7 +227,7 @@ def test_serve_flags_wire_mcp_and_handoff(big):
 
 
 def test_serve_refuses_a_handoff_url_without_a_model():
-    result = subprocess.run([sys.executable, "-m", "needlepoint.cli", "serve", "--handoff-url",
+    result = subprocess.run([sys.executable, "-m", "needlepoint", "serve", "--handoff-url",
                              "http://127.0.0.1:1/v1"], capture_output=True, text=True,
                             env={**os.environ, "PYTHONPATH": str(SRC)}, timeout=120)
     assert result.returncode != 0 and "--handoff-model" in result.stderr
