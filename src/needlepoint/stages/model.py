@@ -29,6 +29,7 @@ from ..models.parts import load_part, part_numerics
 from .pipeline import run_batch
 from .placement import check_stage_cpus
 from .plan import StagePlan, plan_stages
+from .recovery import Recovery, RecoveryPolicy
 from .session import StagedSession
 from .stage import StageSpec
 
@@ -38,7 +39,8 @@ TRANSPORTS = ("local", "ray")
 class StagedModel:
     """A model whose blocks run on stages. Use `needlepoint.load(path, stages=...)`."""
 
-    def __init__(self, path: str, part: LayerRange, plan: StagePlan, transport) -> None:
+    def __init__(self, path: str, part: LayerRange, plan: StagePlan, transport,
+                 recovery: RecoveryPolicy | None = None) -> None:
         self.path = path
         self.part = part
         self.config = part.config
@@ -49,6 +51,9 @@ class StagedModel:
         self.micro_batches: int | None = None  # run_batch (None: pipeline.py's default)
         self._lock = threading.Lock()
         self._calls = 0  # run_batch calls in flight
+        # replay on a lost stage (issue 30): the live sessions, the losses, the replays
+        self.recovery = Recovery(self, recovery or RecoveryPolicy())
+        self.recovery.incarnations = dict(enumerate(transport.call_all("ping")))
 
     def check_ids(self, ids: Sequence[int] | np.ndarray, position: int = 0) -> np.ndarray:
         """Token ids as int64, or a ModelInputError naming what is wrong."""
@@ -125,7 +130,8 @@ class StagedModel:
         try:
             stacks = getattr(self.part, "stacks", False)
             micro = self.micro_batches or (1 if stacks and not alone else None)
-            return run_batch(self, requests, micro)
+            return self.recovery.run([session for session, _, _ in requests],
+                                     lambda: run_batch(self, requests, micro))
         finally:
             with self._lock:
                 self._calls -= 1
@@ -134,6 +140,11 @@ class StagedModel:
         """Per stage: its layers, process id, host, RSS, resident archive bytes, sessions
         (with the local transport every stage reports this one process's RSS)."""
         return self.transport.call_all("info")
+
+    def stage_health(self) -> dict:
+        """Losses, replays and the stages recovering now ("degraded" meanwhile): the
+        server's /health and /metrics read it (recovery.py)."""
+        return self.recovery.health()
 
     def close(self) -> None:
         """Stop the stages (local worker threads, or Ray actors)."""
@@ -175,6 +186,9 @@ def load_staged(
     start_timeout_s: float = 120.0,
     call_timeout_s: float = 300.0,
     stage_cpus: float | None = None,
+    max_stage_recoveries: int = 3,
+    recovery_window_s: float = 300.0,
+    recovery_timeout_s: float = 60.0,
 ) -> StagedModel:
     """Load a model cut into `stages` (a count, balanced by weight bytes, or the first layer
     of each stage, e.g. `[0, 7, 14]`): a Needle 3 `.cact` archive, a Hugging Face model
@@ -190,7 +204,13 @@ def load_staged(
     all fit the cluster's nodes are a `StagePlacementError` before any actor starts. Every
     node must see the model at `path`. A stage that does not start within `start_timeout_s`
     is a `StageStartError`; a call with no answer within `call_timeout_s` a `StageLostError`.
+    A lost stage (process died, or no answer within `call_timeout_s`) is restarted and the
+    sessions that lived on it are replayed, the failed call re-issued (`recovery.py`), up to
+    `max_stage_recoveries` losses of a stage within `recovery_window_s`, each back within
+    `recovery_timeout_s`; past that (or with `max_stage_recoveries=0`) the call fails with
+    the `StageLostError`.
     """
+    policy = RecoveryPolicy(max_stage_recoveries, recovery_window_s, recovery_timeout_s)
     if stages is None:
         raise StagePlanError("stages= is needed (a count, or each stage's first layer): "
                              "transport= and ray_address= apply to a model cut into stages")
@@ -222,4 +242,8 @@ def load_staged(
         from .local import LocalTransport
 
         carrier = LocalTransport(specs)
-    return StagedModel(source, part, plan, carrier)
+    try:
+        return StagedModel(source, part, plan, carrier, policy)
+    except BaseException:
+        carrier.close()
+        raise

@@ -105,18 +105,21 @@ class RayTransport:
             if address is None and not os.environ.get("RAY_ADDRESS"):
                 check_fits(demands, [local_node()])  # before starting a local instance
             ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
-        actor_class = ray.remote(StageActor)
+        self.actor_class = ray.remote(StageActor)
         check_fits(demands, nodes_of(ray.nodes()))
-        self.actors = [
-            actor_class.options(max_restarts=-1, max_task_retries=0, **opts).remote(spec)
-            for spec, opts in zip(self.specs, options, strict=True)
-        ]
+        self.options = options
+        self.actors = [self._start(spec, opts)
+                       for spec, opts in zip(self.specs, options, strict=True)]
         self.stage_of = {actor._actor_id.hex(): k for k, actor in enumerate(self.actors)}
         try:
             self._wait_ready(options, start_timeout_s)
         except BaseException:
             self.close()
             raise
+
+    def _start(self, spec: StageSpec, opts: dict) -> Any:
+        return self.actor_class.options(max_restarts=-1, max_task_retries=0,
+                                        **opts).remote(spec)
 
     def _wait_ready(self, options: list[dict], timeout: float) -> None:
         ray = self.ray
@@ -189,8 +192,10 @@ class RayTransport:
         if isinstance(error, exceptions.GetTimeoutError):
             silent = self._first_silent(stage)
             spec = self.specs[silent]
-            return StageLostError(f"{spec.name} did not answer within {waited:.0f} s "
+            lost = StageLostError(f"{spec.name} did not answer within {waited:.0f} s "
                                   f"(call_timeout_s); the request is abandoned", silent)
+            lost.timed_out = True  # type: ignore[attr-defined]  # recovery.py restarts it
+            return lost
         if isinstance(error, exceptions.RayError):
             spec = self.specs[stage]
             return StageLostError(f"{spec.name}: {type(error).__name__}: "
@@ -222,6 +227,48 @@ class RayTransport:
         except Exception:  # noqa: BLE001 - Ray shut down, actor gone: nothing to free
             pass
 
+    # -- recovery (recovery.py) -------------------------------------------------------------
+    def restart(self, stage: int) -> None:
+        """Kill a stage that stopped answering so that Ray restarts it (max_restarts=-1)."""
+        try:
+            self.ray.kill(self.actors[stage], no_restart=False)
+        except Exception:  # noqa: BLE001 - already gone: Ray restarts it or wait_back replaces
+            pass
+
+    def wait_back(self, stage: int, timeout: float) -> str:
+        """The incarnation of `stage` once it answers again: Ray's restart of its actor, or,
+        where the actor is dead for good, a replacement started with the same options (the
+        old one killed first: no orphan). A `StageLostError` if none answers in `timeout`."""
+        ray, spec = self.ray, self.specs[stage]
+        deadline = time.monotonic() + timeout
+        problem: Any = "no answer"
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                return self.ray.get(self.actors[stage].call.remote("ping"),
+                                    timeout=min(left, 10.0))
+            except ray.exceptions.GetTimeoutError as error:
+                problem = error
+            except ray.exceptions.ActorDiedError as error:
+                problem = error
+                if not getattr(error, "preempted", False) and _dead_for_good(error):
+                    self._replace(stage)
+                time.sleep(0.2)
+            except ray.exceptions.RayError as error:  # restarting: unavailable for now
+                problem = error
+                time.sleep(0.2)
+        raise StageLostError(f"{spec.name} is not back within {timeout:g} s "
+                             f"({_last_line(str(problem))})", stage)
+
+    def _replace(self, stage: int) -> None:
+        old = self.actors[stage]
+        try:
+            self.ray.kill(old, no_restart=True)
+        except Exception:  # noqa: BLE001 - already gone
+            pass
+        self.stage_of.pop(old._actor_id.hex(), None)
+        self.actors[stage] = self._start(self.specs[stage], self.options[stage])
+        self.stage_of[self.actors[stage]._actor_id.hex()] = stage
+
     def close(self) -> None:
         if self.closed:
             return
@@ -231,6 +278,14 @@ class RayTransport:
                 self.ray.kill(actor, no_restart=True)
             except Exception:  # noqa: BLE001 - already gone
                 pass
+
+
+def _dead_for_good(error: BaseException) -> bool:
+    """An ActorDiedError that says the actor will not be restarted (killed for good, its
+    restarts used up): Ray's restart of a crashed actor answers "unavailable" meanwhile."""
+    text = str(error)
+    return "will not be restarted" in text or "no_restart" in text or (
+        "max_restarts" in text and "exceeded" in text)
 
 
 def _last_line(text: str) -> str:
