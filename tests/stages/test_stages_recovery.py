@@ -166,3 +166,24 @@ def test_losses_past_the_bound_fail_naming_the_stage():
 def test_recovery_options_are_checked():
     with pytest.raises(ValueError, match="max_stage_recoveries"):
         load_staged(fixture_path("tiny"), 2, max_stage_recoveries=-1)
+
+
+def test_a_session_opened_while_a_stage_is_lost_opens_once_it_is_back():
+    """The server opens a request's session when it arrives: a stage lost then is waited
+    for, as in a call."""
+    ids = long_prompt("tiny", 30)
+    with load_staged(fixture_path("tiny"), [0, 2]) as staged:
+        staged.transport.stages[1] = _OpenLost(staged.transport, 1)
+        session = staged.session()
+        assert_bits(session.prefill(ids), model("tiny").forward(ids)[-1])
+        assert staged.stage_health()["losses"] == 1
+        assert live_counts(staged) == [1, 1]
+
+
+class _OpenLost(Dying):
+    def __init__(self, transport, k: int) -> None:
+        super().__init__(transport, k, 1)
+
+    def open(self, *args):
+        self._tick()
+        return self.real.open(*args)
