@@ -187,3 +187,102 @@ class _OpenLost(Dying):
     def open(self, *args):
         self._tick()
         return self.real.open(*args)
+
+
+def test_server_streams_through_a_lost_stage_and_health_says_degraded_meanwhile():
+    """The server on a staged toy model: a stage lost during a streamed answer; while the
+    head waits for it (held here) /health says "degraded" and /metrics has the stage
+    recovering; released, the answer completes with the single process's calls and the
+    loss and replay are counted."""
+    import json
+    import threading
+    import urllib.request
+
+    import openai
+    from conftest import REPO_ROOT, toy_model_path
+    from server_helpers import ServerThread, collect_stream, openai_tools, user
+
+    from needlepoint.server import create_app
+
+    tools = openai_tools(json.loads((REPO_ROOT / "examples" / "tools.json").read_text()))
+    with load_staged(toy_model_path(), 2, cache=False) as staged:
+        transport, held, release = staged.transport, threading.Event(), threading.Event()
+        back = transport.wait_back
+
+        def wait_back(stage: int, timeout: float) -> str:
+            held.set()
+            assert release.wait(60)
+            return back(stage, timeout)
+
+        transport.wait_back = wait_back
+        with ServerThread(create_app(staged, model_name="toy")) as server:
+            client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="-", max_retries=0)
+            answer: dict = {}
+
+            def stream() -> None:
+                answer.update(collect_stream(client.chat.completions.create(
+                    model="toy", messages=user("wake me up at 06:45"), tools=tools,
+                    stream=True)))
+
+            lose(staged, 1, after=2)
+            worker = threading.Thread(target=stream)
+            worker.start()
+            assert held.wait(60), "the stage was not lost"
+            health = server.health()
+            assert health["status"] == "degraded" and health["stages"]["recovering"] == [1]
+            with urllib.request.urlopen(f"{server.url}/metrics", timeout=30) as reply:
+                assert "needlepoint_stages_recovering 1.0" in reply.read().decode()
+            release.set()
+            worker.join(60)
+            assert answer["calls"] == [("set_alarm", {"time": "06:45"})]
+            health = server.health()
+            assert health["status"] == "ok" and health["stages"]["losses"] == 1
+            with urllib.request.urlopen(f"{server.url}/metrics", timeout=30) as reply:
+                metrics = reply.read().decode()
+            assert "needlepoint_stage_losses_total 1.0" in metrics
+            assert "needlepoint_stage_replays_total 1.0" in metrics
+            assert "needlepoint_stages_recovering 0.0" in metrics
+
+
+def test_replicas_spread_sessions_and_a_lost_replicas_sessions_move():
+    """replicas=2 (local): sessions alternate between the replicas; replica 0's stage 1 is
+    lost during an engine step: its sessions go on in replica 1 (replayed there, without
+    waiting for the restart) with the single process's logits; nothing is left on replica
+    0; the restarted replica takes new sessions again."""
+    from needlepoint.stages.replicas import ReplicatedModel
+
+    reference = model("small")
+    prompts = [long_prompt("small", 30 + 9 * k)[k:] for k in range(4)]
+    with load_staged(fixture_path("small"), 2, replicas=2) as staged:
+        assert isinstance(staged, ReplicatedModel) and staged.pipeline_depth == 4
+        sessions = [staged.session(chunk=16) for _ in prompts]
+        first, second = staged.replicas
+        assert [s.model for s in sessions] == [first, second, first, second]
+        for session, prompt in zip(sessions, prompts, strict=True):
+            session.prefill(prompt[:-1], logits=False)
+        waits, back = [], first.transport.wait_back
+        first.transport.wait_back = lambda k, timeout: waits.append(timeout) or back(k, timeout)
+        lose(first, 1)
+        got = staged.run_batch([(s, p[-1:], False) for s, p in zip(sessions, prompts,
+                                                                    strict=True)])
+        for k, prompt in enumerate(prompts):
+            assert_bits(got[k], reference.forward(prompt)[-1], f"request {k}")
+        assert all(s.model is second for s in sessions)
+        assert max(waits, default=0) <= 0.05  # only probes: the move did not wait
+        assert live_counts(first) == [0, 0] and live_counts(second) == [4, 4]
+        health = staged.stage_health()
+        assert health["losses"] == 1 and health["replays"] == 2, health
+        assert_bits(sessions[0].step(7), reference.forward(np.append(prompts[0], 7))[-1])
+        assert staged.session().model is first  # back (restarted), fewest sessions
+        info = staged.stage_info()
+        assert [i["replica"] for i in info] == [0, 0, 1, 1]
+
+
+def test_replica_placement_is_checked():
+    from needlepoint.errors import StagePlanError
+
+    with pytest.raises(StagePlanError, match="replicas must be a positive int"):
+        load_staged(fixture_path("tiny"), 2, replicas=0)
+    with pytest.raises(StagePlanError, match="3 entries for 2 stages x 2 replicas"):
+        load_staged(fixture_path("tiny"), 2, replicas=2, transport="ray",
+                    placement=["a", "b", "c"])

@@ -30,6 +30,7 @@ from .pipeline import run_batch
 from .placement import check_stage_cpus
 from .plan import StagePlan, plan_stages
 from .recovery import Recovery, RecoveryPolicy
+from .replicas import check_replicas
 from .session import StagedSession
 from .stage import StageSpec
 
@@ -131,7 +132,7 @@ class StagedModel:
             stacks = getattr(self.part, "stacks", False)
             micro = self.micro_batches or (1 if stacks and not alone else None)
             return self.recovery.run([session for session, _, _ in requests],
-                                     lambda: run_batch(self, requests, micro))
+                                     lambda: run_batch(self, requests, micro), regroup=True)
         finally:
             with self._lock:
                 self._calls -= 1
@@ -189,7 +190,8 @@ def load_staged(
     max_stage_recoveries: int = 3,
     recovery_window_s: float = 300.0,
     recovery_timeout_s: float = 60.0,
-) -> StagedModel:
+    replicas: int = 1,
+) -> Any:
     """Load a model cut into `stages` (a count, balanced by weight bytes, or the first layer
     of each stage, e.g. `[0, 7, 14]`): a Needle 3 `.cact` archive, a Hugging Face model
     directory or a GGUF file (Llama family, GPT-2; `numerics` "deploy" = "int8", or "float").
@@ -208,7 +210,9 @@ def load_staged(
     sessions that lived on it are replayed, the failed call re-issued (`recovery.py`), up to
     `max_stage_recoveries` losses of a stage within `recovery_window_s`, each back within
     `recovery_timeout_s`; past that (or with `max_stage_recoveries=0`) the call fails with
-    the `StageLostError`.
+    the `StageLostError`. `replicas=R` places R copies of the stages (`placement`: one
+    entry per stage, or per stage of every replica) and spreads sessions over them; a lost
+    replica's sessions move to another by the same replay (`replicas.py`).
     """
     policy = RecoveryPolicy(max_stage_recoveries, recovery_window_s, recovery_timeout_s)
     if stages is None:
@@ -230,20 +234,38 @@ def load_staged(
     plan = plan_stages(part.block_bytes(), stages)
     specs = [StageSpec(source, r.index, len(plan), r.first, r.end, layers, numerics, threads,
                        cache) for r in plan.ranges]
-    if transport == "ray":
+    places = check_replicas(replicas, len(plan), placement)
+    models: list[StagedModel] = []
+    try:
+        for r, place in enumerate(places):
+            # the first replica's check covers every replica's stages, before any starts
+            also = [(specs, later) for later in places[r + 1:]] if r == 0 else []
+            carrier = _transport(transport, specs, ray_address, place, start_timeout_s,
+                                 call_timeout_s, stage_cpus, also)
+            try:
+                models.append(StagedModel(source, part, plan, carrier, policy))
+            except BaseException:
+                carrier.close()
+                raise
+    except BaseException:
+        for done in models:
+            done.close()
+        raise
+    if replicas == 1:
+        return models[0]
+    from .replicas import ReplicatedModel
+
+    return ReplicatedModel(models)
+
+
+def _transport(kind: str, specs: list[StageSpec], address: str | None, placement: Any,
+               start_timeout_s: float, call_timeout_s: float, stage_cpus: float | None,
+               also: list) -> Any:
+    if kind == "ray":
         from .ray_transport import RayTransport
 
-        if placement is not None and len(placement) != len(plan):
-            raise StagePlanError(f"placement has {len(placement)} entries for {len(plan)} "
-                                 "stages")
-        carrier: Any = RayTransport(specs, ray_address, placement, start_timeout_s,
-                                    call_timeout_s, stage_cpus)
-    else:
-        from .local import LocalTransport
+        return RayTransport(specs, address, placement, start_timeout_s, call_timeout_s,
+                            stage_cpus, also)
+    from .local import LocalTransport
 
-        carrier = LocalTransport(specs)
-    try:
-        return StagedModel(source, part, plan, carrier, policy)
-    except BaseException:
-        carrier.close()
-        raise
+    return LocalTransport(specs)

@@ -67,6 +67,18 @@ def actor_options(entry: Any) -> dict[str, Any]:
                          "'label=value' or a dict of Ray actor options")
 
 
+def stage_demands(specs: Sequence[StageSpec], placement: Sequence[Any] | None,
+                  stage_cpus: float | None) -> tuple[list[dict], list]:
+    """Each stage's Ray actor options and the reservation `placement.check_fits` packs."""
+    entries = list(placement) if placement is not None else [None] * len(specs)
+    options = [actor_options(entry) for entry in entries]
+    for spec, opts in zip(specs, options, strict=True):
+        # a stage keeps its threads busy, unless told to share (stage_cpus=0.5)
+        opts.setdefault("num_cpus", spec.threads if stage_cpus is None else stage_cpus)
+    return options, [demand_of(spec.name, opts, spec.index)
+                     for spec, opts in zip(specs, options, strict=True)]
+
+
 def _import_ray():
     try:
         import ray
@@ -89,18 +101,17 @@ class RayTransport:
 
     def __init__(self, specs: Sequence[StageSpec], address: str | None,
                  placement: Sequence[Any] | None, start_timeout_s: float = 120.0,
-                 call_timeout_s: float = 300.0, stage_cpus: float | None = None) -> None:
+                 call_timeout_s: float = 300.0, stage_cpus: float | None = None,
+                 also: Sequence[tuple[Sequence[StageSpec], Sequence[Any] | None]] = ()) -> None:
+        """`also`: the (specs, placement) of stages started after these (other replicas,
+        replicas.py), whose reservations are checked with these before any actor starts."""
         ray = self.ray = _import_ray()
         self.specs = list(specs)
         self.call_timeout_s = call_timeout_s
         self.closed = False
-        entries = list(placement) if placement is not None else [None] * len(self.specs)
-        options = [actor_options(entry) for entry in entries]
-        for spec, opts in zip(self.specs, options, strict=True):
-            # a stage keeps its threads busy, unless told to share (stage_cpus=0.5)
-            opts.setdefault("num_cpus", spec.threads if stage_cpus is None else stage_cpus)
-        demands = [demand_of(spec.name, opts, spec.index)
-                   for spec, opts in zip(self.specs, options, strict=True)]
+        options, demands = stage_demands(self.specs, placement, stage_cpus)
+        for more_specs, more_placement in also:
+            demands += stage_demands(more_specs, more_placement, stage_cpus)[1]
         if not ray.is_initialized():
             if address is None and not os.environ.get("RAY_ADDRESS"):
                 check_fits(demands, [local_node()])  # before starting a local instance

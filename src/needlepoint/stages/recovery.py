@@ -40,6 +40,10 @@ from ..models.chunking import chunks
 T = TypeVar("T")
 
 
+class SessionsMoved(Exception):  # noqa: N818 - a signal, not a failure
+    """Sessions of a batch call moved to another replica (replicas.py regroups the call)."""
+
+
 @dataclass(frozen=True)
 class RecoveryPolicy:
     """How hard the head tries to survive a lost stage (`load_staged` options)."""
@@ -84,6 +88,8 @@ class Recovery:
         self.replayed_tokens = 0
         self.failures = 0  # losses that failed their call (bound reached, stage not back)
         self.last_recovery_s: float | None = None
+        self.group: Any = None  # the ReplicatedModel this replica belongs to (replicas.py)
+        self.down: set[int] = set()  # replica mode: stages lost, not yet seen back
 
     # -- sessions ---------------------------------------------------------------------------
     def track(self, session: Any) -> None:
@@ -93,8 +99,10 @@ class Recovery:
         self.sessions.pop(sid, None)
 
     # -- one call ---------------------------------------------------------------------------
-    def run(self, sessions: Sequence[Any], call: Callable[[], T]) -> T:
-        """`call()`, which uses `sessions`; on a lost stage, replay and call again."""
+    def run(self, sessions: Sequence[Any], call: Callable[[], T], regroup: bool = False) -> T:
+        """`call()`, which uses `sessions`; on a lost stage, replay and call again (a call
+        that reads `session.model` again; with `regroup`, a batch call bound to this
+        replica, `SessionsMoved` when sessions moved to another replica)."""
         ids = [s.sid for s in sessions]
         attempts = 0
         with self._state:
@@ -110,6 +118,8 @@ class Recovery:
                         raise
                     attempts += 1
                     self._recover(stage, error, sessions)
+                    if regroup and any(s.model is not self.model for s in sessions):
+                        raise SessionsMoved from None
         finally:
             with self._state:
                 for sid in ids:
@@ -126,6 +136,11 @@ class Recovery:
             raise error
         with self._lock:
             started = time.monotonic()
+            target = self.group.sibling_for(self.model) if self.group is not None else None
+            if target is not None:  # replicas: move the sessions, no wait for a restart
+                self._move_away(stage, error, failed, target)
+                self.last_recovery_s = time.monotonic() - started
+                return
             self.recovering.add(stage)
             try:
                 known = self.incarnations.get(stage)
@@ -153,6 +168,49 @@ class Recovery:
                 self.last_recovery_s = time.monotonic() - started
             finally:
                 self.recovering.discard(stage)
+
+    def _move_away(self, stage: int, error: StageError, failed: Sequence[Any],
+                   target: Any) -> None:
+        """Replica mode: this replica's stage is lost; its idle sessions and those of the
+        failed call are replayed on every stage of `target` (another replica) and go on
+        there; Ray restarts the lost stage meanwhile (`refresh` sees it back)."""
+        if stage not in self.down:  # a new loss
+            self._count_loss(stage, error)
+            self.down.add(stage)
+            if getattr(error, "timed_out", False):
+                self.model.transport.restart(stage)
+            busy = {s.sid for s in failed}
+            with self._state:
+                busy |= set(self._in_flight)
+            for session in list(self.sessions.values()):
+                if session.sid not in busy and session.replayable():
+                    target.recovery.adopt(session)
+        for session in failed:
+            if session.model is self.model:
+                target.recovery.adopt(session)
+        self.recoveries += 1
+
+    def adopt(self, session: Any) -> None:
+        """Take `session` over from another replica: its caches there are freed, it is
+        replayed here on every stage from its tokens."""
+        old = session.model
+        session._finalizer.detach()
+        old.recovery.forget(session.sid)
+        for k in range(len(old.plan)):
+            old.transport.fire(k, "close", session.sid)
+        session.model = self.model
+        session._register()
+        self.replay(session, set(range(len(self.model.plan))))
+
+    def refresh(self) -> None:
+        """Replica mode: a lost stage answering again (Ray restarted it) is back in use."""
+        for stage in sorted(self.down):
+            try:
+                back = self.model.transport.wait_back(stage, 0.05)
+            except StageError:
+                continue
+            self.incarnations[stage] = back
+            self.down.discard(stage)
 
     def _count_loss(self, stage: int, error: StageError) -> None:
         now = time.monotonic()
@@ -218,7 +276,7 @@ class Recovery:
     # -- reports ----------------------------------------------------------------------------
     def health(self) -> dict[str, Any]:
         """For the server's /health and /metrics: "degraded" while a stage recovers."""
-        recovering = sorted(self.recovering)
+        recovering = sorted(self.recovering | self.down)
         return {"status": "degraded" if recovering else "ok", "recovering": recovering,
                 "losses": self.losses, "recoveries": self.recoveries,
                 "replays": self.replays, "replayed_tokens": self.replayed_tokens,

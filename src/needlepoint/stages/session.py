@@ -62,7 +62,7 @@ class StagedSession:
         self.head = model.part.head_state()
         self._register()
         self.incarnations = model.recovery.run(  # a stage lost meanwhile: wait, open again
-            [self], lambda: model.transport.call_all("open", self.sid, kv_window))
+            [self], lambda: self.model.transport.call_all("open", self.sid, kv_window))
 
     def _register(self) -> None:
         """Free the stages' caches when this session is closed or collected (registered
