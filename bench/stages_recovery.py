@@ -4,13 +4,18 @@ docs/benchmarks_stages.md and bench/results/stages_recovery.json.
 
 The shipped Needle 3 geometry in deploy numerics, 2 Ray stages (node_a, node_b) of a
 two-node loopback cluster (run inside the namespace `bench/stages.py` uses). Per context
-length (128, 512, 2,048 tokens) and sessions per stage (1, 2): that many sessions hold the
-context, stage 1's process is killed (`kill -9`), and the time from the kill to the next
-token of one of them is measured (Ray notices the loss, restarts the actor, which loads its
-blocks, the head replays every session's tokens through the stages and re-issues the step:
-`stages/recovery.py`). Beside it: the re-prefill time of the same tokens on the healthy
-stages, measured in the same run, and the target of the issue: resumed within 2 s + that
-re-prefill time. The load average is recorded before and after each point.
+length (128, 512, 2,048 tokens; 1 session) and sessions per stage (1, 2, 4 at 512 tokens):
+that many sessions hold the context, stage 1's process is killed (`kill -9`), and the
+time from the kill to the next token of one of them is measured (Ray notices the loss,
+restarts the actor, which loads its blocks, the head replays every session's tokens through
+the stages and re-issues the step: `stages/recovery.py`). Beside it: the re-prefill time
+of the same tokens on the healthy stages, measured in the same run, and the target of the
+issue: resumed within 2 s + that re-prefill time. The load average is recorded before and
+after each point.
+
+Replicas: aggregate decode tokens/s of 8 concurrent requests (each engine step one
+`run_batch` of their 8 next tokens) on 2 stages with 1 replica vs 2 replicas over the two
+nodes (replica 0: node_a, node_b; replica 1: node_b, node_a), in the same run.
 """
 
 from __future__ import annotations
@@ -29,8 +34,8 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 MODEL = REPO_ROOT.parent / "shared" / "fixtures" / "needle3" / "shipped.cact"
 RESULTS = REPO_ROOT / "bench" / "results" / "stages_recovery.json"
 REPORT = REPO_ROOT / "docs" / "benchmarks_stages.md"
-CONTEXTS = (128, 512, 2048)
-SESSIONS = (1, 2)
+POINTS = ((128, 1), (512, 1), (2048, 1), (512, 2), (512, 4))  # (context, sessions)
+REQUESTS, PROMPT, STEPS = 8, 64, 16  # the replicas' throughput
 HEADING = "## Recovery from a lost stage"
 MB = 1 << 20
 
@@ -85,14 +90,39 @@ def inside() -> dict:
         ray.init(address=cluster.address, log_to_driver=False)
         with load_staged(MODEL, 2, transport="ray", placement=["node_a", "node_b"],
                          cache=False, max_stage_recoveries=100) as staged:
-            for context in CONTEXTS:
-                for sessions in SESSIONS:
-                    rows.append(point(staged, context, sessions))
-                    print(rows[-1], flush=True)
+            for context, sessions in POINTS:
+                rows.append(point(staged, context, sessions))
+                print(rows[-1], flush=True)
+        rates = {}
+        for replicas, placement in ((1, ["node_a", "node_b"]),
+                                    (2, ["node_a", "node_b", "node_b", "node_a"])):
+            with load_staged(MODEL, 2, transport="ray", placement=placement, cache=False,
+                             replicas=replicas) as staged:
+                rates[replicas] = throughput(staged)
+                print("replicas", replicas, rates[replicas], flush=True)
     finally:
         ray.shutdown()
         cluster.shutdown()
-    return {"points": rows}
+    return {"points": rows, "replicas": rates}
+
+
+def throughput(staged, repeats: int = 2) -> dict:
+    """Decode tokens/s of REQUESTS requests stepping together (best of `repeats`)."""
+    best = 0.0
+    load = _load()
+    for _ in range(repeats):
+        sessions = [staged.session() for _ in range(REQUESTS)]
+        prompts = [_prompt(staged.config.vocab, PROMPT + STEPS, k) for k in range(REQUESTS)]
+        staged.run_batch([(s, p[:PROMPT], False) for s, p in zip(sessions, prompts,
+                                                                 strict=True)])
+        start = time.perf_counter()
+        for t in range(PROMPT, PROMPT + STEPS):
+            staged.run_batch([(s, p[t:t + 1], False) for s, p in zip(sessions, prompts,
+                                                                     strict=True)])
+        best = max(best, REQUESTS * STEPS / (time.perf_counter() - start))
+        for session in sessions:
+            session.close()
+    return {"tokens_per_s": round(best, 1), "load": [load, _load()]}
 
 
 def render(results: dict) -> list[str]:
@@ -117,6 +147,18 @@ def render(results: dict) -> list[str]:
                      f"{row['reprefill_s']:.2f} s | {extra:.2f} s | "
                      f"{'yes' if row['within_target'] else 'no'} | "
                      f"{before[0]:.1f} / {after[0]:.1f} |")
+    rates = results.get("replicas") or {}
+    if rates:
+        one, two = rates.get("1") or rates.get(1), rates.get("2") or rates.get(2)
+        lines += ["", f"Replicas ({REQUESTS} concurrent requests, {STEPS} decode steps "
+                  f"after a {PROMPT}-token prompt, each step one `run_batch`; 2 stages per "
+                  "replica, best of 2 rounds):", "",
+                  "| replicas | nodes | decode tokens/s | vs 1 replica | load before / after |",
+                  "|---:|---:|---:|---:|---|"]
+        for count, row in ((1, one), (2, two)):
+            lines.append(f"| {count} | 2 | {row['tokens_per_s']:.1f} | "
+                         f"{row['tokens_per_s'] / one['tokens_per_s']:.2f}x | "
+                         f"{row['load'][0][0]:.1f} / {row['load'][1][0]:.1f} |")
     return lines + [""]
 
 

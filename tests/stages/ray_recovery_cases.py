@@ -21,7 +21,7 @@ import urllib.request
 import numpy as np
 from conftest import REPO_ROOT
 from ray_cases import cluster  # noqa: F401 - the two-node cluster fixture
-from stages_helpers import fixture_path, long_prompt
+from stages_helpers import assert_bits, fixture_path, long_prompt
 from v3_helpers import model
 
 import needlepoint
@@ -178,6 +178,69 @@ def test_streaming_server_answer_survives_a_killed_stage(cluster):  # noqa: F811
             assert "needlepoint_stage_losses_total 1.0" in metrics, metrics[-2000:]
             assert "needlepoint_stage_replays_total" in metrics
             assert staged.stage_info()[1]["pid"] != pid
+
+
+def _cpus_free() -> None:
+    """Wait for the CPUs of earlier cases' actors (given back lazily)."""
+    import ray
+
+    total = ray.cluster_resources()["CPU"]
+    deadline = time.monotonic() + 60
+    while ray.available_resources().get("CPU") != total and time.monotonic() < deadline:
+        time.sleep(0.5)
+
+
+def test_silent_stage_is_restarted_and_replayed(cluster):  # noqa: F811
+    """A stage that stops answering (SIGSTOP) past call_timeout_s is killed so that Ray
+    restarts it, and the session is replayed: the same logits as one process."""
+    reference = model("tiny")
+    ids = long_prompt("tiny", 60)
+    placement = ["node_a", "node_b", "node_a"]
+    with load_staged(fixture_path("tiny"), [0, 1, 3], transport="ray", placement=placement,
+                     call_timeout_s=3, cache=False) as staged:
+        session = staged.session(chunk=16)
+        session.prefill(ids[:40], logits=False)
+        pid = staged.stage_info()[1]["pid"]
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            assert_bits(session.extend(ids[40:]), reference.forward(ids)[40:])
+        finally:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+        assert staged.stage_info()[1]["pid"] != pid
+        health = staged.stage_health()
+        assert health["losses"] == 1 and health["failures"] == 0, health
+
+
+def test_replicas_across_two_nodes_move_a_lost_replicas_sessions(cluster):  # noqa: F811
+    """2 stages x 2 replicas over the two nodes (replica 0: node_a, node_b; replica 1:
+    node_b, node_a): 4 concurrent greedy decodes spread over the replicas, replica 0's
+    stage 1 killed mid-decode: its sessions move to replica 1 and every request's tokens
+    are the single process's; replica 0 holds no session after."""
+    _cpus_free()
+    reference = model("small")
+    prompts = [long_prompt("small", 40 + 15 * k)[k:] for k in range(4)]
+    expected = [greedy(reference.session(), p, DECODE) for p in prompts]
+    with load_staged(fixture_path("small"), 2, transport="ray", replicas=2, cache=False,
+                     placement=["node_a", "node_b", "node_b", "node_a"]) as staged:
+        first, second = staged.replicas
+        got = _kill_mid_decode(staged, 1, prompts, threading.Semaphore(0))
+        for k, tokens in enumerate(expected):
+            assert got[k] == tokens, f"request {k}: {got[k]!r} != {tokens}"
+        gc.collect()
+        deadline = time.monotonic() + 60  # replica 0's stage restarts meanwhile
+        while first.recovery.down and time.monotonic() < deadline:
+            first.recovery.refresh()
+            time.sleep(0.2)
+        assert not first.recovery.down, "replica 0's stage did not come back"
+        assert [i["sessions"] for i in first.stage_info()] == [0, 0]
+        assert [i["sessions"] for i in second.stage_info()] == [0, 0]  # all closed
+        health = staged.stage_health()
+        assert health["losses"] == 1 and health["failures"] == 0, health
+        assert health["replays"] == 2, health  # replica 0's two sessions, moved once each
+        print(json.dumps({"replicas": health}))
 
 
 def test_no_stage_actor_is_left_after_recovery(cluster):  # noqa: F811

@@ -110,6 +110,10 @@ class Recovery:
                 self._in_flight[sid] = self._in_flight.get(sid, 0) + 1
         try:
             while True:
+                with self._lock:  # a recovery under way finishes first (it may be
+                    pass  # replaying these sessions, or moving them away)
+                if regroup and any(s.model is not self.model for s in sessions):
+                    raise SessionsMoved
                 try:
                     return call()
                 except StageError as error:

@@ -12,6 +12,7 @@ pipeline at once, and regroups the requests whose sessions moved.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -51,6 +52,7 @@ class ReplicatedModel:
         for replica in self.replicas:
             replica.recovery.group = self
         self._pool = ThreadPoolExecutor(len(self.replicas), thread_name_prefix="replica")
+        self._placing = threading.Lock()  # sessions opened at once still spread evenly
 
     def __getattr__(self, name: str) -> Any:
         if name == "replicas":  # not set yet (during unpickling / a failed __init__)
@@ -80,7 +82,8 @@ class ReplicatedModel:
 
     def session(self, kv_window: int | None = None, *, trace: Any = None,
                 chunk: int | None = None) -> Any:
-        return self._pick().session(kv_window, trace=trace, chunk=chunk)
+        with self._placing:
+            return self._pick().session(kv_window, trace=trace, chunk=chunk)
 
     def forward(self, ids: Any, *, trace: Any = None) -> np.ndarray:
         return self._pick().forward(ids, trace=trace)
