@@ -263,10 +263,10 @@ class RayTransport:
                 problem = error
                 if not getattr(error, "preempted", False) and _dead_for_good(error):
                     self._replace(stage)
-                time.sleep(0.2)
+                time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
             except ray.exceptions.RayError as error:  # restarting: unavailable for now
                 problem = error
-                time.sleep(0.2)
+                time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
         raise StageLostError(f"{spec.name} is not back within {timeout:g} s "
                              f"({_last_line(str(problem))})", stage)
 

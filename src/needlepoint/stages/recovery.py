@@ -34,7 +34,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from ..errors import StageError, StageLostError
+from ..errors import StageError, StageLostError, StageSessionLostError
 from ..models.chunking import chunks
 
 T = TypeVar("T")
@@ -166,9 +166,9 @@ class Recovery:
                     for session in list(self.sessions.values()):
                         if session.sid not in busy and session.replayable():
                             self._replay_idle(session, stage)
+                    self.recoveries += 1  # once per loss (other calls replay their own)
                 for session in failed:
                     self.replay(session, set(range(len(self.model.plan))))
-                self.recoveries += 1
                 self.last_recovery_s = time.monotonic() - started
             finally:
                 self.recovering.discard(stage)
@@ -178,7 +178,7 @@ class Recovery:
         """Replica mode: this replica's stage is lost; its idle sessions and those of the
         failed call are replayed on every stage of `target` (another replica) and go on
         there; Ray restarts the lost stage meanwhile (`refresh` sees it back)."""
-        if stage not in self.down:  # a new loss
+        if self._new_loss(stage, error):
             self._count_loss(stage, error)
             self.down.add(stage)
             if getattr(error, "timed_out", False):
@@ -189,10 +189,25 @@ class Recovery:
             for session in list(self.sessions.values()):
                 if session.sid not in busy and session.replayable():
                     target.recovery.adopt(session)
+            self.recoveries += 1
         for session in failed:
             if session.model is self.model:
                 target.recovery.adopt(session)
-        self.recoveries += 1
+
+    def _new_loss(self, stage: int, error: StageError) -> bool:
+        """Replica mode: a loss not seen yet (a stage already down, or answering with the
+        incarnation `refresh` saw come back, is not)."""
+        if stage in self.down:
+            return False
+        if isinstance(error, StageSessionLostError):  # it answers: restarted since?
+            try:
+                back = self.model.transport.wait_back(stage, 1.0)
+            except StageError:
+                return True
+            if back == self.incarnations.get(stage):
+                return False
+            self.incarnations[stage] = back
+        return True
 
     def adopt(self, session: Any) -> None:
         """Take `session` over from another replica: its caches there are freed, it is

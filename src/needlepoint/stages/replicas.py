@@ -67,7 +67,8 @@ class ReplicatedModel:
     # -- placing sessions -------------------------------------------------------------------
     def _healthy(self, exclude: Any = None) -> list[Any]:
         for replica in self.replicas:
-            replica.recovery.refresh()
+            if replica is not exclude:  # its own loss is being handled: not back yet
+                replica.recovery.refresh()
         return [r for r in self.replicas if r is not exclude and not r.recovery.down
                 and not r.recovery.recovering]
 
