@@ -163,12 +163,14 @@ class Recovery:
                     busy = {s.sid for s in failed}
                     with self._state:
                         busy |= set(self._in_flight)
-                    for session in list(self.sessions.values()):
-                        if session.sid not in busy and session.replayable():
-                            self._replay_idle(session, stage)
+                    idle = [(session, {stage}, False) for session in
+                            list(self.sessions.values())
+                            if session.sid not in busy and session.replayable()]
                     self.recoveries += 1  # once per loss (other calls replay their own)
-                for session in failed:
-                    self.replay(session, set(range(len(self.model.plan))))
+                else:
+                    idle = []
+                every = set(range(len(self.model.plan)))
+                self.replay_all(idle + [(session, every, True) for session in failed])
                 self.last_recovery_s = time.monotonic() - started
             finally:
                 self.recovering.discard(stage)
@@ -245,52 +247,66 @@ class Recovery:
                               f"{self.policy.max_stage_recoveries} reached)", stage) from None
 
     # -- the replay -------------------------------------------------------------------------
-    def _replay_idle(self, session: Any, stage: int) -> None:
-        """An idle session rebuilt on the lost stage; if that fails too, its id is dropped
-        there, so its next call finds no cache and replays it on every stage."""
-        try:
-            self.replay(session, {stage})
-        except StageError:
-            self.model.transport.fire(stage, "close", session.sid)
-
     def replay(self, session: Any, dirty: set[int]) -> None:
-        """Rebuild `session`'s caches on the stages in `dirty` from its tokens, in chunks:
-        every stage up to the last dirty one runs them (a clean stage under a throw-away id,
-        its own caches untouched); with every stage dirty the head's state is rebuilt too."""
+        """Rebuild `session`'s caches on the stages in `dirty` from its tokens (`replay_all`)."""
+        self.replay_all([(session, dirty, True)])
+
+    def replay_all(self, items: Sequence[tuple[Any, set[int], bool]]) -> None:
+        """Per (session, dirty stages, strict): rebuild the session's caches on the dirty
+        stages from its tokens, in chunks: every stage up to the last dirty one runs them (a
+        clean stage under a throw-away id, its own caches untouched); with every stage dirty
+        the head's state is rebuilt too. Every session's chunks are submitted before any is
+        waited for, so the stages replay several sessions at once (stage k the first while
+        stage k-1 the next). A strict item's failure is raised; another's drops the session
+        from its dirty stages, so its next call finds no cache there and replays it all."""
+        transport = self.model.transport
+        launched = [self._launch(session, dirty) for session, dirty, _ in items]
+        problem: StageError | None = None
+        for (session, dirty, strict), (names, head, checks) in zip(items, launched,
+                                                                   strict=True):
+            try:
+                at = transport.gather(checks)
+                if any(p != len(session.tokens) for p in at):
+                    raise StageLostError(f"replaying session {session.sid[:8]} left the "
+                                         f"stages at positions {at}, not "
+                                         f"{len(session.tokens)}", max(dirty))
+            except StageError as error:
+                for k in dirty:
+                    transport.fire(k, "close", session.sid)
+                problem = problem or (error if strict else None)
+                continue
+            finally:
+                for k, name in enumerate(names):
+                    if name != session.sid:
+                        transport.fire(k, "close", name)
+            if len(dirty) == len(self.model.plan):
+                session.head = head
+            session.broken = None
+            with self._state:
+                self.replays += 1
+                self.replayed_tokens += len(session.tokens)
+        if problem is not None:
+            raise problem
+
+    def _launch(self, session: Any, dirty: set[int]) -> tuple[list[str], Any, list]:
+        """Submit one session's replay: opens, chunks, then a `position` call per stage (a
+        stage runs its calls in order: it answers once every chunk has run there)."""
         model, transport = self.model, self.model.transport
         part, ranges = model.part, model.plan.ranges
         reach = max(dirty) + 1
-        every = len(dirty) == len(ranges)
-        scratch = f"{session.sid}-replay"
-        names = [session.sid if k in dirty else scratch for k in range(reach)]
-        transport.gather([transport.submit(k, "open", names[k], session.kv_window)
-                          for k in range(reach)])
+        names = [session.sid if k in dirty else f"{session.sid}-replay" for k in range(reach)]
+        for k in range(reach):
+            transport.submit(k, "open", names[k], session.kv_window)
         head, tokens = part.head_state(), session.tokens
-        try:
-            for piece in chunks(len(tokens), session.chunk, "none"):
-                embedded = part.embed(head, tokens[piece.first:piece.end], piece.first)
-                sent: Any = embedded.x
-                for k in range(reach):
-                    stage = ranges[k]
-                    side = {b: v for b, v in embedded.side.items()
-                            if stage.first <= b < stage.end}
-                    last = "none" if k == len(ranges) - 1 else None
-                    sent = transport.submit(k, "run", names[k], piece.first, sent, side, last)
-            # a stage runs its calls in order: its position answers once every chunk has run
-            at = transport.gather([transport.submit(k, "position", names[k])
-                                   for k in range(reach)])
-        finally:
+        for piece in chunks(len(tokens), session.chunk, "none"):
+            embedded = part.embed(head, tokens[piece.first:piece.end], piece.first)
+            sent: Any = embedded.x
             for k in range(reach):
-                if names[k] == scratch:
-                    transport.fire(k, "close", scratch)
-        if any(p != len(tokens) for p in at):
-            raise StageLostError(f"replaying session {session.sid[:8]} left the stages at "
-                                 f"positions {at}, not {len(tokens)}", max(dirty))
-        if every:
-            session.head = head
-        session.broken = None
-        self.replays += 1
-        self.replayed_tokens += len(tokens)
+                stage = ranges[k]
+                side = {b: v for b, v in embedded.side.items() if stage.first <= b < stage.end}
+                last = "none" if k == len(ranges) - 1 else None
+                sent = transport.submit(k, "run", names[k], piece.first, sent, side, last)
+        return names, head, [transport.submit(k, "position", names[k]) for k in range(reach)]
 
     # -- reports ----------------------------------------------------------------------------
     def health(self) -> dict[str, Any]:
