@@ -147,6 +147,17 @@ def render(results: dict) -> list[str]:
                      f"{row['reprefill_s']:.2f} s | {extra:.2f} s | "
                      f"{'yes' if row['within_target'] else 'no'} | "
                      f"{before[0]:.1f} / {after[0]:.1f} |")
+    extra = [row["resumed_s"] - row["reprefill_s"] for row in results["points"]]
+    missed = [row for row in results["points"] if not row["within_target"]]
+    lines += ["", " ".join((
+        "Resumed minus re-prefill is what the recovery costs beyond re-running the tokens: Ray "
+        "noticing the death, restarting the actor (a fresh worker process that imports "
+        "needlepoint and prepares its blocks) and the hops; the replays of several sessions "
+        "are pipelined through the stages, so they can take less than the sequential "
+        f"re-prefill. In this run it was {min(extra):.2f} to {max(extra):.2f} s; "
+        + (f"{len(missed)} point(s) missed the target (the re-prefill itself varies with the "
+           "other work on the machine between the two measurements: see the load)."
+           if missed else "every point met the target.")).split())]
     rates = results.get("replicas") or {}
     if rates:
         one, two = rates.get("1") or rates.get(1), rates.get("2") or rates.get(2)
@@ -159,6 +170,12 @@ def render(results: dict) -> list[str]:
             lines.append(f"| {count} | 2 | {row['tokens_per_s']:.1f} | "
                          f"{row['tokens_per_s'] / one['tokens_per_s']:.2f}x | "
                          f"{row['load'][0][0]:.1f} / {row['load'][1][0]:.1f} |")
+        lines += ["", " ".join(
+            "Here the two nodes share one machine's 2 cores: 2 replicas are 4 stage "
+            "processes on the same cores, so they add no compute and cost hops and context "
+            "switches; on machines of their own each replica brings its own cores, and a "
+            "lost replica's sessions move to the other without waiting for a restart "
+            "(tests/stages/ray_recovery_cases.py).".split())]
     return lines + [""]
 
 
@@ -190,8 +207,11 @@ def main(argv: list[str] | None = None) -> int:
     out.unlink()
     import platform
 
+    from needlepoint.kernels.i8_native import simd_variant
+
     results["machine"] = (f"{_cpu()}, {os.cpu_count()} cores, Python "
-                          f"{platform.python_version()}, numpy {np.__version__}")
+                          f"{platform.python_version()}, numpy {np.__version__}, native "
+                          f"kernels: {simd_variant()} variant")
     RESULTS.write_text(json.dumps(results, indent=1) + "\n")
     write_report(results)
     print(f"wrote {REPORT.relative_to(REPO_ROOT)} and {RESULTS.relative_to(REPO_ROOT)}")
