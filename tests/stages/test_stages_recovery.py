@@ -286,3 +286,24 @@ def test_replica_placement_is_checked():
     with pytest.raises(StagePlanError, match="3 entries for 2 stages x 2 replicas"):
         load_staged(fixture_path("tiny"), 2, replicas=2, transport="ray",
                     placement=["a", "b", "c"])
+
+
+def test_replicas_on_the_command_line():
+    import argparse
+
+    from needlepoint.errors import StagePlanError
+    from needlepoint.stages.options import add_stage_arguments, staged_from_args
+    from needlepoint.stages.replicas import ReplicatedModel
+
+    parser = argparse.ArgumentParser()
+    add_stage_arguments(parser)
+    staged = staged_from_args(fixture_path("tiny"), parser.parse_args(["--stages", "2",
+                                                                        "--replicas", "2"]))
+    try:
+        assert isinstance(staged, ReplicatedModel) and len(staged.replicas) == 2
+        ids = long_prompt("tiny", 20)
+        assert_bits(staged.forward(ids), model("tiny").forward(ids))
+    finally:
+        staged.close()
+    with pytest.raises(StagePlanError, match="--replicas needs --stages"):
+        staged_from_args(fixture_path("tiny"), parser.parse_args(["--replicas", "2"]))
