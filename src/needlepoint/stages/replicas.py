@@ -37,6 +37,8 @@ def check_replicas(replicas: int, stages: int, placement: Sequence[Any] | None) 
         return [entries] * replicas
     if len(entries) == stages * replicas:
         return [entries[r * stages:(r + 1) * stages] for r in range(replicas)]
+    if replicas == 1:
+        raise StagePlanError(f"placement has {len(entries)} entries for {stages} stages")
     raise StagePlanError(f"placement has {len(entries)} entries for {stages} stages x "
                          f"{replicas} replicas (give {stages} or {stages * replicas})")
 
