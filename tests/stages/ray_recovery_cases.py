@@ -180,6 +180,96 @@ def test_streaming_server_answer_survives_a_killed_stage(cluster):  # noqa: F811
             assert staged.stage_info()[1]["pid"] != pid
 
 
+def _stage_processes() -> set[int]:
+    """Process ids of the Ray stage actors alive now (Ray titles them ray::StageActor)."""
+    found = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as handle:
+                    line = handle.read()
+            except OSError:
+                continue
+            if line.startswith(b"ray::StageActor"):
+                found.add(int(entry))
+    return found
+
+
+def test_needlepoint_serve_streams_through_a_killed_stage(cluster, tmp_path):  # noqa: F811
+    """`needlepoint serve --stages 2 --ray ADDRESS` in its own process, the openai client
+    streaming a tool-call answer while one of its stage processes is stopped, then killed:
+    the answer has the single process's calls, /health counts the loss."""
+    import socket
+    import subprocess
+    import sys
+
+    import openai
+    from server_helpers import collect_stream, openai_tools, user
+
+    _cpus_free()
+    tools = json.loads(TOOLS.read_text())
+    query = "wake me up at 06:45 and remind me to call the bank, then set a timer"
+    single = needlepoint.Needle(tools=tools, model=model("shipped"), max_new_tokens=48)
+    expected = [(c["name"], c["arguments"]) for c in single.complete(query)["function_calls"]]
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    before = _stage_processes()
+    log = open(tmp_path / "serve.log", "w")  # noqa: SIM115 - closed below
+    server = subprocess.Popen(
+        [sys.executable, "-m", "needlepoint.cli", "serve", "--model",
+         str(fixture_path("shipped")), "--stages", "2", "--ray", cluster.address,
+         "--placement", "node_a,node_b", "--port", str(port), "--log-level", "warning"],
+        stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            assert server.poll() is None, (tmp_path / "serve.log").read_text()[-3000:]
+            try:
+                with urllib.request.urlopen(f"{url}/health", timeout=5) as reply:
+                    if json.loads(reply.read())["status"] == "ok":
+                        break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, "needlepoint serve did not come up"
+            time.sleep(0.5)
+        stages = sorted(_stage_processes() - before)
+        assert len(stages) == 2, stages
+        victim = stages[-1]
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="-", max_retries=0, timeout=180)
+        answer: dict = {}
+
+        def stream() -> None:
+            try:
+                answer.update(collect_stream(client.chat.completions.create(
+                    model="shipped", messages=user(query), tools=openai_tools(tools),
+                    max_tokens=48, stream=True)))
+            except Exception as error:  # noqa: BLE001 - examined below
+                answer["error"] = error
+
+        os.kill(victim, signal.SIGSTOP)
+        worker = threading.Thread(target=stream)
+        worker.start()
+        time.sleep(1.5)
+        os.kill(victim, signal.SIGKILL)
+        worker.join(180)
+        assert not worker.is_alive(), "the streamed answer hung after the kill"
+        assert "error" not in answer, answer
+        assert answer["calls"] == expected
+        with urllib.request.urlopen(f"{url}/health", timeout=30) as reply:
+            health = json.loads(reply.read())
+        assert health["status"] == "ok" and health["stages"]["losses"] == 1, health
+    finally:
+        server.terminate()
+        try:
+            server.wait(60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait(30)
+        log.close()
+
+
 def _cpus_free() -> None:
     """Wait for the CPUs of earlier cases' actors (given back lazily)."""
     import ray

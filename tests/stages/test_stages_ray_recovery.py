@@ -14,6 +14,7 @@ CASES = [
     "test_needle3_requests_survive_a_killed_stage",
     "test_smollm2_requests_survive_a_killed_stage",
     "test_streaming_server_answer_survives_a_killed_stage",
+    "test_needlepoint_serve_streams_through_a_killed_stage",
     "test_silent_stage_is_restarted_and_replayed",
     "test_replicas_across_two_nodes_move_a_lost_replicas_sessions",
     "test_no_stage_actor_is_left_after_recovery",
