@@ -5,9 +5,17 @@ the single-process model (`needlepoint.load(path)`), never recorded from a stage
 from __future__ import annotations
 
 import itertools
+import os
+import shutil
+import subprocess
+import sys
+import uuid
+import xml.etree.ElementTree as ET
+from pathlib import Path
 
 import numpy as np
-from conftest import get_fixture
+import pytest
+from conftest import REPO_ROOT, get_fixture
 
 F32 = np.float32
 
@@ -56,3 +64,90 @@ def assert_confidence(actual: float | None, expected: float | None) -> None:
     assert (actual is None) == (expected is None)
     if expected is not None:
         assert np.isclose(actual, expected, rtol=1e-5, atol=1e-6), (actual, expected)
+
+
+# -- Ray clusters in a loopback-only namespace (tests/stages/test_stages_ray*.py) ----------
+INSIDE = """set -e
+ip link set lo up
+mount -t tmpfs -o size=2g needlepoint-ray /dev/shm
+export RAY_TMPDIR="/dev/shm/ray-$NEEDLEPOINT_RAY_RUN"
+mkdir -p "$RAY_TMPDIR"
+exec "$@"
+"""
+
+
+def _namespace_problem() -> str | None:
+    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+        return "they need root to make a network namespace (unshare -n); run as root, as CI does"
+    for tool in ("unshare", "ip", "mount"):
+        if shutil.which(tool) is None:
+            return f"`{tool}` is not installed (util-linux / iproute2)"
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        return "Ray is not installed: pip install -e '.[test]' installs it (the 'ray' extra)"
+    probe = subprocess.run(["unshare", "--net", "--pid", "--fork", "--mount-proc", "sh", "-c",
+                            "ip link set lo up && mount -t tmpfs x /dev/shm"],
+                           capture_output=True, text=True, timeout=60)
+    if probe.returncode != 0:
+        return f"`unshare --net --pid --mount-proc` failed here: {probe.stderr.strip()}"
+    return None
+
+
+def run_ray_cases(cases: Path, work: Path, timeout_s: float) -> dict:
+    """Run the pytest module `cases` once inside a loopback-only namespace (Ray's processes
+    and /dev/shm files die with it); per case its failure text (None: passed), the output,
+    and what the run left behind (Ray processes, /dev/shm files)."""
+    problem = _namespace_problem()
+    if problem:
+        pytest.fail(f"the Ray stage tests must run in a loopback-only network namespace, and "
+                    f"{problem}", pytrace=False)
+    report = work / "report.xml"
+    command = [
+        "unshare", "--net", "--pid", "--fork", "--kill-child", "--mount-proc", "sh", "-c", INSIDE,
+        "inside",
+        sys.executable, "-m", "pytest", str(cases), "-q",
+        "-p", "no:cacheprovider", f"--basetemp={work / 'tmp'}", f"--junitxml={report}",
+        "-o", "junit_family=xunit1", "-s",
+    ]
+    run = uuid.uuid4().hex[:8]  # names this run's Ray temp dir (other runs may be alive)
+    env = dict(os.environ, NEEDLEPOINT_CACHE="0", RAY_USAGE_STATS_ENABLED="0",
+               NEEDLEPOINT_RAY_RUN=run)
+    shm_before = set(os.listdir("/dev/shm"))
+    try:
+        done = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+                              timeout=timeout_s)
+        output = done.stdout + done.stderr
+    except subprocess.TimeoutExpired as error:  # the namespace (and Ray in it) dies with it
+        output = f"timed out after {timeout_s} s\n{error.stdout or ''}{error.stderr or ''}"
+    results: dict[str, str | None] = {}
+    if report.is_file():
+        for case in ET.parse(report).getroot().iter("testcase"):
+            problem = case.find("failure")
+            if problem is None:
+                problem = case.find("error")
+            skipped = case.find("skipped")
+            text = None
+            if problem is not None:
+                text = (problem.get("message") or "") + "\n" + (problem.text or "")
+            elif skipped is not None:
+                text = f"skipped: {skipped.get('message')}"
+            results[case.get("name")] = text
+    left = {"shm": sorted(set(os.listdir("/dev/shm")) - shm_before),
+            "processes": _ray_processes(run)}
+    return {"results": results, "output": output, "left": left}
+
+
+def _ray_processes(run: str) -> list[str]:
+    """Command lines of live processes that belong to this Ray run (its temp dir)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            line = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if f"/dev/shm/ray-{run}" in line:
+            found.append(f"{entry.name}: {line[:200]}")
+    return found

@@ -290,6 +290,10 @@ def render(results: dict) -> str:
             f"{results.get('pipeline_repeats', results['repeats'])} interleaved rounds. "
             "`stages_pipeline.py` documents the method.", 10_000)))
         lines += _para(results.get("pipeline_note", ""))
+    if REPORT.exists() and "## Recovery from a lost stage" in REPORT.read_text():
+        # kept from `--recovery` runs (stages_recovery.py writes that section)
+        kept = REPORT.read_text().split("## Recovery from a lost stage", 1)[1]
+        lines += ["## Recovery from a lost stage" + kept.split("\n## ", 1)[0].rstrip("\n"), ""]
     return "\n".join(lines)
 
 
@@ -311,6 +315,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only-pipeline", action="store_true",
                         help="measure only the pipelining figures (other sections are kept "
                         "from bench/results/stages.json)")
+    parser.add_argument("--recovery", action="store_true",
+                        help="measure only the recovery cost of a lost stage "
+                        "(stages_recovery.py: kill to next token vs context length)")
     parser.add_argument("--pipeline-prompt", type=int, default=64)
     parser.add_argument("--pipeline-steps", type=int, default=24)
     parser.add_argument("--inside", metavar="JSON", help=argparse.SUPPRESS)
@@ -326,6 +333,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.inside:
         Path(args.inside).write_text(json.dumps(inside(args)))
         return 0
+    if args.recovery:
+        from .stages_recovery import main as recovery
+
+        return recovery([])
     out = RESULTS.with_suffix(".partial.json")
     command = ["unshare", "--net", "--pid", "--fork", "--kill-child", "--mount-proc", "sh",
                "-c", INSIDE,

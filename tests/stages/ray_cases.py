@@ -170,7 +170,10 @@ def test_non_finite_refused_across_a_hop(cluster, tmp_path):
 def test_killed_stage_fails_the_request_fast_and_recovers(cluster):
     reference = model("shipped")
     ids = long_prompt("shipped", 1024)
-    with _ray(fixture_path("shipped"), 2, ["node_a", "node_b"]) as staged:
+    # without replay (max_stage_recoveries=0): the failure of today; with replay on (the
+    # default) the request continues: ray_recovery_cases.py
+    with _ray(fixture_path("shipped"), 2, ["node_a", "node_b"],
+              max_stage_recoveries=0) as staged:
         old = staged.session()
         old.prefill(ids[:20])
         victim = staged.stage_info()[1]
@@ -220,7 +223,8 @@ def test_server_stays_healthy_when_a_stage_dies(cluster):
                                                tools=openai_tools(tools), max_tokens=48)
         return calls_of(reply.choices[0].message)
 
-    with _ray(fixture_path("shipped"), 2, ["node_a", "node_b"]) as staged:
+    with _ray(fixture_path("shipped"), 2, ["node_a", "node_b"],
+              max_stage_recoveries=0) as staged:  # replayed by default: ray_recovery_cases
         with ServerThread(create_app(staged, model_name="shipped")) as server:
             client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="-", max_retries=0,
                                    timeout=120)
@@ -278,7 +282,8 @@ def test_stalled_stage_times_out_naming_it(cluster):
     """A stage process that stops answering (SIGSTOP) fails the request after
     call_timeout_s with a StageLostError naming it: never a hang."""
     ids = long_prompt("tiny", 60)
-    with _ray(fixture_path("tiny"), [0, 1, 3], _alternate(3), call_timeout_s=3) as staged:
+    with _ray(fixture_path("tiny"), [0, 1, 3], _alternate(3), call_timeout_s=3,
+              max_stage_recoveries=0) as staged:  # replayed by default: ray_recovery_cases
         session = staged.session()
         pid = staged.stage_info()[1]["pid"]
         os.kill(pid, signal.SIGSTOP)

@@ -13,15 +13,10 @@ root, no `unshare`), the cases fail with a message that says so: they are never 
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
-import sys
-import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
-from conftest import REPO_ROOT
+from stages_helpers import run_ray_cases
 
 CASES = [
     "test_isolated_to_loopback",
@@ -41,87 +36,12 @@ CASES = [
     "test_rewind_across_nodes",
 ]
 TIMEOUT_S = 900
-INSIDE = """set -e
-ip link set lo up
-mount -t tmpfs -o size=2g needlepoint-ray /dev/shm
-export RAY_TMPDIR=/dev/shm/ray
-mkdir -p "$RAY_TMPDIR"
-exec "$@"
-"""
-
-
-def _namespace_problem() -> str | None:
-    if not hasattr(os, "geteuid") or os.geteuid() != 0:
-        return "they need root to make a network namespace (unshare -n); run as root, as CI does"
-    for tool in ("unshare", "ip", "mount"):
-        if shutil.which(tool) is None:
-            return f"`{tool}` is not installed (util-linux / iproute2)"
-    try:
-        import ray  # noqa: F401
-    except ImportError:
-        return "Ray is not installed: pip install -e '.[test]' installs it (the 'ray' extra)"
-    probe = subprocess.run(["unshare", "--net", "--pid", "--fork", "--mount-proc", "sh", "-c",
-                            "ip link set lo up && mount -t tmpfs x /dev/shm"],
-                           capture_output=True, text=True, timeout=60)
-    if probe.returncode != 0:
-        return f"`unshare --net --pid --mount-proc` failed here: {probe.stderr.strip()}"
-    return None
 
 
 @pytest.fixture(scope="module")
 def ray_run(tmp_path_factory) -> dict:
-    problem = _namespace_problem()
-    if problem:
-        pytest.fail(f"the Ray stage tests must run in a loopback-only network namespace, and "
-                    f"{problem}", pytrace=False)
-    work = tmp_path_factory.mktemp("ray-cases")
-    report = work / "report.xml"
-    command = [
-        "unshare", "--net", "--pid", "--fork", "--kill-child", "--mount-proc", "sh", "-c", INSIDE,
-        "inside",
-        sys.executable, "-m", "pytest", str(Path(__file__).with_name("ray_cases.py")), "-q",
-        "-p", "no:cacheprovider", f"--basetemp={work / 'tmp'}", f"--junitxml={report}",
-        "-o", "junit_family=xunit1", "-s",
-    ]
-    env = dict(os.environ, NEEDLEPOINT_CACHE="0", RAY_USAGE_STATS_ENABLED="0")
-    shm_before = set(os.listdir("/dev/shm"))
-    try:
-        done = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True,
-                              timeout=TIMEOUT_S)
-        output = done.stdout + done.stderr
-    except subprocess.TimeoutExpired as error:  # the namespace (and Ray in it) dies with it
-        output = f"timed out after {TIMEOUT_S} s\n{error.stdout or ''}{error.stderr or ''}"
-    results: dict[str, str | None] = {}
-    if report.is_file():
-        for case in ET.parse(report).getroot().iter("testcase"):
-            problem = case.find("failure")
-            if problem is None:
-                problem = case.find("error")
-            skipped = case.find("skipped")
-            text = None
-            if problem is not None:
-                text = (problem.get("message") or "") + "\n" + (problem.text or "")
-            elif skipped is not None:
-                text = f"skipped: {skipped.get('message')}"
-            results[case.get("name")] = text
-    left = {"shm": sorted(set(os.listdir("/dev/shm")) - shm_before),
-            "processes": _ray_processes()}
-    return {"results": results, "output": output, "left": left}
-
-
-def _ray_processes() -> list[str]:
-    """Command lines of live processes that belong to a Ray run of ours (its temp dir)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            line = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if "/dev/shm/ray" in line:
-            found.append(f"{entry.name}: {line[:200]}")
-    return found
+    return run_ray_cases(Path(__file__).with_name("ray_cases.py"),
+                         tmp_path_factory.mktemp("ray-cases"), TIMEOUT_S)
 
 
 @pytest.mark.parametrize("case", CASES)

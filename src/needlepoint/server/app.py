@@ -23,7 +23,7 @@ from .engine import ChatResult, Delta, Engine
 from .errors import ApiError, as_api_error, bad_request
 from .extras import handoff_headers, install_extras
 from .fields import validation_message
-from .metrics import Metrics, install_metrics
+from .metrics import Metrics, StageCollector, install_metrics, stage_health
 from .middleware import BodyLimitMiddleware, CatchAllMiddleware
 from .observe import ObserveMiddleware
 from .openapi import install_openapi
@@ -85,6 +85,8 @@ def create_app(
         engine.scheduler = scheduler
     pool = WorkerPool(workers, max_queue)
     metrics = Metrics(pool, scheduler)  # this app's own registry
+    if stage_health(engine.model) is not None:  # stage losses, replays (issue 30)
+        metrics.registry.register(StageCollector(engine.model))
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -113,8 +115,10 @@ def create_app(
     @app.get("/health")
     async def health() -> dict[str, Any]:
         batch = {"scheduler": scheduler.stats()} if scheduler is not None else {}
-        return {"status": "ok", "model": engine.name, **pool.stats(),
-                "batching": scheduler is not None, **batch}
+        stages = stage_health(engine.model)  # a staged model: "degraded" while recovering
+        return {"status": stages["status"] if stages else "ok", "model": engine.name,
+                **pool.stats(), "batching": scheduler is not None, **batch,
+                **({"stages": stages} if stages else {})}
 
     @app.get("/v1/models", response_model=ModelList)
     async def list_models() -> ModelList:

@@ -1,6 +1,6 @@
 """The server's C heap: fewer glibc arenas, free pages handed back, heap figures for /metrics.
 
-Measured under `python -m bench.load` (docs/benchmarks_server.md, notes): the Python objects
+Measured under `needlepoint-bench-load` (docs/benchmarks_server.md, notes): the Python objects
 and the bytes glibc reports in use stay flat under load, while the RSS of a long run crept up
 with the bytes glibc holds *free*. Every request allocates its session's KV and history
 arrays (most of them blocks under glibc's mmap threshold, so from the heap) and every engine

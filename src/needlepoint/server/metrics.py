@@ -194,6 +194,35 @@ class LiveCollector(Collector):
         yield _gauge("engine_sessions_per_step", "Mean sessions per engine step so far", mean)
 
 
+def stage_health(model: Any) -> dict[str, Any] | None:
+    """A staged model's losses and replays (`StagedModel.stage_health`), else None."""
+    report = getattr(model, "stage_health", None)
+    return report() if callable(report) else None
+
+
+class StageCollector(Collector):
+    """A model cut into stages: stage losses, sessions replayed, stages recovering now
+    (issue 30 item 5; docs/distributed.md, "A stage lost mid-request")."""
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+
+    def collect(self) -> Iterator[Any]:
+        h = stage_health(self.model) or {}
+        yield _counter("stage_losses", "Stage processes lost (died or silent) and noticed",
+                       h.get("losses", 0))
+        yield _counter("stage_recoveries", "Stage losses survived (stage back, sessions "
+                       "replayed, the call re-issued)", h.get("recoveries", 0))
+        yield _counter("stage_replays", "Sessions replayed into a restarted stage",
+                       h.get("replays", 0))
+        yield _counter("stage_replayed_tokens", "Tokens re-run by the replays",
+                       h.get("replayed_tokens", 0))
+        yield _counter("stage_recovery_failures", "Stage losses that failed their request "
+                       "(bound reached, or no stage back in time)", h.get("failures", 0))
+        yield _gauge("stages_recovering", "Stages being recovered now (health: degraded)",
+                     len(h.get("recovering", ())))
+
+
 def _heap(pool: Any) -> Iterator[Any]:
     """The C heap (glibc `mallinfo2`, `memory.py`): bytes in use vs held free, and trims."""
     heap = heap_stats()

@@ -55,6 +55,15 @@ class LocalTransport:
         except RuntimeError:  # the worker has shut down
             pass
 
+    def restart(self, stage: int) -> None:
+        """A fresh stage in place of `stage` (its sessions' caches are gone), as Ray's
+        restart of a lost actor gives (recovery.py)."""
+        self.stages[stage] = Stage(self.specs[stage])
+
+    def wait_back(self, stage: int, timeout: float) -> str:
+        """The stage's incarnation once it answers (here it always does)."""
+        return self.call(stage, "ping")
+
     def close(self) -> None:
         self.closed = True
         for worker in self.workers:

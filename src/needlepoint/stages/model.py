@@ -31,6 +31,8 @@ from ..models.protocol import ModelCapabilities
 from .pipeline import run_batch
 from .placement import check_stage_cpus
 from .plan import StagePlan, plan_stages
+from .recovery import Recovery, RecoveryPolicy
+from .replicas import check_replicas
 from .session import StagedSession
 from .stage import StageSpec
 
@@ -40,7 +42,8 @@ TRANSPORTS = ("local", "ray")
 class StagedModel:
     """A model whose blocks run on stages. Use `needlepoint.load(path, stages=...)`."""
 
-    def __init__(self, path: str, part: LayerRange, plan: StagePlan, transport) -> None:
+    def __init__(self, path: str, part: LayerRange, plan: StagePlan, transport,
+                 recovery: RecoveryPolicy | None = None) -> None:
         self.path = path
         self.part = part
         self.config = part.config
@@ -51,6 +54,9 @@ class StagedModel:
         self.micro_batches: int | None = None  # run_batch (None: pipeline.py's default)
         self._lock = threading.Lock()
         self._calls = 0  # run_batch calls in flight
+        # replay on a lost stage (issue 30): the live sessions, the losses, the replays
+        self.recovery = Recovery(self, recovery or RecoveryPolicy())
+        self.recovery.incarnations = dict(enumerate(transport.call_all("ping")))
 
     def check_ids(self, ids: Sequence[int] | np.ndarray, position: int = 0) -> np.ndarray:
         """Token ids as int64, or a ModelInputError naming what is wrong."""
@@ -135,7 +141,8 @@ class StagedModel:
         try:
             stacks = getattr(self.part, "stacks", False)
             micro = self.micro_batches or (1 if stacks and not alone else None)
-            return run_batch(self, requests, micro)
+            return self.recovery.run([session for session, _, _ in requests],
+                                     lambda: run_batch(self, requests, micro), regroup=True)
         finally:
             with self._lock:
                 self._calls -= 1
@@ -144,6 +151,11 @@ class StagedModel:
         """Per stage: its layers, process id, host, RSS, resident archive bytes, sessions
         (with the local transport every stage reports this one process's RSS)."""
         return self.transport.call_all("info")
+
+    def stage_health(self) -> dict:
+        """Losses, replays and the stages recovering now ("degraded" meanwhile): the
+        server's /health and /metrics read it (recovery.py)."""
+        return self.recovery.health()
 
     def close(self) -> None:
         """Stop the stages (local worker threads, or Ray actors)."""
@@ -185,7 +197,11 @@ def load_staged(
     start_timeout_s: float = 120.0,
     call_timeout_s: float = 300.0,
     stage_cpus: float | None = None,
-) -> StagedModel:
+    max_stage_recoveries: int = 3,
+    recovery_window_s: float = 300.0,
+    recovery_timeout_s: float = 60.0,
+    replicas: int = 1,
+) -> Any:
     """Load a model cut into `stages` (a count, balanced by weight bytes, or the first layer
     of each stage, e.g. `[0, 7, 14]`): a Needle 3 `.cact` archive, a Hugging Face model
     directory or a GGUF file (Llama family, GPT-2; `numerics` "deploy" = "int8", or "float").
@@ -200,7 +216,15 @@ def load_staged(
     all fit the cluster's nodes are a `StagePlacementError` before any actor starts. Every
     node must see the model at `path`. A stage that does not start within `start_timeout_s`
     is a `StageStartError`; a call with no answer within `call_timeout_s` a `StageLostError`.
+    A lost stage (process died, or no answer within `call_timeout_s`) is restarted and the
+    sessions that lived on it are replayed, the failed call re-issued (`recovery.py`), up to
+    `max_stage_recoveries` losses of a stage within `recovery_window_s`, each back within
+    `recovery_timeout_s`; past that (or with `max_stage_recoveries=0`) the call fails with
+    the `StageLostError`. `replicas=R` places R copies of the stages (`placement`: one
+    entry per stage, or per stage of every replica) and spreads sessions over them; a lost
+    replica's sessions move to another by the same replay (`replicas.py`).
     """
+    policy = RecoveryPolicy(max_stage_recoveries, recovery_window_s, recovery_timeout_s)
     if stages is None:
         raise StagePlanError("stages= is needed (a count, or each stage's first layer): "
                              "transport= and ray_address= apply to a model cut into stages")
@@ -220,16 +244,38 @@ def load_staged(
     plan = plan_stages(part.block_bytes(), stages)
     specs = [StageSpec(source, r.index, len(plan), r.first, r.end, layers, numerics, threads,
                        cache) for r in plan.ranges]
-    if transport == "ray":
+    places = check_replicas(replicas, len(plan), placement)
+    models: list[StagedModel] = []
+    try:
+        for r, place in enumerate(places):
+            # the first replica's check covers every replica's stages, before any starts
+            also = [(specs, later) for later in places[r + 1:]] if r == 0 else []
+            carrier = _transport(transport, specs, ray_address, place, start_timeout_s,
+                                 call_timeout_s, stage_cpus, also)
+            try:
+                models.append(StagedModel(source, part, plan, carrier, policy))
+            except BaseException:
+                carrier.close()
+                raise
+    except BaseException:
+        for done in models:
+            done.close()
+        raise
+    if replicas == 1:
+        return models[0]
+    from .replicas import ReplicatedModel
+
+    return ReplicatedModel(models)
+
+
+def _transport(kind: str, specs: list[StageSpec], address: str | None, placement: Any,
+               start_timeout_s: float, call_timeout_s: float, stage_cpus: float | None,
+               also: list) -> Any:
+    if kind == "ray":
         from .ray_transport import RayTransport
 
-        if placement is not None and len(placement) != len(plan):
-            raise StagePlanError(f"placement has {len(placement)} entries for {len(plan)} "
-                                 "stages")
-        carrier: Any = RayTransport(specs, ray_address, placement, start_timeout_s,
-                                    call_timeout_s, stage_cpus)
-    else:
-        from .local import LocalTransport
+        return RayTransport(specs, address, placement, start_timeout_s, call_timeout_s,
+                            stage_cpus, also)
+    from .local import LocalTransport
 
-        carrier = LocalTransport(specs)
-    return StagedModel(source, part, plan, carrier)
+    return LocalTransport(specs)

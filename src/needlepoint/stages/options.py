@@ -40,6 +40,10 @@ def add_stage_arguments(parser: argparse.ArgumentParser) -> None:
                         metavar="P0,P1,...", help="with --ray: where each stage runs, a "
                         "custom resource name (ray start --resources) or label=value "
                         "(ray start --labels); default: spread over the nodes")
+    parser.add_argument("--replicas", type=int, default=None, metavar="R",
+                        help="with --stages: R copies of the stages; sessions are spread "
+                        "over them and a lost replica's sessions move to another "
+                        "(docs/distributed.md)")
     parser.add_argument("--stage-cpus", type=float, default=None, metavar="CPUS",
                         help="with --ray: CPUs each stage reserves on its node (default: "
                         "--threads; 0.5 lets two stages share a CPU)")
@@ -51,8 +55,14 @@ def staged_from_args(model: str | os.PathLike[str] | None, args: argparse.Namesp
     stages, address = getattr(args, "stages", None), getattr(args, "ray", None)
     placement = getattr(args, "placement", None)
     stage_cpus = getattr(args, "stage_cpus", None)
-    if stages is None and address is None and placement is None and stage_cpus is None:
+    replicas = getattr(args, "replicas", None)
+    if stages is None and address is None and placement is None and stage_cpus is None \
+            and replicas is None:
         return None
+    if stages is None and replicas is not None and address is None and placement is None \
+            and stage_cpus is None:
+        raise StagePlanError("--replicas needs --stages (a count, or each stage's first "
+                             "layer)")
     if stages is None:
         raise StagePlanError("--ray, --placement and --stage-cpus need --stages (a count, or "
                              "each stage's first layer)")
@@ -65,4 +75,4 @@ def staged_from_args(model: str | os.PathLike[str] | None, args: argparse.Namesp
     return load_staged(resolve_model_path(None) if model is None else model, stages,
                        transport="ray" if address else "local", ray_address=address,
                        placement=placement, stage_cpus=stage_cpus,
-                       threads=getattr(args, "threads", None))
+                       threads=getattr(args, "threads", None), replicas=replicas or 1)

@@ -67,6 +67,18 @@ def actor_options(entry: Any) -> dict[str, Any]:
                          "'label=value' or a dict of Ray actor options")
 
 
+def stage_demands(specs: Sequence[StageSpec], placement: Sequence[Any] | None,
+                  stage_cpus: float | None) -> tuple[list[dict], list]:
+    """Each stage's Ray actor options and the reservation `placement.check_fits` packs."""
+    entries = list(placement) if placement is not None else [None] * len(specs)
+    options = [actor_options(entry) for entry in entries]
+    for spec, opts in zip(specs, options, strict=True):
+        # a stage keeps its threads busy, unless told to share (stage_cpus=0.5)
+        opts.setdefault("num_cpus", spec.threads if stage_cpus is None else stage_cpus)
+    return options, [demand_of(spec.name, opts, spec.index)
+                     for spec, opts in zip(specs, options, strict=True)]
+
+
 def _import_ray():
     try:
         import ray
@@ -89,34 +101,36 @@ class RayTransport:
 
     def __init__(self, specs: Sequence[StageSpec], address: str | None,
                  placement: Sequence[Any] | None, start_timeout_s: float = 120.0,
-                 call_timeout_s: float = 300.0, stage_cpus: float | None = None) -> None:
+                 call_timeout_s: float = 300.0, stage_cpus: float | None = None,
+                 also: Sequence[tuple[Sequence[StageSpec], Sequence[Any] | None]] = ()) -> None:
+        """`also`: the (specs, placement) of stages started after these (other replicas,
+        replicas.py), whose reservations are checked with these before any actor starts."""
         ray = self.ray = _import_ray()
         self.specs = list(specs)
         self.call_timeout_s = call_timeout_s
         self.closed = False
-        entries = list(placement) if placement is not None else [None] * len(self.specs)
-        options = [actor_options(entry) for entry in entries]
-        for spec, opts in zip(self.specs, options, strict=True):
-            # a stage keeps its threads busy, unless told to share (stage_cpus=0.5)
-            opts.setdefault("num_cpus", spec.threads if stage_cpus is None else stage_cpus)
-        demands = [demand_of(spec.name, opts, spec.index)
-                   for spec, opts in zip(self.specs, options, strict=True)]
+        options, demands = stage_demands(self.specs, placement, stage_cpus)
+        for more_specs, more_placement in also:
+            demands += stage_demands(more_specs, more_placement, stage_cpus)[1]
         if not ray.is_initialized():
             if address is None and not os.environ.get("RAY_ADDRESS"):
                 check_fits(demands, [local_node()])  # before starting a local instance
             ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
-        actor_class = ray.remote(StageActor)
+        self.actor_class = ray.remote(StageActor)
         check_fits(demands, nodes_of(ray.nodes()))
-        self.actors = [
-            actor_class.options(max_restarts=-1, max_task_retries=0, **opts).remote(spec)
-            for spec, opts in zip(self.specs, options, strict=True)
-        ]
+        self.options = options
+        self.actors = [self._start(spec, opts)
+                       for spec, opts in zip(self.specs, options, strict=True)]
         self.stage_of = {actor._actor_id.hex(): k for k, actor in enumerate(self.actors)}
         try:
             self._wait_ready(options, start_timeout_s)
         except BaseException:
             self.close()
             raise
+
+    def _start(self, spec: StageSpec, opts: dict) -> Any:
+        return self.actor_class.options(max_restarts=-1, max_task_retries=0,
+                                        **opts).remote(spec)
 
     def _wait_ready(self, options: list[dict], timeout: float) -> None:
         ray = self.ray
@@ -189,8 +203,10 @@ class RayTransport:
         if isinstance(error, exceptions.GetTimeoutError):
             silent = self._first_silent(stage)
             spec = self.specs[silent]
-            return StageLostError(f"{spec.name} did not answer within {waited:.0f} s "
+            lost = StageLostError(f"{spec.name} did not answer within {waited:.0f} s "
                                   f"(call_timeout_s); the request is abandoned", silent)
+            lost.timed_out = True  # type: ignore[attr-defined]  # recovery.py restarts it
+            return lost
         if isinstance(error, exceptions.RayError):
             spec = self.specs[stage]
             return StageLostError(f"{spec.name}: {type(error).__name__}: "
@@ -222,6 +238,48 @@ class RayTransport:
         except Exception:  # noqa: BLE001 - Ray shut down, actor gone: nothing to free
             pass
 
+    # -- recovery (recovery.py) -------------------------------------------------------------
+    def restart(self, stage: int) -> None:
+        """Kill a stage that stopped answering so that Ray restarts it (max_restarts=-1)."""
+        try:
+            self.ray.kill(self.actors[stage], no_restart=False)
+        except Exception:  # noqa: BLE001 - already gone: Ray restarts it or wait_back replaces
+            pass
+
+    def wait_back(self, stage: int, timeout: float) -> str:
+        """The incarnation of `stage` once it answers again: Ray's restart of its actor, or,
+        where the actor is dead for good, a replacement started with the same options (the
+        old one killed first: no orphan). A `StageLostError` if none answers in `timeout`."""
+        ray, spec = self.ray, self.specs[stage]
+        deadline = time.monotonic() + timeout
+        problem: Any = "no answer"
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                return self.ray.get(self.actors[stage].call.remote("ping"),
+                                    timeout=min(left, 10.0))
+            except ray.exceptions.GetTimeoutError as error:
+                problem = error
+            except ray.exceptions.ActorDiedError as error:
+                problem = error
+                if not getattr(error, "preempted", False) and _dead_for_good(error):
+                    self._replace(stage)
+                time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
+            except ray.exceptions.RayError as error:  # restarting: unavailable for now
+                problem = error
+                time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
+        raise StageLostError(f"{spec.name} is not back within {timeout:g} s "
+                             f"({_last_line(str(problem))})", stage)
+
+    def _replace(self, stage: int) -> None:
+        old = self.actors[stage]
+        try:
+            self.ray.kill(old, no_restart=True)
+        except Exception:  # noqa: BLE001 - already gone
+            pass
+        self.stage_of.pop(old._actor_id.hex(), None)
+        self.actors[stage] = self._start(self.specs[stage], self.options[stage])
+        self.stage_of[self.actors[stage]._actor_id.hex()] = stage
+
     def close(self) -> None:
         if self.closed:
             return
@@ -231,6 +289,14 @@ class RayTransport:
                 self.ray.kill(actor, no_restart=True)
             except Exception:  # noqa: BLE001 - already gone
                 pass
+
+
+def _dead_for_good(error: BaseException) -> bool:
+    """An ActorDiedError that says the actor will not be restarted (killed for good, its
+    restarts used up): Ray's restart of a crashed actor answers "unavailable" meanwhile."""
+    text = str(error)
+    return "will not be restarted" in text or "no_restart" in text or (
+        "max_restarts" in text and "exceeded" in text)
 
 
 def _last_line(text: str) -> str:

@@ -60,14 +60,20 @@ class StagedSession:
         self.tokens = np.zeros(0, np.int64)
         self.head = model.part.head_state()
         self._register()
-        self.incarnations = model.transport.call_all("open", self.sid, kv_window)
+        self.incarnations = model.recovery.run(  # a stage lost meanwhile: wait, open again
+            [self], lambda: self.model.transport.call_all("open", self.sid, kv_window))
 
     def _register(self) -> None:
         """Free the stages' caches when this session is closed or collected (registered
         before they are opened: a stage that did open keeps nothing if another failed)."""
         self._finalizer = weakref.finalize(self, _close_everywhere, self.model.transport,
-                                           self.sid)
+                                           self.sid, self.model.recovery)
         self._finalizer.atexit = False  # at exit the stages go with the process / Ray
+        self.model.recovery.track(self)  # replayed if a stage is lost (recovery.py)
+
+    def replayable(self) -> bool:
+        """Open and not failed for another reason than a lost stage (recovery.py)."""
+        return self._finalizer.alive and self.broken is None
 
     # -- state -------------------------------------------------------------------------------
     @property
@@ -92,6 +98,9 @@ class StagedSession:
 
     def fork(self) -> StagedSession:
         """An independent copy of this state (each stage copies its caches)."""
+        return self.model.recovery.run([self], self._fork)
+
+    def _fork(self) -> StagedSession:
         self._usable()
         other = StagedSession.__new__(StagedSession)
         other.model, other.kv_window, other.chunk = self.model, self.kv_window, self.chunk
@@ -135,6 +144,9 @@ class StagedSession:
             raise ModelInputError(f"cannot rewind {n} positions: only {self.position} consumed")
         if n == 0:
             return
+        self.model.recovery.run([self], lambda: self._rewind(n))
+
+    def _rewind(self, n: int) -> None:
         self._usable()
         part, kept = self.model.part, self.tokens[: self.position - n].copy()
         if not part.quantized:  # start over on every stage, then re-run the kept tokens
@@ -164,6 +176,10 @@ class StagedSession:
             return None
         if not self.position:
             raise ModelInputError("confidence_logit: the session has consumed no tokens")
+        return self.model.recovery.run([self], self._confidence_logit)
+
+    def _confidence_logit(self) -> float | None:
+        part = self.model.part
         self._usable()
         if part.window_cuts(self.kv_window, self.position):
             return self.model.confidence_logit(self.tokens)
@@ -183,7 +199,7 @@ class StagedSession:
     def _run(self, ids, want: str, trace: Any) -> np.ndarray | None:
         if trace is not None:
             raise ModelInputError("trace= is not supported on a model cut into stages")
-        return self.finish(self.launch(ids, want))
+        return self.model.recovery.run([self], lambda: self.finish(self.launch(ids, want)))
 
     def launch(self, ids, want: str) -> Launched:
         """Submit every chunk of `ids` through the stages without waiting for any."""
@@ -248,6 +264,7 @@ class StagedSession:
         self.broken = f"a call failed{where} ({type(error).__name__}: {error})"
 
 
-def _close_everywhere(transport, sid: str) -> None:
+def _close_everywhere(transport, sid: str, recovery) -> None:
+    recovery.forget(sid)
     for k in range(len(transport.specs)):
         transport.fire(k, "close", sid)

@@ -117,6 +117,10 @@ class Stage:
     def close(self, sid: str) -> None:
         self.sessions.pop(sid, None)
 
+    def position(self, sid: str) -> int:
+        """Positions the session has consumed here (a replay's check: recovery.py)."""
+        return self._session(sid).position
+
     def pool_rows(self, sid: str):
         """(peak, total, pooled) of this stage's confidence rows (None without the head)."""
         rows = getattr(self.part, "confidence_rows", None)
