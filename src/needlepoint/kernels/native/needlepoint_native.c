@@ -144,7 +144,7 @@ int np_force_variant(int v) {
 #define NP_DISPATCH(name, ...) name##_base(__VA_ARGS__)
 #endif
 
-int np_abi_version(void) { return 10; }
+int np_abi_version(void) { return 11; }
 
 /* 2 when the AVX-512 VNNI variant runs, 1 for AVX2 + FMA, 0 for the baseline one. */
 int np_simd_variant(void) { return np_pick(); }
@@ -160,6 +160,16 @@ int np_cq_matmul(const int32_t *v, const float *scale, int64_t T, int64_t in_pad
                  int64_t r_first, int64_t r_last) {
     return NP_DISPATCH(np_cq_matmul, v, scale, T, in_pad, storage_bits, codebook, codebook_len,
                        parts, n_parts, out, out_stride, r_first, r_last);
+}
+
+/* Which kernel the 2-bit products run from now on (k >= 0; benchmarks and tests comparing
+ * them in one process): 0 the default pick by variant and row count (np_cq_int), 1 the
+ * level-sum / digit kernels (np_cq_int.h, np_cq_int16.h), 2 the table-lookup kernel
+ * (np_cq_lut.h) at every row count. Same bits in every case. Returns the previous pick. */
+int np_cq_kernel(int k) {
+    int old = np_cq_kernel_pick;
+    if (k >= 0) np_cq_kernel_pick = k;
+    return old;
 }
 
 /* np_cq_matmul with the output rows split between `threads` POSIX threads (started for this
