@@ -256,7 +256,7 @@ static int NP_NAME(np_cq_lut2)(const int32_t *v, const float *scale, int64_t T, 
                                float *out, int64_t out_stride, int64_t r_first, int64_t r_last) {
     int64_t groups = in_pad / 128, g8 = (groups + 7) & ~(int64_t)7;
     /* activation rows per pass: their tables (2 KiB per group and row) within NP_LUT_SUB KiB */
-    int64_t sub = (NP_LUT_SUB / 2) / groups;
+    int64_t sub = groups > 0 ? (NP_LUT_SUB / 2) / groups : T;
     if (sub < 1) sub = 1;
     if (sub > T) sub = T;
     __m256i *tab = (__m256i *)aligned_alloc(32, sizeof(__m256i) * (size_t)(sub * groups * 64));
