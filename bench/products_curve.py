@@ -67,10 +67,10 @@ NOTES = [
     "vpmaddubsw 8 %, the in-register transpose and plane extraction 6 %. The lookup kernel is "
     "bound by loads and adds, not by vpshufb; at 1-3 rows the transpose and plane extraction "
     "(about 0.14 instructions per weight, not amortised) eat most of the gain: 0.92-1.14x the "
-    "older kernels across the four one-process runs of this code, within the noise of this "
+    "older kernels across the five one-process runs of this code, within the noise of this "
     "shared machine, so "
-    "AVX2 decode keeps the level-sum kernel and the lookups start at 4 rows (1.12-1.31x there "
-    "in every run). Tried and dropped: two activation rows per plane load (slower: "
+    "AVX2 decode keeps the level-sum kernel and the lookups start at 4 rows (1.04-1.31x there "
+    "in each run). Tried and dropped: two activation rows per plane load (slower: "
     "register spills), all four digits in one pass (spills on 16 ymm registers).",
     "",
     "Gap to the issue-26 targets (AVX2: <= 0.03 ns per weight-row at 1 row, <= 0.025 for 16+ "
