@@ -61,9 +61,11 @@ def section(runs: list[tuple[str, dict]], args: argparse.Namespace) -> str:
          "caps it): `np_cq_int.h` (level sums from u8 x s8 functionals) for 2-bit decode rows "
          "(T <= 2 on AVX-512 VNNI, T = 1 on AVX2), `np_cq_int16.h` (balanced 16-bit digits of "
          "the integer levels times int16 v, vpmaddwd / vpdpwssd) for 4-bit storage and 2-bit "
-         "prefill tiles. The baseline variant keeps the float64 kernel: without SIMD an integer "
-         "sum costs an operation or more per weight where its byte tables cost one load per 2 "
-         "to 4 weights. Same bits in every run (`tests/kernels/test_cq_int.py`).", "",
+         "prefill tiles, except AVX2 2-bit tiles of 4+ rows: `np_cq_lut.h` (table lookups, "
+         "see the per-row cost curve section). The baseline variant keeps the float64 "
+         "kernel: without SIMD an integer sum costs an operation or more per weight where "
+         "its byte tables cost one load per 2 to 4 weights. Same bits in every run "
+         "(`tests/kernels/test_cq_int.py`, `tests/kernels/test_cq_lut.py`).", "",
          "**Decode (1 activation row):**", ""]
     L += _rows_table(runs, "1")
     for rows in first["rows"]:

@@ -326,10 +326,12 @@ static int NP_NAME(np_cq_int2)(const int32_t *v, const float *scale, int64_t T, 
 #endif /* NP_SIMD_AVX2 */
 
 #include "np_cq_int16.h"
+#include "np_cq_lut.h"
 
 /* The integer kernels' entry (np_cq.h np_cq_matmul): NP_BADARG when none covers this
- * product (storage width, codebook, variant or v range), and the float64 kernel runs. Both
- * integer kernels give the float64 kernel's bits, so the pick by T changes no output: the
+ * product (storage width, codebook, variant or v range), and the float64 kernel runs. All
+ * integer kernels give the float64 kernel's bits, so the pick by T changes no output: on AVX2
+ * the table-lookup kernel (np_cq_lut.h) for 2-bit tiles of NP_LUT_TMIN rows or more; the
  * level-sum kernel above for decode rows (T <= NP_I2_TMAX: fewer operations per weight for
  * one row), the 16-bit digit kernel (np_cq_int16.h) for 4-bit storage and for prefill tiles
  * (its per-row work is lower: two 16-bit products per weight instead of six byte products). */
@@ -338,6 +340,14 @@ static int NP_NAME(np_cq_int)(const int32_t *v, const float *scale, int64_t T, i
                               const double *cb, const np_cq_part *parts, int64_t n_parts,
                               float *out, int64_t out_stride, int64_t r_first, int64_t r_last) {
 #ifdef NP_SIMD_AVX2
+#ifdef NP_SIMD_AVX512
+    const int lookup = np_cq_kernel_pick == 2;
+#else
+    const int lookup = np_cq_kernel_pick == 2 || (np_cq_kernel_pick == 0 && T >= NP_LUT_TMIN);
+#endif
+    if (storage_bits == 2 && codebook_len <= 4 && lookup)
+        return NP_NAME(np_cq_lut2)(v, scale, T, in_pad, cb, parts, n_parts, out, out_stride,
+                                   r_first, r_last);
     if (storage_bits == 2 && codebook_len <= 4 && T <= NP_I2_TMAX)
         return NP_NAME(np_cq_int2)(v, scale, T, in_pad, cb, parts, n_parts, out, out_stride,
                                    r_first, r_last);
