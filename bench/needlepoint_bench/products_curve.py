@@ -1,9 +1,10 @@
 """The per-row cost curve of the exact CQ x A8 products (issue 26 item 1), A/B in one process.
 
-`python -m needlepoint_bench.products_curve [archive] [--rows 1,2,4,8,16,32,64] [--rounds 5] [--docs
-docs/benchmarks.md]` (with --docs: the AVX2 and the best variant, each in its own process, and
-the section of the markdown file, which replaces its own heading there): every deploy
-product slot of the archive (as `needlepoint_bench.products`), at each activation-row count, timed with the
+`python -m needlepoint_bench.products_curve [archive] [--rows 1,2,4,8,16,32,64] [--rounds 5]
+[--docs docs/benchmarks.md]` (with --docs: the AVX2 and the best variant, each in its own
+process, and the section of the markdown file, which replaces its own heading there): every
+deploy product slot of the archive (as `needlepoint_bench.products`), at each activation-row
+count, timed with the
 table-lookup kernel (`np_cq_lut.h`, `np_cq_kernel(2)`) and the kernels before it (level sums /
 16-bit digits, `np_cq_kernel(1)`), the two alternating call by call (best of `rounds` per
 matrix and kernel), so both see the same load; the time is the calling thread's CPU time

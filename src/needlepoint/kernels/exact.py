@@ -153,7 +153,7 @@ def a8_codes_reference(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def a8_codes(x: np.ndarray, use_native: bool | None = None) -> tuple[np.ndarray, np.ndarray]:
     """`a8_codes_reference` of x [T, cols], by the native kernel when it is built."""
-    lib = native.LIBRARY if use_native is not False else None
+    lib = native.library(use_native)
     if lib is None:
         return a8_codes_reference(x)
     x = np.ascontiguousarray(x, F32)
@@ -185,7 +185,7 @@ def a8_rotate_reference(x: np.ndarray, in_pad: int) -> tuple[np.ndarray, np.ndar
 
 def a8_rotate(x: np.ndarray, in_pad: int, use_native: bool | None = None):
     """`a8_rotate_reference`, by the native kernel when it is built (same bits)."""
-    lib = native.LIBRARY if use_native is not False else None
+    lib = native.library(use_native)
     if lib is None:
         return a8_rotate_reference(x, in_pad)
     x = np.ascontiguousarray(x, F32)
@@ -243,7 +243,7 @@ def cq_matmul(
     v: np.ndarray, scale: np.ndarray, matrix: ExactMatrix, use_native: bool | None = None
 ) -> np.ndarray:
     """`cq_matmul_reference`, by the native kernel when it is built (same bits)."""
-    lib = native.LIBRARY if use_native is not False else None
+    lib = native.library(use_native)
     if lib is None:
         return cq_matmul_reference(v, scale, matrix)
     rows = v.shape[0]

@@ -238,7 +238,7 @@ def hadamard_mlp_native(
     x: np.ndarray, vectors: tuple, factors: tuple, cond_v: np.ndarray, cond_u: np.ndarray,
     perm1: np.ndarray, perm2: np.ndarray, hada_n: int, keep: list,
 ) -> np.ndarray | None:
-    """`models.needle3.mlp.hadamard_mlp(pinned=True)` in one native call (`np_hadamard_mlp`,
+    """`models.needle3.mlp.hadamard_mlp_pinned` in one native call (`np_hadamard_mlp`,
     the same operations), or None when the native kernels are not built or the geometry is
     not the one it takes (conditioning rank 8). `vectors` = d1, d2, b2, d3, d4 and
     `factors` = w1a, w1b, w2a, w2b, w3a, w3b, all float32 C-contiguous; `keep` holds the

@@ -13,7 +13,10 @@ and the LM head. Every product goes through the family's own kernels (in exact n
 verified int8 / A8 units), so a model cut anywhere gives the single-process bits.
 
 `models.parts.load_part(path, blocks=..., head=...)` loads the part of a model a head or a
-stage holds (only those weights); `needlepoint.stages` uses nothing else of `models/`.
+stage holds (only those weights); `needlepoint.stages` uses nothing else of `models/`. How a
+request is cut into prefill chunks is part of this interface: the head splits it with the
+one splitter every family's sessions use (`chunks`, from `models.chunking`), so a staged
+model runs the chunks a single process runs.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
+
+from .chunking import Chunk, chunk_rows, chunks
 
 
 @dataclass
@@ -88,4 +93,4 @@ class LayerRange(Protocol):
         """The last block's output reduced to the rows the head reads out ("all" / "last")."""
 
 
-__all__ = ["Embedded", "LayerRange", "SequenceState"]
+__all__ = ["Chunk", "Embedded", "LayerRange", "SequenceState", "chunk_rows", "chunks"]

@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import numpy as np
 
-RMS_EPS = np.float32(1e-6)
+F32 = np.float32
+ONE = F32(1.0)
+# the RMS norms' epsilon, inside the square root (fixture README step 5): the one constant
+RMS_EPS = F32(1e-6)
 ENGRAM_SEED_MULT = 0x9E3779B9
 ENGRAM_FNV_PRIME = 0x01000193
 
@@ -19,14 +22,15 @@ def rms_unit(x: np.ndarray) -> np.ndarray:
     return x / np.sqrt(mean_square + RMS_EPS)
 
 
-def zc_rms_norm(x: np.ndarray, scale: np.ndarray) -> np.ndarray:
-    """Zero-centred RMS norm: `(1 + scale) * rms_unit(x)` (README `ZC(s)(x)`)."""
-    return (np.float32(1.0) + scale) * rms_unit(x)
-
-
-def sigmoid(x: np.ndarray) -> np.ndarray:
-    x = np.asarray(x, np.float32)
-    return np.float32(1.0) / (np.float32(1.0) + np.exp(-x))
+def sigmoid(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """`1 / (1 + exp(-x))` in float32 with numpy's exp (float numerics; deploy numerics use
+    `kernels.pinned.sigmoid`): negate, exp, add 1, divide 1 by it, in place on a fresh array
+    (or on `out`, which may be x)."""
+    out = np.negative(x, out=np.empty(np.shape(x), F32) if out is None else out)
+    np.exp(out, out=out)
+    out += ONE
+    np.divide(ONE, out, out=out)
+    return out
 
 
 def silu(x: np.ndarray) -> np.ndarray:
@@ -35,10 +39,13 @@ def silu(x: np.ndarray) -> np.ndarray:
         return x * sigmoid(x)
 
 
-def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
-    shifted = x - np.max(x, axis=axis, keepdims=True)
-    exp = np.exp(shifted)
-    return exp / np.sum(exp, axis=axis, keepdims=True)
+def softmax(x: np.ndarray, axis: int = -1, out: np.ndarray | None = None) -> np.ndarray:
+    """`exp(x - max x) / sum(exp(x - max x))` over `axis` (float numerics' softmax; deploy
+    numerics': `needle3.exact_ops.softmax_rows`), in place on `out` (which may be x)."""
+    out = np.subtract(x, np.maximum.reduce(x, axis=axis, keepdims=True), out=out)
+    np.exp(out, out=out)
+    out /= np.add.reduce(out, axis=axis, keepdims=True)
+    return out
 
 
 def logsumexp(x: np.ndarray, axis: int) -> np.ndarray:

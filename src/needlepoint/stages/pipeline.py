@@ -21,7 +21,9 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import NonFiniteActivationError, StageNonFiniteError
+from ..errors import StageNonFiniteError
+from ..models.layer_range import chunks
+from .head import embed_chunk
 from .interface import StagedModelView
 from .session import StagedSession
 from .stage import finite
@@ -43,21 +45,9 @@ def _chunks(session: StagedSession, tokens: np.ndarray, every: bool) -> tuple[np
     """The head's work for each chunk of one request: (start, Embedded, rows wanted)."""
     part = session.model.part
     start, out = session.position, []
-    for first in range(0, len(tokens), session.chunk):
-        chunk = tokens[first : first + session.chunk]
-        last = first + session.chunk >= len(tokens)
-        rows = "all" if every else ("last" if last else "none")
-        try:
-            embedded = part.embed(session.head, chunk, start)
-        except NonFiniteActivationError as error:
-            raise StageNonFiniteError(f"the head (embedding / engram lookups, chunk at "
-                                      f"position {start}): {error}") from None
-        if not finite(embedded.x) or not all(
-                finite(a) for arrays in embedded.side.values() for a in arrays):
-            raise StageNonFiniteError(f"the head computed non-finite embeddings or engram "
-                                      f"values (chunk at position {start}); not sent to "
-                                      f"stage 0")
-        out.append((start, embedded, rows))
+    for piece in chunks(len(tokens), session.chunk, "all" if every else "last"):
+        chunk = tokens[piece.first : piece.end]
+        out.append((start, embed_chunk(part, session.head, chunk, start), piece.rows))
         start += len(chunk)
     return tokens, out
 

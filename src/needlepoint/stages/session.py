@@ -24,12 +24,13 @@ import numpy as np
 
 from ..errors import (
     ModelInputError,
-    NonFiniteActivationError,
     StageError,
     StageNonFiniteError,
     StageSessionLostError,
 )
+from ..models.layer_range import chunks
 from ..models.protocol import SessionCapabilities
+from .head import embed_chunk
 from .interface import StagedModelView
 from .stage import check_kv_window, finite
 
@@ -210,21 +211,9 @@ class StagedSession:
         transport, ranges = model.transport, model.plan.ranges
         start, outputs = self.position, []
         try:
-            for first in range(0, len(tokens), self.chunk):
-                chunk = tokens[first : first + self.chunk]
-                last_chunk = first + self.chunk >= len(tokens)
-                rows = "all" if want == "all" else ("last" if want == "last" and last_chunk
-                                                     else "none")
-                try:
-                    embedded = part.embed(self.head, chunk, start)
-                except NonFiniteActivationError as error:
-                    raise StageNonFiniteError(f"the head (embedding / engram lookups, chunk "
-                                              f"at position {start}): {error}") from None
-                if not finite(embedded.x) or not all(
-                        finite(a) for arrays in embedded.side.values() for a in arrays):
-                    raise StageNonFiniteError(f"the head computed non-finite embeddings or "
-                                              f"engram values (chunk at position {start}); "
-                                              f"not sent to stage 0")
+            for piece in chunks(len(tokens), self.chunk, want):
+                chunk, rows = tokens[piece.first : piece.end], piece.rows
+                embedded = embed_chunk(part, self.head, chunk, start)
                 sent: Any = embedded.x
                 for k, stage in enumerate(ranges):
                     side = {b: v for b, v in embedded.side.items() if stage.first <= b < stage.end}

@@ -24,11 +24,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ...formats.needle3_geometry import V3Config
-from . import exact_ops
+from ...kernels import pinned
+from ...kernels.exact import a8_product
+from ..ops import sigmoid, softmax
 from .cache import LayerCache
 from .exact_attention import attend_chunk
-from .exact_ops import product
-from .fastnum import sigmoid
 from .norms import zc_norm
 from .step import LayerPlan, StepPlan
 from .weights import LayerWeights
@@ -139,9 +139,7 @@ def attend(
         scores *= score_scale
         by_position = scores.reshape(kv_heads, b1 - b0, group, hi - lo)
         by_position += mask[b0:b1, None, lo:hi]
-        scores -= scores.max(axis=-1, keepdims=True)
-        np.exp(scores, out=scores)
-        scores /= scores.sum(axis=-1, keepdims=True)
+        softmax(scores, out=scores)
         np.matmul(scores, values[:, lo:hi], out=out[:, rows])
     return out
 
@@ -156,7 +154,7 @@ def attention(
 ) -> np.ndarray:
     """Float numerics: `out_proj(sigmoid(gate) * attn)` for the chunk u [C, d] at positions
     frame.start..; writes the chunk's keys/values into the cache. `plan` is the block's
-    `StepPlan` entry. (Deploy numerics: `attention_parts`.)"""
+    `StepPlan` entry. (Deploy numerics: `attention_stacked`.)"""
     count = u.shape[0]
     heads, kv_heads, qk, vd = cfg.num_heads, cfg.num_kv_heads, cfg.qk_head_dim, cfg.v_head_dim
     k_end = (heads + kv_heads) * qk
@@ -189,22 +187,31 @@ def attention_parts(
     plan: LayerPlan,
     u: np.ndarray,
     parts: list[tuple[slice, object, ChunkFrame]],
-    quantized: bool,
 ) -> np.ndarray:
-    """`attention` of a stack of chunks from several sequences: `parts` are (rows of u, that
-    sequence's cache, its frame). In deploy numerics the products run once over all rows
-    (the weights are read once; every row's result is its own, exact) and each sequence
-    attends its own cache; float numerics run `attention` per part."""
-    if not quantized:
-        if len(parts) == 1:
-            return attention(cfg, layer, plan, u, parts[0][1], parts[0][2])
-        return np.concatenate([attention(cfg, layer, plan, u[rows], cache, frame)
-                               for rows, cache, frame in parts])
+    """Float numerics' `attention` of a stack of chunks from several sequences, `parts` =
+    (rows of u, that sequence's cache, its frame): each part on its own (BLAS results depend
+    on the number of rows)."""
+    if len(parts) == 1:
+        return attention(cfg, layer, plan, u, parts[0][1], parts[0][2])
+    return np.concatenate([attention(cfg, layer, plan, u[rows], cache, frame)
+                           for rows, cache, frame in parts])
+
+
+def attention_stacked(
+    cfg: V3Config,
+    layer: LayerWeights,
+    plan: LayerPlan,
+    u: np.ndarray,
+    parts: list[tuple[slice, object, ChunkFrame]],
+) -> np.ndarray:
+    """Deploy numerics' `attention` of a stack of chunks from several sequences: the exact A8
+    products run once over all rows (the weights are read once; every row's result is its
+    own, exact) and each sequence attends its own int8 cache (`exact_attention`)."""
     heads, kv_heads, qk, vd = cfg.num_heads, cfg.num_kv_heads, cfg.qk_head_dim, cfg.v_head_dim
     k_end = (heads + kv_heads) * qk
     v_end = k_end + kv_heads * vd
-    fused = product(zc_norm(u, layer.norm_in), layer.qkvg)  # the exact A8 product
-    gate = exact_ops.sigmoid(fused[:, v_end:])
+    fused = a8_product(zc_norm(u, layer.norm_in), layer.qkvg)
+    gate = pinned.sigmoid(fused[:, v_end:])
     half = qk // 2
     for rows, cache, frame in parts:
         raw = _conv(fused[rows, :v_end], layer.qkv_taps, cache)
@@ -222,4 +229,4 @@ def attention_parts(
         out = attend_chunk(heads_rows[:, :heads], heads_rows[:, heads:], values, cache,
                            frame.start)
         gate[rows] *= out.reshape(count, heads * vd)
-    return product(gate, layer.out_proj)
+    return a8_product(gate, layer.out_proj)

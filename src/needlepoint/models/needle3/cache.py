@@ -14,8 +14,11 @@ from __future__ import annotations
 
 import math
 import mmap
+from collections.abc import Sequence
 
 import numpy as np
+
+from ...formats.needle3_geometry import V3Config
 
 F32 = np.float32
 # Stores smaller than this come from malloc (not worth a mapping of their own).
@@ -30,6 +33,26 @@ def lazy_zeros(shape: tuple[int, ...], dtype=F32) -> np.ndarray:
     if nbytes < LAZY_BYTES:
         return np.zeros(shape, dtype)
     return np.frombuffer(mmap.mmap(-1, nbytes), dtype).reshape(shape)
+
+
+def bounded_window(window: int, kv_window: int | None) -> int:
+    """A layer's window (0 = unbounded) once every layer is limited to `kv_window`."""
+    if not kv_window:
+        return window
+    return min(window, kv_window) if window else kv_window
+
+
+def new_caches(cfg: V3Config, cache_type: type, windows: Sequence[int],
+               kv_window: int | None) -> list:
+    """A fresh cache of `cache_type` (the numerics' KV cache class) per block of `windows`."""
+    conv_rows = max(0, cfg.qkv_conv_taps - 1)
+    conv_width = (cfg.num_heads + cfg.num_kv_heads) * cfg.qk_head_dim
+    conv_width += cfg.num_kv_heads * cfg.v_head_dim
+    return [
+        cache_type(bounded_window(window, kv_window), cfg.num_kv_heads, cfg.qk_head_dim,
+                   cfg.v_head_dim, conv_rows, conv_width, cfg.max_seq_len)
+        for window in windows
+    ]
 
 
 class LayerCache:

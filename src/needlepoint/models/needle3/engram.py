@@ -13,6 +13,7 @@ tokens and the last `(taps-1)*dil` raw values of each site.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,9 +21,7 @@ import numpy as np
 from ...formats.needle3_geometry import V3Config
 from ...kernels.cq import dequantize_rows, gather_rows
 from ...kernels.cq_tensor import CQTensor
-from ..ops import engram_slots, sigmoid
-from . import exact_ops
-from .exact_ops import product
+from ..ops import engram_slots
 from .norms import rms_unit
 from .weights import EngramSite
 
@@ -77,7 +76,8 @@ class EngramChunk:
     gathered per site: each row's floats are the same as a gather of all sites at once).
 
     `tail` is the state for the next chunk; its values are complete once every site has been
-    asked for (the forward asks for each site exactly once, in block order)."""
+    asked for (the forward asks for each site exactly once, in block order). `product` is
+    the numerics' product (`numerics.py`: BLAS, or the exact A8 product in deploy)."""
 
     def __init__(
         self,
@@ -86,10 +86,10 @@ class EngramChunk:
         tokens: np.ndarray,
         start: int,
         tail: EngramTail,
-        quantized: bool,
+        product: Callable[[np.ndarray, object], np.ndarray],
         keep: bool = False,
     ) -> None:
-        self.cfg, self.sites, self.quantized = cfg, sites, quantized
+        self.cfg, self.sites, self.product = cfg, sites, product
         self.count = count = len(tokens)
         tables, slots = cfg.num_engram_tables, cfg.engram_slots
         self.idx = engram_indices(cfg, tokens, tail)
@@ -118,7 +118,7 @@ class EngramChunk:
         if self.valid is not None:
             lookup *= self.valid[:, :, None]
         lookup = lookup.reshape(count, -1)
-        projected = product(lookup, site.key_value)  # deploy: the exact A8 product
+        projected = self.product(lookup, site.key_value)  # deploy: the exact A8 product
         del lookup
         key = projected[:, :d]
         raw = projected[:, d:]
@@ -141,10 +141,11 @@ class EngramChunk:
 
 
 def engram_gate(
-    u: np.ndarray, key: np.ndarray, value: np.ndarray, quantized: bool = False
+    u: np.ndarray, key: np.ndarray, value: np.ndarray,
+    sigmoid: Callable[[np.ndarray], np.ndarray],
 ) -> np.ndarray:
-    """`u + sigmoid(rms_unit(u) . rms_unit(k) / sqrt(d)) v'` per position (README `B(u)`)."""
+    """`u + sigmoid(rms_unit(u) . rms_unit(k) / sqrt(d)) v'` per position (README `B(u)`),
+    with the numerics' sigmoid."""
     width = u.shape[-1]
     affinity = np.add.reduce(rms_unit(u) * rms_unit(key), axis=-1, keepdims=True)
-    gate = exact_ops.sigmoid if quantized else sigmoid
-    return u + gate(affinity / F32(math.sqrt(width))) * value
+    return u + sigmoid(affinity / F32(math.sqrt(width))) * value

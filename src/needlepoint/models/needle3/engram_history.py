@@ -11,12 +11,33 @@ from __future__ import annotations
 import numpy as np
 
 from ...formats.needle3_geometry import V3Config
-from .engram import EngramTail
+from .engram import EngramChunk, EngramTail
 
 F32 = np.float32
 
 
+class EngramCarry:
+    """Float numerics' engram state: the tail of the last chunk, carried to the next (no
+    rewind; the one-token step advances it in place)."""
+
+    def __init__(self, carried: EngramTail) -> None:
+        self.carried = carried
+
+    def copy(self) -> EngramCarry:
+        return EngramCarry(self.carried.copy())
+
+    def tail(self, tokens: np.ndarray) -> EngramTail:
+        """The tail before the next chunk (`tokens`: every token consumed so far)."""
+        return self.carried
+
+    def record_chunk(self, chunk: EngramChunk, start: int) -> None:
+        """Take the tail a chunk leaves (its values are complete once every site ran)."""
+        self.carried = chunk.tail
+
+
 class EngramHistory:
+    """Deploy numerics' engram state by position (module doc)."""
+
     def __init__(self, cfg: V3Config, sites: int, max_rewind: int) -> None:
         self.reach = max(0, cfg.engram_conv_taps - 1) * cfg.engram_conv_dilation
         self.keep_tokens = max(cfg.engram_orders, default=1) - 1
@@ -40,6 +61,11 @@ class EngramHistory:
         else:
             values = self.values[:, :0]
         return EngramTail(np.asarray(keep, np.int64).copy(), values)
+
+    def record_chunk(self, chunk: EngramChunk, start: int) -> None:
+        """Keep the value projections of every site a chunk at `start` computed."""
+        for site, raw in chunk.raw_values.items():
+            self.record(site, start, raw)
 
     def record(self, site: int, start: int, raw: np.ndarray) -> None:
         """Value projections [C, d] of positions start .. start+C-1 at `site`."""

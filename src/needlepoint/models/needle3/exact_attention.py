@@ -51,6 +51,7 @@ class Int8LayerCache:
         # raw q|k|v of position p in row p % len: the last `lag` before the next chunk are the
         # conv tail; MAX_REWIND more let a rewind find the tail of an earlier position
         self.raw = np.zeros((conv_rows + MAX_REWIND if conv_rows else 0, conv_width), F32)
+        self._c_struct: native.V3Cache | None = None  # this cache as the C struct (c_address)
 
     @property
     def position(self) -> int:
@@ -71,14 +72,14 @@ class Int8LayerCache:
     @property
     def c_address(self) -> int:
         """Address of this cache as the native step's `np_v3_cache` (built on first use)."""
-        struct = self.__dict__.get("_c_struct")
+        struct = self._c_struct
         if struct is None:
             struct = native.V3Cache(
                 self.kcode.ctypes.data, self.kscale.ctypes.data, self.vcode.ctypes.data,
                 self.vscale.ctypes.data, self.raw.ctypes.data, self.meta.ctypes.data,
                 self.capacity, self.window, len(self.raw),
             )
-            self.__dict__["_c_struct"] = struct
+            self._c_struct = struct
         return ctypes.addressof(struct)
 
     @property
@@ -118,6 +119,7 @@ class Int8LayerCache:
             fresh[:, : self.filled] = source[:, : self.filled]
             setattr(other, name, fresh)
         other.lag, other.raw = self.lag, self.raw.copy()
+        other._c_struct = None
         return other
 
     def slot(self, positions: np.ndarray) -> np.ndarray:

@@ -14,6 +14,8 @@ import math
 
 import numpy as np
 
+from ..ops import ONE
+from ..ops import RMS_EPS as EPS
 from .norms import mean_into
 
 try:  # `np.einsum` without `optimize` is exactly this call, minus ~1 µs of Python wrapping
@@ -22,10 +24,7 @@ except ImportError:  # pragma: no cover
     einsum = np.einsum
 
 F32 = np.float32
-EPS = F32(1e-6)
-ONE = F32(1.0)
 add_reduce, square, sqrt = np.add.reduce, np.square, math.sqrt
-maximum_reduce = np.maximum.reduce
 
 
 def gemv(x: np.ndarray, matrix: np.ndarray) -> np.ndarray:
@@ -73,22 +72,3 @@ def zc_rows(x: np.ndarray, one_plus_scale: np.ndarray) -> np.ndarray:
     out = one_plus_scale * x
     out /= mean_square[:, None]
     return out
-
-
-def sigmoid(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-    """`1 / (1 + exp(-x))` in float32, in place on a fresh array (or `out`, which may be x)."""
-    out = np.negative(x, out=out)
-    np.exp(out, out=out)
-    out += ONE
-    np.divide(ONE, out, out=out)
-    return out
-
-
-def softmax_rows(x: np.ndarray) -> np.ndarray:
-    """`ops.softmax` over the last axis, in place on x (x must be a scratch array)."""
-    x -= maximum_reduce(x, axis=-1, keepdims=True)
-    np.exp(x, out=x)
-    x /= add_reduce(x, axis=-1, keepdims=True)
-    return x
-
-

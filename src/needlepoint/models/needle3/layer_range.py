@@ -1,25 +1,24 @@
 """Needle 3 as a layer range (`models.layer_range.LayerRange`): the part of a model a head or
 a stage holds, and the three pieces of seed 003.
 
-* `embed` (head): the scaled embedding rows x0 and each engram site's key and tapped value,
-  keyed by the block that reads them, as the single-process chunk pass computes them
-  (`batch.chunk_pass`: deploy numerics keep the engram values by position, so a rewind can go
-  back; float numerics carry the engram tail as `V3Session` does). x0 also feeds confidence
-  row 0.
-* `run_layers` (any stage): the lanes through `block.run_block` for each block of a
-  contiguous range, with that range's own caches; block 0 builds the lanes from x0 as the
-  single-process pass does. The lane means after each block feed that range's confidence
-  rows.
+Each piece is a piece of the one batch forward (`forward.py`, `block.run_blocks`), so a model
+cut into stages computes what one process computes:
+
+* `embed` (head): `forward.embed` of the chunk (the scaled embedding rows x0 and each engram
+  site's key and tapped value, keyed by the block that reads them; the sequence's engram
+  state as its numerics keep it). x0 also feeds confidence row 0.
+* `run_layers` / `run_layers_batch` (any stage): `block.run_blocks` over a contiguous range
+  for one or several sequences' chunks, one block at a time (so an error names its layer),
+  with that range's own caches; block 0 builds the lanes from x0 as the single-process pass
+  does. The lane means after each block feed that range's confidence rows.
 * `final_rows` (last stage): the lane means of the rows to read out; `readout` (head): the
   final norm, then the LM head.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping, Sequence
 from functools import cached_property
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -29,52 +28,42 @@ from ...formats.cact import CactArchive, open_archive
 from ...formats.chat_format import NeedleFormat
 from ...formats.needle3_geometry import V3Config
 from ..layer_range import Embedded
-from ..ops import rope_tables, rope_tables_pinned
 from ..token_ids import check_token_ids
-from .attention import ChunkFrame
-from .block import cell_row, run_block
-from .cache import LayerCache
-from .cell_history import CellHistory
-from .engram import EngramChunk, new_tail
-from .engram_history import EngramHistory
-from .exact_attention import MAX_REWIND, Int8LayerCache
-from .exact_ops import product
-from .heads import ConfidencePool
+from .block import run_blocks
+from .cache import bounded_window, new_caches
+from .exact_attention import MAX_REWIND
+from .forward import Item, embed, record_engrams
 from .norms import zc_norm
+from .numerics import numerics as make_numerics
 from .parts import head_weights, layer_bytes, rung, stage_weights
-from .session import CHUNK, bounded_window
+from .session import CHUNK
 from .step import StepPlan, build_plan
-from .weights import V3Weights, rotate
+from .weights import V3Weights
 
 F32 = np.float32
 
 
 class V3HeadState:
-    """Per sequence on the head: tokens, engram history (deploy) or tail (float), row 0."""
+    """Per sequence on the head: tokens, engram state and confidence row 0, of the kinds the
+    part's numerics make."""
 
     def __init__(self, part: V3Part) -> None:
-        cfg, weights = part.config, part.weights
+        cfg, weights, num = part.config, part.weights, part.num
+        self.exact = num.exact
         self.tokens = np.zeros(0, np.int64)
-        sites = len(weights.engram)
-        self.history = EngramHistory(cfg, sites, MAX_REWIND) if part.quantized else None
-        self.tail = None if part.quantized else new_tail(cfg, sites)
-        head = weights.confidence
-        self.cells = CellHistory(head, MAX_REWIND, 0, 1) if head is not None and \
-            part.quantized else None
-        self.pool = ConfidencePool.empty(head) if head is not None and not part.quantized \
-            else None
+        self.engram = num.engram_state(cfg, len(weights.engram))
+        self.cells = num.cell_state(weights.confidence, 0, 1)
 
     def copy(self) -> V3HeadState:
         other = V3HeadState.__new__(V3HeadState)
+        other.exact = self.exact
         other.tokens = self.tokens.copy()
-        other.history = None if self.history is None else self.history.copy()
-        other.tail = None if self.tail is None else self.tail.copy()
+        other.engram = self.engram.copy()
         other.cells = None if self.cells is None else self.cells.copy()
-        other.pool = None if self.pool is None else self.pool.copy()
         return other
 
     def rewind_to(self, position: int) -> None:
-        if self.history is None:
+        if not self.exact:
             raise ValueError("float numerics cannot rewind in place (re-run the tokens)")
         if self.cells is not None:
             self.cells.rewind(len(self.tokens) - position)
@@ -84,14 +73,12 @@ class V3HeadState:
 class V3RangeState:
     """Per sequence on a stage: its blocks' caches and its confidence rows."""
 
-    def __init__(self, caches: dict, cells: CellHistory | None,
-                 pool: ConfidencePool | None) -> None:
-        self.caches, self.cells, self.pool = caches, cells, pool
+    def __init__(self, caches: dict, cells) -> None:
+        self.caches, self.cells = caches, cells  # cells: CellHistory, PooledCells or None
 
     def copy(self) -> V3RangeState:
         return V3RangeState({i: c.copy() for i, c in self.caches.items()},
-                            None if self.cells is None else self.cells.copy(),
-                            None if self.pool is None else self.pool.copy())
+                            None if self.cells is None else self.cells.copy())
 
     def rewind_to(self, position: int) -> None:
         for cache in self.caches.values():
@@ -114,14 +101,14 @@ class V3Part:
     def __init__(self, archive: CactArchive, config: V3Config, weights: V3Weights,
                  kept: tuple[int, ...], numerics: str, blocks: range, threads: int = 1) -> None:
         self.archive, self.config, self.weights = archive, config, weights
-        self.layer_indices, self.numerics = kept, numerics
-        self.quantized = numerics == "deploy"
+        self.num = make_numerics(numerics, threads)  # the numerics strategy (`numerics.py`)
+        self.layer_indices, self.numerics = kept, self.num.name
+        self.quantized = self.num.exact
         self.blocks, self.threads = blocks, threads
-        self.stacks = self.quantized  # run_layers_batch stacks a micro-batch in one pass
+        self.stacks = self.num.stacks  # run_layers_batch stacks a micro-batch in one pass
         if len(blocks):
-            tables = rope_tables_pinned if self.quantized else rope_tables
-            self.rope_cos, self.rope_sin = tables(np.arange(config.max_seq_len),
-                                                  config.qk_head_dim, config.rope_theta)
+            self.rope_cos, self.rope_sin = self.num.rope_tables(
+                np.arange(config.max_seq_len), config.qk_head_dim, config.rope_theta)
         # engram site -> the block that reads it (the rung's numbering)
         self.site_block = dict(enumerate(config.engram_sites))
 
@@ -164,14 +151,7 @@ class V3Part:
     def step_plan(self) -> StepPlan:
         """`build_plan` of the whole model restricted to this part's blocks (its entries are
         built by the same code from the same weights; the others are None)."""
-        first, end = self.blocks.start, self.blocks.stop
-        own = self.weights.layers[first:end]
-        shim = SimpleNamespace(config=self.config, weights=SimpleNamespace(layers=own),
-                               rope_cos=self.rope_cos, rope_sin=self.rope_sin)
-        dense = build_plan(shim)
-        total = len(self.weights.layers)
-        padded = (None,) * first + dense.layers + (None,) * (total - end)
-        return dataclasses.replace(dense, layers=padded)
+        return build_plan(self.config, self.weights.layers, self.rope_cos, self.rope_sin)
 
     @property
     def weight_bytes(self) -> int:
@@ -188,32 +168,21 @@ class V3Part:
         return V3HeadState(self)
 
     def embed(self, state: V3HeadState, tokens: np.ndarray, start: int) -> Embedded:
-        cfg, weights = self.config, self.weights
-        x0 = weights.embedding_rows(tokens) * np.sqrt(F32(cfg.d_model))
-        tail = state.history.tail(state.tokens) if state.history is not None else state.tail
-        engram = EngramChunk(cfg, weights.engram, tokens, start, tail, self.quantized)
-        side = {self.site_block[s]: engram.site(s) for s in range(len(weights.engram))}
-        if state.history is not None:
-            for site, raw in engram.raw_values.items():
-                state.history.record(site, start, raw)
-        else:
-            state.tail = engram.tail
+        item = Item(tokens, state.tokens, (), state.engram)
+        embedded = embed(self, [item])
+        side = {self.site_block[s]: embedded.sites[s] for s in range(len(self.weights.engram))}
+        record_engrams([item], embedded)
         if state.cells is not None:
-            state.cells.append(x0[:, None, :])
-        elif state.pool is not None:
-            state.pool.update(weights.confidence, x0[:, None, :], 0)
+            state.cells.add(0, embedded.x0[:, None, :])
         state.tokens = np.concatenate([state.tokens, tokens])
-        return Embedded(x0, side)
+        return Embedded(embedded.x0, side)
 
     def readout(self, rows: np.ndarray) -> np.ndarray:
-        hidden = zc_norm(rows, self.weights.final_norm)
-        if self.quantized:  # the exact A8 product with the tied embedding rows
-            return product(hidden, self.weights.lm_head)
-        return rotate(hidden) @ self.weights.lm_head  # rotated domain (weights.py)
+        return self.num.lm_head(zc_norm(rows, self.weights.final_norm), self.weights.lm_head)
 
     def confidence_logit(self, state: V3HeadState, rows: Sequence[tuple[int, Any]]) -> float:
         """The logit from row 0 (here) and each stage's (first block, pool rows)."""
-        pool = state.cells.folded() if state.cells is not None else state.pool.copy()
+        pool = state.cells.folded().copy()
         for first, (peak, total, pooled) in rows:
             cells = slice(first + 1, first + 1 + len(peak))
             pool.peak[cells], pool.total[cells], pool.pooled[cells] = peak, total, pooled
@@ -232,49 +201,16 @@ class V3Part:
     # -- a stage ------------------------------------------------------------------------------
     def range_state(self, kv_window: int | None = None) -> V3RangeState:
         cfg, weights = self.config, self.weights
-        conv_rows = max(0, cfg.qkv_conv_taps - 1)
-        conv_width = (cfg.num_heads + cfg.num_kv_heads) * cfg.qk_head_dim
-        conv_width += cfg.num_kv_heads * cfg.v_head_dim
-        cache_type = Int8LayerCache if self.quantized else LayerCache
-        caches = {
-            index: cache_type(
-                bounded_window(weights.layers[index].window, kv_window),
-                cfg.num_kv_heads, cfg.qk_head_dim, cfg.v_head_dim, conv_rows, conv_width,
-                cfg.max_seq_len,
-            )
-            for index in self.blocks
-        }
-        head = weights.confidence
-        cells = pool = None
-        if head is not None and self.quantized:
-            cells = CellHistory(head, MAX_REWIND, self.blocks.start + 1, len(self.blocks))
-        elif head is not None:
-            pool = ConfidencePool.empty(head)
-        return V3RangeState(caches, cells, pool)
+        windows = [weights.layers[index].window for index in self.blocks]
+        caches = dict(zip(self.blocks, new_caches(cfg, self.num.cache_type, windows, kv_window),
+                          strict=True))
+        cells = self.num.cell_state(weights.confidence, self.blocks.start + 1, len(self.blocks))
+        return V3RangeState(caches, cells)
 
     def run_layers(self, first: int, end: int, x: np.ndarray, state: V3RangeState,
                    start: int, side: Mapping[int, tuple[np.ndarray, ...]] | None = None
                    ) -> np.ndarray:
-        side = side or {}
-        count = x.shape[0]
-        lanes = np.repeat(x[:, None, :], self.config.mhc_lanes, axis=1) if first == 0 else x
-        frame = ChunkFrame.build(self.step_plan, start, count)
-        head = self.weights.confidence
-        cells = np.empty((count, end - first, x.shape[-1]), F32) \
-            if state.cells is not None else None
-        for index in range(first, end):
-            try:
-                lanes = run_block(self, index, lanes, [(slice(None), state.caches[index], frame)],
-                                  side.get(index))
-            except NonFiniteActivationError as error:
-                raise type(error)(f"layer {index}: {error}") from None
-            if cells is not None:
-                cell_row(lanes, self.quantized, out=cells[:, index - first])
-            elif state.pool is not None:
-                state.pool.update(head, cell_row(lanes, self.quantized)[:, None, :], index + 1)
-        if cells is not None:
-            state.cells.append(cells)
-        return lanes
+        return self.run_layers_batch(first, end, [x], [state], [start], [side or {}])[0]
 
     def run_layers_batch(self, first: int, end: int, xs: Sequence[np.ndarray],
                          states: Sequence[V3RangeState], starts: Sequence[int],
@@ -284,46 +220,48 @@ class V3Part:
         stacked pass (each block's products read its weights once for every row; each
         sequence attends its own cache), whose rows are the same bits as alone (batch
         invariance, docs/numerics.md); float numerics run each chunk on its own."""
-        if not self.quantized or len(xs) == 1:
-            return [self.run_layers(first, end, x, state, start, side)
+        if len(xs) > 1 and not self.num.stacks:
+            return [self.run_layers_batch(first, end, [x], [state], [start], [side])[0]
                     for x, state, start, side in zip(xs, states, starts, sides, strict=True)]
         rows, at = [], 0
         for x in xs:
             rows.append(slice(at, at + x.shape[0]))
             at += x.shape[0]
-        lanes = np.concatenate(xs)
+        lanes = np.concatenate(xs) if len(xs) > 1 else xs[0]
         if first == 0:
             lanes = np.repeat(lanes[:, None, :], self.config.mhc_lanes, axis=1)
-        frames = [ChunkFrame.build(self.step_plan, start, x.shape[0])
-                  for x, start in zip(xs, starts, strict=True)]
-        keep = [state.cells is not None for state in states]
-        cells = np.empty((at, end - first, lanes.shape[-1]), F32) if any(keep) else None
-        for index in range(first, end):
-            parts = [(r, state.caches[index], frame)
-                     for r, state, frame in zip(rows, states, frames, strict=True)]
-            kv = None
-            if index in sides[0]:
-                kv = tuple(np.concatenate([side[index][j] for side in sides]) for j in range(2))
+        else:  # a fresh C-contiguous array: the forward writes it in place
+            lanes = np.array(lanes, F32, order="C")
+        sites = {}
+        for block, kv in sides[0].items():
+            site = self.weights.layers[block].engram_site
+            sites[site] = kv if len(xs) == 1 else \
+                tuple(np.concatenate([side[block][j] for side in sides]) for j in range(2))
+        held = [(r, s.cells) for r, s in zip(rows, states, strict=True)
+                if s.cells is not None and not s.cells.streaming]
+        streams = [(r, s.cells) for r, s in zip(rows, states, strict=True)
+                   if s.cells is not None and s.cells.streaming]
+        cells = np.empty((at, end - first, lanes.shape[-1]), F32) if held else None
+        parts = [(r, state.caches, start) for r, state, start in zip(rows, states, starts,
+                                                                     strict=True)]
+        for index in range(first, end):  # a block at a time: an error names its layer
             try:
-                lanes = run_block(self, index, lanes, parts, kv)
+                lanes = run_blocks(self, index, index + 1, lanes, parts, sites, cells,
+                                   index - first, streams)
             except NonFiniteActivationError as error:
                 raise type(error)(f"layer {index}: {error}") from None
-            if cells is not None:
-                cell_row(lanes, True, out=cells[:, index - first])
-        for r, state, kept in zip(rows, states, keep, strict=True):
-            if kept:
-                state.cells.append(cells[r])
+        for r, state in held:
+            state.add(0, cells[r])
         return [lanes[r] for r in rows]
 
     def final_rows(self, x: np.ndarray, want: str) -> np.ndarray:
-        rows = x if want == "all" else x[-1:]
-        return cell_row(rows, True) if self.quantized else rows.mean(axis=1)
+        return self.num.final_mean(x if want == "all" else x[-1:])
 
     def confidence_rows(self, state: V3RangeState):
         """(peak, total, pooled) of this part's confidence rows (None without the head)."""
-        pool = state.cells.folded() if state.cells is not None else state.pool
-        if pool is None:
+        if state.cells is None:
             return None
+        pool = state.cells.folded()
         rows = slice(self.blocks.start + 1, self.blocks.stop + 1)
         return pool.peak[rows].copy(), pool.total[rows].copy(), pool.pooled[rows].copy()
 

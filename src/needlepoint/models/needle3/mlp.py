@@ -5,18 +5,23 @@
 `z = K1(d1*z)[p1]`; `z = K2(silu(d2*cond*z + b2))[p2]`; `z = K3(d3*z)`; out `(d4*z)[:d]`,
 where `Ks(z)` views z as a [ba, bb] row-major matrix Z and returns `flatten(wsa^T Z wsb)`.
 
-`Ks` is two stacked matmuls over positions (`Z wsb`, then `wsa^T Y`): numpy hands each
-position's 32 x 32 product to BLAS in place, which is faster than one tall GEMM plus the
-transposing copy it needs, and is bit-for-bit the decode step's `wsa.T @ (Z @ wsb)`.
+`hadamard_mlp` is float numerics' form: `Ks` is two stacked matmuls over positions (`Z wsb`,
+then `wsa^T Y`): numpy hands each position's 32 x 32 product to BLAS in place, which is
+faster than one tall GEMM plus the transposing copy it needs, and is bit-for-bit the decode
+step's `wsa.T @ (Z @ wsb)`. `hadamard_mlp_pinned` is deploy numerics' (every product and exp
+in pinned order, `exact_ops`); `numerics.py` picks one per model.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from ...kernels.pinned import hadamard_mlp_native
+from ...kernels.pinned import sigmoid as pinned_sigmoid
+from ..ops import sigmoid, softmax
 from . import exact_ops
-from .fastnum import sigmoid, softmax_rows
 from .weights import MlpWeights
 
 F32 = np.float32
@@ -31,30 +36,43 @@ def monarch(z: np.ndarray, wsa: np.ndarray, wsb: np.ndarray) -> np.ndarray:
 
 
 def hadamard_mlp(
-    x: np.ndarray, weights: MlpWeights, perm1: np.ndarray, perm2: np.ndarray, hada_n: int,
-    pinned: bool = False, native: bool = True,
+    x: np.ndarray, weights: MlpWeights, perm1: np.ndarray, perm2: np.ndarray, hada_n: int
 ) -> np.ndarray:
-    """HadamardMLP(x) for x [T, d] -> [T, d]. `pinned` (deploy numerics): every product and
-    exp in pinned order (`exact_ops`), so a row's result does not depend on the batch; it runs
-    as one native call when the kernels are built (`kernels.pinned.hadamard_mlp_native`, the
-    same operations; `native=False` forces this numpy form)."""
-    rows, width = x.shape
+    """HadamardMLP(x) for x [T, d] -> [T, d] (float numerics: BLAS products, numpy's exp)."""
+    logits = x @ weights.cond_v
+    cond = softmax(logits, out=logits) @ weights.cond_u
+    return _body(x, cond, weights, perm1, perm2, hada_n, monarch, sigmoid)
+
+
+def hadamard_mlp_pinned(
+    x: np.ndarray, weights: MlpWeights, perm1: np.ndarray, perm2: np.ndarray, hada_n: int,
+    native: bool = True,
+) -> np.ndarray:
+    """HadamardMLP(x) in deploy numerics: every product and exp in pinned order, so a row's
+    result does not depend on the batch; one native call when the kernels are built
+    (`kernels.pinned.hadamard_mlp_native`, the same operations; `native=False` forces this
+    numpy form)."""
     (w1a, w1b), (w2a, w2b), (w3a, w3b) = weights.stages
-    if pinned and native:
+    if native:
         out = hadamard_mlp_native(
             x, (weights.d1, weights.d2, weights.b2, weights.d3, weights.d4),
             (w1a, w1b, w2a, w2b, w3a, w3b), weights.cond_v, weights.cond_u, perm1, perm2,
-            hada_n, _native_tables(weights),
+            hada_n, weights.native_tables,
         )
         if out is not None:
             return out
-    mix, act_of = (exact_ops.monarch, exact_ops.sigmoid) if pinned else (monarch, sigmoid)
-    if pinned:
-        cond = exact_ops.small_product(
-            exact_ops.softmax_rows(exact_ops.small_product(x, weights.cond_v)), weights.cond_u
-        )
-    else:
-        cond = softmax_rows(x @ weights.cond_v) @ weights.cond_u
+    cond = exact_ops.small_product(
+        exact_ops.softmax_rows(exact_ops.small_product(x, weights.cond_v)), weights.cond_u
+    )
+    return _body(x, cond, weights, perm1, perm2, hada_n, exact_ops.monarch, pinned_sigmoid)
+
+
+def _body(x: np.ndarray, cond: np.ndarray, weights: MlpWeights, perm1: np.ndarray,
+          perm2: np.ndarray, hada_n: int, mix: Callable, act_of: Callable) -> np.ndarray:
+    """Everything after `softmax(x cond_v) cond_u`, with the numerics' Monarch product and
+    sigmoid."""
+    rows, width = x.shape
+    (w1a, w1b), (w2a, w2b), (w3a, w3b) = weights.stages
     cond += F32(1.0)
     z = np.zeros((rows, hada_n), F32)  # d1 * pad(x): the padding stays zero
     np.multiply(weights.d1[:width], x, out=z[:, :width])
@@ -68,14 +86,3 @@ def hadamard_mlp(
     z *= weights.d3
     out = mix(z, w3a, w3b)[:, :width]
     return out * weights.d4[:width]
-
-
-
-def _native_tables(weights: MlpWeights) -> list:
-    """The native call's pointer tables for one block's weights, kept on the weights object
-    (built on first use; freed with it)."""
-    tables = weights.__dict__.get("_native_tables")
-    if tables is None:
-        tables = []
-        object.__setattr__(weights, "_native_tables", tables)
-    return tables

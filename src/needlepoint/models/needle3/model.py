@@ -10,7 +10,7 @@ with no activation quantisation.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import cached_property, partial
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -18,13 +18,14 @@ import numpy as np
 from ...formats.cact import CactArchive
 from ...formats.chat_format import NeedleFormat
 from ...formats.needle3_geometry import V3Config
-from ..numerics import NEEDLE_NUMERICS as NUMERICS
-from ..ops import rope_tables, rope_tables_pinned
 from ..protocol import ModelCapabilities
 from ..token_ids import check_token_ids
 from .batch import run_batch
-from .exact_weights import exact_slots
+from .cache import new_caches
+from .forward import Collector, joined, run_chunks
 from .ladder import ladder_config, ladder_layer_indices
+from .numerics import Numerics
+from .numerics import numerics as make_numerics
 from .session import CHUNK, Trace, V3Session
 from .step import StepPlan, build_plan
 from .weights import V3Weights, load_weights
@@ -39,17 +40,18 @@ class V3Model:
         config: V3Config,
         weights: V3Weights,
         layer_indices: tuple[int, ...],
-        numerics: str,
+        num: Numerics,
     ) -> None:
         self.archive = archive
         self.config = config
         self.weights = weights
         self.layer_indices = layer_indices
-        self.numerics = numerics
-        self.quantized = numerics == "deploy"
-        self.threads = 1  # set by from_archive: native threads of the deploy products
-        tables = rope_tables_pinned if self.quantized else rope_tables
-        cos, sin = tables(np.arange(config.max_seq_len), config.qk_head_dim, config.rope_theta)
+        self.num = num  # the numerics strategy, chosen once at load (`numerics.py`)
+        self.numerics = num.name
+        self.quantized = num.exact  # the model interface's name for exact numerics
+        self.threads = num.threads  # native threads of the deploy products
+        cos, sin = num.rope_tables(np.arange(config.max_seq_len), config.qk_head_dim,
+                                   config.rope_theta)
         self.rope_cos, self.rope_sin = cos, sin
         for array in (cos, sin):
             array.setflags(write=False)
@@ -66,22 +68,18 @@ class V3Model:
     ) -> V3Model:
         """Prepare the weights of `archive` (the `layers`-deep ladder rung if given), from the
         weight cache when one is valid (`cache=None`: unless NEEDLEPOINT_CACHE=0)."""
-        if numerics not in NUMERICS:
-            raise ValueError(f"numerics must be one of {NUMERICS}, got {numerics!r}")
+        num = make_numerics(numerics, threads)  # raises on an unknown name
         full = archive.config
         depth = full.num_layers if layers is None else int(layers)
         kept = ladder_layer_indices(full.num_layers, depth)
         config = ladder_config(full, kept)
-        products = partial(exact_slots, threads=threads) if numerics == "deploy" else None
-        weights = load_weights(archive, config, kept, cache=cache, products=products)
-        model = cls(archive, config, weights, kept, numerics)
-        model.threads = threads
-        return model
+        weights = load_weights(archive, config, kept, cache=cache, products=num.products())
+        return cls(archive, config, weights, kept, num)
 
     @cached_property
     def step_plan(self) -> StepPlan:
-        """Constants of the one-token decode step (`step.py`), folded on first use."""
-        return build_plan(self)
+        """Constants folded once per model (`step.py`), on first use."""
+        return build_plan(self.config, self.weights.layers, self.rope_cos, self.rope_sin)
 
     @cached_property
     def tokenizer(self) -> Any:
@@ -125,8 +123,18 @@ class V3Model:
     def forward(
         self, ids: Sequence[int] | np.ndarray, *, trace: Trace | None = None
     ) -> np.ndarray:
-        """Logits [len(ids), vocab_out] at every position (full causal attention, batched)."""
-        return V3Session(self)._run(ids, "all", trace)
+        """Logits [len(ids), vocab_out] at every position (full causal attention, batched):
+        the batch forward over fresh caches, in chunks of CHUNK positions."""
+        tokens = self.check_ids(ids)
+        collect = Collector() if trace is not None else None
+        caches = new_caches(self.config, self.num.cache_type,
+                            [layer.window for layer in self.weights.layers], None)
+        engram = self.num.engram_state(self.config, len(self.weights.engram))
+        outputs = [logits for _, logits in run_chunks(
+            self, tokens, tokens[:0], caches, engram, None, CHUNK, "all", collect)]
+        if collect is not None:
+            collect.emit(trace)
+        return joined(outputs)
 
     def confidence_logit(self, ids: Sequence[int] | np.ndarray) -> float | None:
         """Confidence-head logit over the whole sequence; None if the archive has no head."""

@@ -1,9 +1,10 @@
 """The deploy forward of a batch of chunks in one native call (kernels/native/np_v3_block.h).
 
-`native_plan(model)` is the model's weights as the C structs (built once per model, kept on
-it), or None when the native library is not loaded (no compiler, `NEEDLEPOINT_NATIVE=0`), the
-numerics are float, or the geometry is one the C code does not take; callers then run the
-numpy reference (`block.run_block`, `batch.chunk_pass`), which computes the same bits.
+`native_plan(model)` is the model's weights as the C structs (built once per model by its
+deploy numerics object, `numerics.NeedleDeploy.native_plan`), or None when the native library
+is not loaded (no compiler, `NEEDLEPOINT_NATIVE=0`), the numerics are float, or the geometry
+is one the C code does not take (`supported`); the forward then runs the numpy reference
+(`block.run_block`), which computes the same bits.
 
 `NativePlan.blocks` runs blocks `first .. last-1` for the rows of several sessions' chunks
 (mHC, engram gate, attention over each session's own int8 cache, MLP, lane mixing) and
@@ -15,11 +16,12 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ...errors import NonFiniteActivationError
+from ...formats.needle3_geometry import V3Config
 from ...kernels import native
 from ...kernels.cq import _H128 as H128
 from ...kernels.cq_tensor import CQTensor
@@ -27,7 +29,8 @@ from ...kernels.exact import GROUP, ExactMatrix
 
 if TYPE_CHECKING:  # pragma: no cover
     from .exact_attention import Int8LayerCache
-    from .model import V3Model
+    from .step import StepPlan
+    from .weights import V3Weights
 
 F32 = np.float32
 STATUS = {1: "non-finite activation (or a Sinkhorn scaling out of range) in the native step",
@@ -52,13 +55,16 @@ def _product(matrices, keep: list) -> native.V3Product:
     return native.V3Product(ctypes.addressof(mats), len(matrices), matrices[0].in_pad, out)
 
 
-def _supported(model: V3Model) -> bool:
-    cfg = model.config
-    if not model.quantized or cfg.qk_head_dim > 256 or cfg.v_head_dim > 1024:
+def supported(cfg: V3Config, weights: V3Weights) -> bool:
+    """Whether the C step takes this geometry and these (deploy) weights: a part holding no
+    block (a stage model's head) has nothing for it to run."""
+    if cfg.qk_head_dim > 256 or cfg.v_head_dim > 1024:
         return False
     if cfg.mhc_lanes > 16 or cfg.qk_head_dim % 2 or cfg.num_heads % cfg.num_kv_heads:
         return False
-    for layer in model.weights.layers:
+    if not any(layer is not None for layer in weights.layers):
+        return False
+    for layer in weights.layers:
         if layer is None:
             continue
         products = (layer.qkvg, layer.out_proj, layer.mhc.phi)
@@ -72,12 +78,10 @@ def _supported(model: V3Model) -> bool:
 class NativePlan:
     """A deploy model's weights as `np_v3_model` (module doc)."""
 
-    def __init__(self, model: V3Model) -> None:
-        cfg, weights = model.config, model.weights
+    def __init__(self, cfg: V3Config, weights: V3Weights, plan: StepPlan, threads: int) -> None:
         keep: list = []
         self.keep = keep
         self.lanes, self.d = cfg.mhc_lanes, cfg.d_model
-        plan = model.step_plan
         layers = (native.V3Layer * max(1, len(weights.layers)))()
         for index, layer in enumerate(weights.layers):
             if layer is None:
@@ -120,19 +124,19 @@ class NativePlan:
             self.vocab_out = head.out
         self.model = native.V3Model(
             cfg.d_model, cfg.mhc_lanes, cfg.num_heads, cfg.num_kv_heads, cfg.qk_head_dim,
-            cfg.v_head_dim, cfg.hada_n, ba, cfg.max_seq_len, max(1, int(model.threads)),
+            cfg.v_head_dim, cfg.hada_n, ba, cfg.max_seq_len, max(1, int(threads)),
             ctypes.addressof(layers), p1.ctypes.data, p2.ctypes.data,
             _f32(plan.rope_cos, keep), _f32(plan.rope_sin, keep),
             _f32(weights.final_norm, keep) if weights.final_norm is not None else None, head,
         )
         self.sites = 0
-        self.native_engram = self._sites(model, keep)
+        self.native_engram = self._sites(cfg, weights, plan, keep)
         self.address = ctypes.addressof(self.model)
 
-    def _sites(self, model: V3Model, keep: list) -> bool:
+    def _sites(self, cfg: V3Config, weights: V3Weights, plan: StepPlan, keep: list) -> bool:
         """Fill the model's engram sites; False (Python engram path) when a site's tables are
         not 2- or 4-bit CQ rows of 128-groups or its product is not exact CQ."""
-        cfg, sites = model.config, model.weights.engram
+        sites = weights.engram
         if not sites:
             return True
         c_sites = (native.V3Site * len(sites))()
@@ -153,8 +157,8 @@ class NativePlan:
             entry.key_value = _product(kv, keep)
             entry.taps = _f32(site.taps, keep)
             entry.n_taps, entry.dilation = site.taps.shape[0], cfg.engram_conv_dilation
-        order = np.asarray([o for o, _ in model.step_plan.table_seeds], np.int64)
-        seed = np.asarray([s for _, s in model.step_plan.table_seeds], np.int64)
+        order = np.asarray([o for o, _ in plan.table_seeds], np.int64)
+        seed = np.asarray([s for _, s in plan.table_seeds], np.int64)
         if len(order) != cfg.num_engram_tables:
             return False
         keep.extend([c_sites, order, seed])
@@ -226,26 +230,11 @@ def _check(status: int) -> None:
         raise RuntimeError(STATUS.get(status, f"native step failed ({status})"))
 
 
-def native_plan(model: V3Model) -> NativePlan | None:
-    """The model's NativePlan (built on first use), or None (module doc)."""
-    if native.LIBRARY is None:
-        return None
-    plan = model.__dict__.get("_native_plan", False)
-    if plan is False:
-        plan = NativePlan(model) if _supported(model) else None
-        model.__dict__["_native_plan"] = plan
-    return plan
+def native_plan(model: Any) -> NativePlan | None:
+    """The model's NativePlan (built on first use by its numerics), or None (module doc)."""
+    return model.num.native_plan(model)
 
 
 def cache_pointers(caches: Sequence[Int8LayerCache]) -> ctypes.Array:
     """A C array of the caches' `np_v3_cache` addresses (one per block)."""
     return (ctypes.c_void_p * len(caches))(*[cache.c_address for cache in caches])
-
-
-def session_pointers(session) -> int:
-    """Address of the session's cache-pointer array (built once per list of caches)."""
-    held = session.__dict__.get("_c_caches")
-    if held is None or held[0] is not session.caches:
-        held = (session.caches, cache_pointers(session.caches))
-        session.__dict__["_c_caches"] = held
-    return ctypes.addressof(held[1])

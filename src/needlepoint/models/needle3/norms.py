@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..ops import RMS_EPS as EPS
+
 F32 = np.float32
-EPS = F32(1e-6)
 
 
 def mean_into(x: np.ndarray, axis: int = -1, out: np.ndarray | None = None) -> np.ndarray:

@@ -18,9 +18,8 @@ import numpy as np
 from ...formats.cact import CactArchive
 from ...formats.needle3_geometry import V3Config
 from .. import weight_cache
-from .exact_weights import exact_slots
 from .ladder import ladder_config, ladder_layer_indices
-from .model import NUMERICS
+from .numerics import numerics as make_numerics
 from .weights import (
     EngramSite,
     Filler,
@@ -44,10 +43,9 @@ def rung(archive: CactArchive, layers: int | None) -> tuple[tuple[int, ...], V3C
 
 def _products(archive: CactArchive, slots: list[Slot], numerics: str, threads: int,
               cache: bool | None) -> dict:
-    if numerics not in NUMERICS:
-        raise ValueError(f"numerics must be one of {NUMERICS}, got {numerics!r}")
-    if numerics == "deploy":
-        return exact_slots(archive, slots, threads=threads)
+    products = make_numerics(numerics, threads).products()
+    if products is not None:
+        return products(archive, slots)
     mats = weight_cache.arena(archive, slots, Filler(archive), cache)
     archive.release(sorted({name for slot in slots for name, _, _ in slot.parts}))
     return mats

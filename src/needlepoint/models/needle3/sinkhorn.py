@@ -91,7 +91,7 @@ def sinkhorn4(logits: np.ndarray, rounds: int = 20) -> np.ndarray:
 def sinkhorn_pinned(logits: np.ndarray, rounds: int = 20) -> np.ndarray:
     """`sinkhorn_rows` with the pinned exp (deploy numerics), by the native kernel when it is
     built (the same operations: kernels/native `np_sinkhorn`), else in numpy."""
-    lib = native.LIBRARY
+    lib = native.library()
     if lib is not None:
         z = np.ascontiguousarray(logits, F32)
         out = np.empty_like(z)

@@ -30,7 +30,7 @@ and takes its new index for the mHC lane one-hot (README "Ladder").
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -39,6 +39,7 @@ from ...formats.needle3_geometry import V3Config
 from ...kernels.cq import dequantize_rows, rotated_into, table_rows
 from ...kernels.fwht import fwht_groups, hadamard_matrix
 from .. import weight_cache
+from ..ops import sigmoid
 
 F32 = np.float32
 # Hadamard size of the rotated domain: CQ's group (README "CQ tensors"). A rotated matrix
@@ -73,6 +74,9 @@ class MlpWeights:
     stages: tuple[tuple[np.ndarray, np.ndarray], ...]  # (wsa, wsb) for s = 1, 2, 3
     cond_v: np.ndarray  # [d, 8]
     cond_u: np.ndarray  # [8, hada_n]
+    # the native MLP call's pointer tables for these weights (`kernels.pinned
+    # .hadamard_mlp_native`), built on its first call and freed with the weights
+    native_tables: list = field(default_factory=list, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -320,7 +324,7 @@ def _layer(
         k_norm=_one_plus(archive, p + "k_norm"),
         out_proj=mats[f"{new}.out_proj"],
         post_norm=_one_plus(archive, p + "post_norm"),
-        attn_gate=F32(1.0) / (F32(1.0) + np.exp(-gate_logit)),
+        attn_gate=F32(sigmoid(gate_logit)),
         pre_hada=_one_plus(archive, p + "pre_hada"),
         mlp=mlp,
         mhc=_mhc(archive, cfg, old, new, mats[f"{new}.phi"]),
