@@ -156,14 +156,17 @@ def write_fixture_gguf(name: str, out: Path, qtype: str = "F32", *, skip: tuple[
     return out
 
 
-def _add_tokenizer(writer, folder: Path, arch: str) -> None:
+def hf_token_table(folder: Path) -> tuple[dict, dict, dict, list[str], list[int]]:
+    """A HF tokenizer folder as GGUF token lists: (tokenizer.json, tokenizer_config.json,
+    added tokens by id, pieces by id, GGUF token types by id: 1 normal, 3 control,
+    4 user-defined, 6 byte), as llama.cpp's converter assigns them."""
     spec = json.loads((folder / "tokenizer.json").read_text())
     config = json.loads((folder / "tokenizer_config.json").read_text())
     vocab = dict(spec["model"]["vocab"])
     added = {t["id"]: t for t in spec["added_tokens"]}
     for i, token in added.items():
         vocab[token["content"]] = i
-    tokens = [""] * len(vocab)
+    tokens = [""] * (max(vocab.values()) + 1)
     for piece, i in vocab.items():
         tokens[i] = piece
     types = []
@@ -174,6 +177,11 @@ def _add_tokenizer(writer, folder: Path, arch: str) -> None:
             types.append(6)
         else:
             types.append(1)
+    return spec, config, added, tokens, types
+
+
+def _add_tokenizer(writer, folder: Path, arch: str) -> None:
+    spec, config, added, tokens, types = hf_token_table(folder)
     if arch == "llama":
         types[0] = 2  # <unk>
     writer.add_token_list(tokens)
