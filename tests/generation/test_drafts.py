@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from conftest import toy_model_path
+from turn_helpers import ALARM
 
 from needlepoint import open_archive
 from needlepoint.generation.drafts import (
@@ -21,10 +22,6 @@ from needlepoint.generation.drafts import (
 from needlepoint.generation.grammar import TokenVocab, ToolCallGrammar
 from needlepoint.generation.turn import TurnVocab
 
-ALARM = {"name": "set_alarm", "description": "Set an alarm at a time of day.",
-         "parameters": {"type": "object", "properties": {"time": {"type": "string"},
-                                                         "label": {"type": "string"}},
-                        "required": ["time"]}}
 WEATHER = {"name": "get_weather", "description": "Get the weather forecast for a city.",
            "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
                           "required": ["city"]}}

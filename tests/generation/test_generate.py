@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from conftest import get_fixture, toy_model_path
 from fake_model import ScriptedModel, answer_ids
+from turn_helpers import ALARM, WEATHER
 
 from needlepoint import open_archive
 from needlepoint.api.conversation import Conversation
@@ -32,15 +33,6 @@ from needlepoint.generation.sampling import (
 )
 from needlepoint.generation.turn import GenerationConfig, TurnVocab, generate_turn, run_turn
 
-ALARM = {"name": "set_alarm", "description": "Set an alarm at a time of day.",
-         "parameters": {"type": "object", "properties": {"time": {"type": "string"},
-                                                         "label": {"type": "string"}},
-                        "required": ["time"]}}
-WEATHER = {"name": "get_weather", "description": "Get the weather forecast for a city.",
-           "parameters": {"type": "object",
-                          "properties": {"city": {"type": "string"},
-                                         "day": {"type": "string", "enum": ["today", "tomorrow"]}},
-                          "required": ["city"]}}
 TOOLS = [ALARM, WEATHER]
 ALARM_CALL = '[{"name":"set_alarm","arguments":{"time":"06:45"}}]'
 
