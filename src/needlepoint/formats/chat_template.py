@@ -18,18 +18,12 @@ from functools import lru_cache
 from typing import Any
 
 from ..errors import TokenizerError
+from .hf_extra import hf_extra
 
 
-def _jinja():
-    try:
-        import jinja2
-        import jinja2.ext
-        import jinja2.sandbox
-    except ImportError as error:  # pragma: no cover - the `hf` extra is not installed
-        raise TokenizerError(
-            "rendering a chat template needs `jinja2`: pip install 'needlepoint[hf]'"
-        ) from error
-    return jinja2
+def _jinja() -> Any:
+    return hf_extra("jinja2", "rendering a chat template needs `jinja2`", TokenizerError,
+                    "ext", "sandbox")
 
 
 def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
