@@ -70,6 +70,25 @@ _GPT2 = {"ln_1": "attn_norm", "attn.c_attn": "attn_qkv", "attn.c_proj": "attn_ou
          "ln_2": "ffn_norm", "mlp.c_fc": "ffn_up", "mlp.c_proj": "ffn_down"}
 
 
+def assert_logits_match(model, ref: HFReference, tolerance: float) -> None:
+    """Every recorded prompt's logits from `model.forward` within `tolerance` of transformers'."""
+    for prompt in ref.prompts:
+        i = prompt["index"]
+        error = float(np.abs(model.forward(ref[f"p{i}_ids"]) - ref[f"p{i}_logits"]).max())
+        assert error <= tolerance, (prompt["kind"], error)
+
+
+def greedy_tokens(model, ids: list[int], count: int) -> list[int]:
+    """`count` argmax tokens after prefilling `ids`, each fed back with `step`."""
+    session = model.session()
+    logits = session.prefill(ids)
+    tokens: list[int] = []
+    for _ in range(count):
+        tokens.append(int(np.argmax(logits)))
+        logits = session.step(tokens[-1])
+    return tokens
+
+
 def _permute(w: np.ndarray, heads: int) -> np.ndarray:
     """llama.cpp's convert_hf_to_gguf `LlamaModel.permute` (half-split -> interleaved rows)."""
     return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(
@@ -216,6 +235,26 @@ class SmolLM2Reference:
     @cached_property
     def path(self) -> Path:
         return smollm2_gguf(self.meta["gguf_sha256"])
+
+
+def teacher_forced_binding_steps(model, reference: SmolLM2Reference, *, spread: float,
+                                 margin: float) -> int:
+    """llama.cpp's tokens fed back: asserts the top-5 logits agree within `spread` and our
+    argmax is llama.cpp's wherever its margin is at least `margin`; returns how many steps
+    were binding (the caller asserts enough were)."""
+    checked = 0
+    for prompt in reference.prompts:
+        session = model.session()
+        logits = session.prefill(prompt["ids"])
+        for token, clear, top in zip(prompt["greedy"], prompt["greedy_margin"], prompt["top5"],
+                                     strict=True):
+            ours = np.array([logits[i] for i, _ in top])
+            assert np.abs(ours - [v for _, v in top]).max() <= spread, prompt["kind"]
+            if clear >= margin:
+                assert int(np.argmax(logits)) == token, prompt["kind"]
+                checked += 1
+            logits = session.step(token)
+    return checked
 
 
 def _sha256(path: Path) -> str:
