@@ -22,7 +22,7 @@ import json
 from pathlib import Path
 
 import numpy as np
-from hf_helpers import hf_fixture_dir, hf_token_table
+from hf_helpers import finish_gguf, hf_fixture_dir, hf_token_table
 
 FAMILY_FIXTURES = {"qwen2-tiny": "qwen2", "qwen3-tiny": "qwen3", "gemma3-tiny": "gemma3"}
 
@@ -143,8 +143,5 @@ def write_family_gguf(name: str, out: Path, qtype: str = "F32", *, extra=None) -
                               raw_dtype=gguf.GGMLQuantizationType[kind])
         else:
             writer.add_tensor(target, value)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    finish_gguf(writer)
     return out

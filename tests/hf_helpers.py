@@ -89,6 +89,14 @@ def greedy_tokens(model, ids: list[int], count: int) -> list[int]:
     return tokens
 
 
+def finish_gguf(writer) -> None:
+    """Write a `gguf.GGUFWriter`'s header, metadata and tensors, in that order, and close it."""
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
 def _permute(w: np.ndarray, heads: int) -> np.ndarray:
     """llama.cpp's convert_hf_to_gguf `LlamaModel.permute` (half-split -> interleaved rows)."""
     return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(
@@ -168,10 +176,7 @@ def write_fixture_gguf(name: str, out: Path, qtype: str = "F32", *, skip: tuple[
             writer.add_tensor(target, quants.quantize(value, quant), raw_dtype=quant)
         else:
             writer.add_tensor(target, value)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    finish_gguf(writer)
     return out
 
 
