@@ -20,6 +20,10 @@ WEATHER = {"name": "get_weather", "description": "Get the weather forecast for a
                           "properties": {"city": {"type": "string"},
                                          "day": {"type": "string", "enum": ["today", "tomorrow"]}},
                           "required": ["city"]}}
+# The same tool with the city as its only argument.
+CITY_WEATHER = {"name": "get_weather", "description": "Get the weather forecast for a city.",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                               "required": ["city"]}}
 
 
 @pytest.fixture(scope="module", name="tokenizer")

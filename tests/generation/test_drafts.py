@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 from turn_helpers import (  # noqa: F401 (fixtures, requested by name)
     ALARM,
+    CITY_WEATHER,
     toy_grammar_vocab,
     toy_tokenizer,
     toy_turn_vocab,
@@ -22,10 +23,6 @@ from needlepoint.generation.drafts import (
     match_keys,
 )
 from needlepoint.generation.grammar import ToolCallGrammar
-
-WEATHER = {"name": "get_weather", "description": "Get the weather forecast for a city.",
-           "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
-                          "required": ["city"]}}
 
 
 def _json_ids(grammar_vocab, text: str) -> list[int]:
@@ -104,7 +101,7 @@ def test_forced_tokens_are_drafted_as_grammar(grammar_vocab):
 
 def test_lookup_after_forced_tokens_and_cut_at_the_first_rejected_token(grammar_vocab,
                                                                          tokenizer):
-    grammar = ToolCallGrammar(grammar_vocab, [ALARM, WEATHER])
+    grammar = ToolCallGrammar(grammar_vocab, [ALARM, CITY_WEATHER])
     call = _json_ids(grammar_vocab, '[{"name":"get_weather","arguments":{"city":"Paris"}}]')
     matcher = grammar.start()
     for token in call[:3]:  # `[{"` `name` `":"`: the name is open
