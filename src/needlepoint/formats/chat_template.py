@@ -22,8 +22,11 @@ from .hf_extra import hf_extra
 
 
 def _jinja() -> Any:
-    return hf_extra("jinja2", "rendering a chat template needs `jinja2`", TokenizerError,
-                    "ext", "sandbox")
+    with hf_extra("rendering a chat template needs `jinja2`", TokenizerError):
+        import jinja2
+        import jinja2.ext
+        import jinja2.sandbox
+    return jinja2
 
 
 def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,

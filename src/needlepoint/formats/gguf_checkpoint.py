@@ -40,7 +40,9 @@ _NAME = re.compile(r"(?:blk\.(\d+)\.)?([a-z_]+)\.(weight|bias)")
 
 
 def _gguf() -> Any:
-    return hf_extra("gguf", "reading GGUF needs the `gguf` package", CheckpointError)
+    with hf_extra("reading GGUF needs the `gguf` package", CheckpointError):
+        import gguf
+    return gguf
 
 
 def field_value(field: Any) -> Any:

@@ -6,20 +6,17 @@ ImportError), naming the package and the extra to install (issue 27: one of each
 
 from __future__ import annotations
 
-import importlib
-from types import ModuleType
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from ..errors import NeedlepointError
 
 
-def hf_extra(name: str, needs: str, error: type[NeedlepointError],
-             *submodules: str) -> ModuleType:
-    """The module `name` (and its `submodules` loaded too), else `error` with the message
-    "`needs`: pip install 'needlepoint[hf]'"."""
+@contextmanager
+def hf_extra(needs: str, error: type[NeedlepointError]) -> Iterator[None]:
+    """Around the imports of an `hf` extra package: a missing one raises `error` with the
+    message "`needs`: pip install 'needlepoint[hf]'"."""
     try:
-        module = importlib.import_module(name)
-        for sub in submodules:
-            importlib.import_module(f"{name}.{sub}")
+        yield
     except ImportError as missing:  # pragma: no cover - the `hf` extra is not installed
         raise error(f"{needs}: pip install 'needlepoint[hf]'") from missing
-    return module

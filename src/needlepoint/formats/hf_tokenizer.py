@@ -53,8 +53,9 @@ _UNICODE_TO_BYTE = {char: byte for byte, char in bytes_to_unicode().items()}
 
 
 def _tokenizers() -> Any:
-    return hf_extra("tokenizers", "Hugging Face tokenizers need the `tokenizers` package",
-                    TokenizerError)
+    with hf_extra("Hugging Face tokenizers need the `tokenizers` package", TokenizerError):
+        import tokenizers
+    return tokenizers
 
 
 def byte_mode_of(decoder: Mapping[str, Any] | None) -> str:

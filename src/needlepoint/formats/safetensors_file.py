@@ -26,8 +26,8 @@ FLOAT_TYPES = tuple(_NUMPY_TYPES)
 
 
 def _safe_open(path: Path):
-    safe_open = hf_extra("safetensors", "reading .safetensors needs the `safetensors` package",
-                         CheckpointError).safe_open
+    with hf_extra("reading .safetensors needs the `safetensors` package", CheckpointError):
+        from safetensors import safe_open
     try:
         return safe_open(str(path), framework="numpy")
     except Exception as error:  # the library raises its own SafetensorError / OSError types
