@@ -263,11 +263,8 @@ def teacher_forced_binding_steps(model, reference: SmolLM2Reference, *, spread: 
 
 
 def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
     with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+        return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
 def smollm2_gguf(sha256: str) -> Path:
