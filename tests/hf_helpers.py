@@ -242,6 +242,12 @@ class SmolLM2Reference:
         return smollm2_gguf(self.meta["gguf_sha256"])
 
 
+
+@pytest.fixture(scope="module", name="reference")
+def smollm2_reference() -> SmolLM2Reference:
+    """The llama.cpp reference, as a module-scoped `reference` fixture."""
+    return SmolLM2Reference()
+
 def teacher_forced_binding_steps(model, reference: SmolLM2Reference, *, spread: float,
                                  margin: float) -> int:
     """llama.cpp's tokens fed back: asserts the top-5 logits agree within `spread` and our

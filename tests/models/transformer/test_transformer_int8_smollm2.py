@@ -7,17 +7,15 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hf_helpers import SmolLM2Reference, teacher_forced_binding_steps
+from hf_helpers import (  # noqa: F401 (the `reference` fixture, requested by name)
+    smollm2_reference,
+    teacher_forced_binding_steps,
+)
 
 import needlepoint
 
 BINDING_MARGIN = 1.0
 LOGIT_SPREAD = 1.5  # |ours - llama.cpp| on the recorded top-5 logits (int8 measured: 1.27)
-
-
-@pytest.fixture(scope="module")
-def reference() -> SmolLM2Reference:
-    return SmolLM2Reference()
 
 
 @pytest.fixture(scope="module")
