@@ -22,7 +22,7 @@ import json
 from pathlib import Path
 
 import numpy as np
-from hf_helpers import hf_fixture_dir
+from hf_helpers import finish_gguf, hf_fixture_dir, hf_token_table
 
 FAMILY_FIXTURES = {"qwen2-tiny": "qwen2", "qwen3-tiny": "qwen3", "gemma3-tiny": "gemma3"}
 
@@ -70,23 +70,7 @@ def _metadata(writer, arch: str, config: dict) -> None:
 
 
 def _tokenizer(writer, folder: Path, arch: str) -> None:
-    spec = json.loads((folder / "tokenizer.json").read_text())
-    config = json.loads((folder / "tokenizer_config.json").read_text())
-    vocab = dict(spec["model"]["vocab"])
-    added = {t["id"]: t for t in spec["added_tokens"]}
-    for i, token in added.items():
-        vocab[token["content"]] = i
-    tokens = [""] * (max(vocab.values()) + 1)
-    for piece, i in vocab.items():
-        tokens[i] = piece
-    types = []
-    for i, piece in enumerate(tokens):
-        if i in added:
-            types.append(3 if added[i]["special"] else 4)
-        elif piece.startswith("<0x") and len(piece) == 6:
-            types.append(6)
-        else:
-            types.append(1)
+    spec, config, added, tokens, types = hf_token_table(folder)
     writer.add_token_list(tokens)
     ids = {t["content"]: i for i, t in added.items()}
     if arch == "gemma3":  # llama.cpp's _set_vocab_sentencepiece + add_space_prefix(False)
@@ -159,8 +143,5 @@ def write_family_gguf(name: str, out: Path, qtype: str = "F32", *, extra=None) -
                               raw_dtype=gguf.GGMLQuantizationType[kind])
         else:
             writer.add_tensor(target, value)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    finish_gguf(writer)
     return out

@@ -70,6 +70,33 @@ _GPT2 = {"ln_1": "attn_norm", "attn.c_attn": "attn_qkv", "attn.c_proj": "attn_ou
          "ln_2": "ffn_norm", "mlp.c_fc": "ffn_up", "mlp.c_proj": "ffn_down"}
 
 
+def assert_logits_match(model, ref: HFReference, tolerance: float) -> None:
+    """Every recorded prompt's logits from `model.forward` within `tolerance` of transformers'."""
+    for prompt in ref.prompts:
+        i = prompt["index"]
+        error = float(np.abs(model.forward(ref[f"p{i}_ids"]) - ref[f"p{i}_logits"]).max())
+        assert error <= tolerance, (prompt["kind"], error)
+
+
+def greedy_tokens(model, ids: list[int], count: int) -> list[int]:
+    """`count` argmax tokens after prefilling `ids`, each fed back with `step`."""
+    session = model.session()
+    logits = session.prefill(ids)
+    tokens: list[int] = []
+    for _ in range(count):
+        tokens.append(int(np.argmax(logits)))
+        logits = session.step(tokens[-1])
+    return tokens
+
+
+def finish_gguf(writer) -> None:
+    """Write a `gguf.GGUFWriter`'s header, metadata and tensors, in that order, and close it."""
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
 def _permute(w: np.ndarray, heads: int) -> np.ndarray:
     """llama.cpp's convert_hf_to_gguf `LlamaModel.permute` (half-split -> interleaved rows)."""
     return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(
@@ -149,21 +176,21 @@ def write_fixture_gguf(name: str, out: Path, qtype: str = "F32", *, skip: tuple[
             writer.add_tensor(target, quants.quantize(value, quant), raw_dtype=quant)
         else:
             writer.add_tensor(target, value)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    finish_gguf(writer)
     return out
 
 
-def _add_tokenizer(writer, folder: Path, arch: str) -> None:
+def hf_token_table(folder: Path) -> tuple[dict, dict, dict, list[str], list[int]]:
+    """A HF tokenizer folder as GGUF token lists: (tokenizer.json, tokenizer_config.json,
+    added tokens by id, pieces by id, GGUF token types by id: 1 normal, 3 control,
+    4 user-defined, 6 byte), as llama.cpp's converter assigns them."""
     spec = json.loads((folder / "tokenizer.json").read_text())
     config = json.loads((folder / "tokenizer_config.json").read_text())
     vocab = dict(spec["model"]["vocab"])
     added = {t["id"]: t for t in spec["added_tokens"]}
     for i, token in added.items():
         vocab[token["content"]] = i
-    tokens = [""] * len(vocab)
+    tokens = [""] * (max(vocab.values()) + 1)
     for piece, i in vocab.items():
         tokens[i] = piece
     types = []
@@ -174,6 +201,11 @@ def _add_tokenizer(writer, folder: Path, arch: str) -> None:
             types.append(6)
         else:
             types.append(1)
+    return spec, config, added, tokens, types
+
+
+def _add_tokenizer(writer, folder: Path, arch: str) -> None:
+    spec, config, added, tokens, types = hf_token_table(folder)
     if arch == "llama":
         types[0] = 2  # <unk>
     writer.add_token_list(tokens)
@@ -210,12 +242,35 @@ class SmolLM2Reference:
         return smollm2_gguf(self.meta["gguf_sha256"])
 
 
+
+@pytest.fixture(scope="module", name="reference")
+def smollm2_reference() -> SmolLM2Reference:
+    """The llama.cpp reference, as a module-scoped `reference` fixture."""
+    return SmolLM2Reference()
+
+def teacher_forced_binding_steps(model, reference: SmolLM2Reference, *, spread: float,
+                                 margin: float) -> int:
+    """llama.cpp's tokens fed back: asserts the top-5 logits agree within `spread` and our
+    argmax is llama.cpp's wherever its margin is at least `margin`; returns how many steps
+    were binding (the caller asserts enough were)."""
+    checked = 0
+    for prompt in reference.prompts:
+        session = model.session()
+        logits = session.prefill(prompt["ids"])
+        for token, clear, top in zip(prompt["greedy"], prompt["greedy_margin"], prompt["top5"],
+                                     strict=True):
+            ours = np.array([logits[i] for i, _ in top])
+            assert np.abs(ours - [v for _, v in top]).max() <= spread, prompt["kind"]
+            if clear >= margin:
+                assert int(np.argmax(logits)) == token, prompt["kind"]
+                checked += 1
+            logits = session.step(token)
+    return checked
+
+
 def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
     with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+        return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
 def smollm2_gguf(sha256: str) -> Path:

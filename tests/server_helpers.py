@@ -30,6 +30,9 @@ from needlepoint.server import create_app
 
 MODEL_ID = "needle3-toy"
 MAX_BODY = 256 * 1024
+# A one-argument tool the server tests offer (OpenAI `function` shape).
+WEATHER = {"name": "get_weather", "description": "Weather for a city.",
+           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}
 
 
 class ServerThread:

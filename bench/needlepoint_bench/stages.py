@@ -15,6 +15,7 @@ every Ray process and /dev/shm file goes with the namespace.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -23,7 +24,9 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -124,24 +127,32 @@ def hop_latency(ray, repeats: int = 40) -> dict:
     return out
 
 
-def inside_pipeline(args) -> dict:
-    """Only the pipelining figures (`stages_pipeline.py`), on two one-CPU nodes."""
-    os.environ.setdefault("NEEDLEPOINT_CACHE", "0")
+@contextlib.contextmanager
+def two_node_ray(num_cpus: int) -> Iterator[Any]:
+    """A local Ray cluster of two nodes (resources `node_a`, `node_b`) with `num_cpus` each,
+    connected; `ray` while it lasts, shut down after."""
     import ray
     from ray.cluster_utils import Cluster
 
-    from .stages_pipeline import pipelined
-
-    node = dict(num_cpus=1, object_store_memory=128 * MB, node_ip_address="127.0.0.1")
+    node = dict(num_cpus=num_cpus, object_store_memory=128 * MB, node_ip_address="127.0.0.1")
     cluster = Cluster(initialize_head=True, head_node_args=dict(
         node, resources={"node_a": 1}, include_dashboard=False))
     try:
         cluster.add_node(**node, resources={"node_b": 1})
         ray.init(address=cluster.address, log_to_driver=False)
-        return {"pipeline": pipelined(args, fixture_archive())}
+        yield ray
     finally:
         ray.shutdown()
         cluster.shutdown()
+
+
+def inside_pipeline(args) -> dict:
+    """Only the pipelining figures (`stages_pipeline.py`), on two one-CPU nodes."""
+    os.environ.setdefault("NEEDLEPOINT_CACHE", "0")
+    from .stages_pipeline import pipelined
+
+    with two_node_ray(num_cpus=1):
+        return {"pipeline": pipelined(args, fixture_archive())}
 
 
 def inside(args) -> dict:
@@ -149,9 +160,6 @@ def inside(args) -> dict:
     os.environ.setdefault("NEEDLEPOINT_CACHE", "0")
     if args.only_pipeline:
         return inside_pipeline(args)
-    import ray
-    from ray.cluster_utils import Cluster
-
     import needlepoint
     from needlepoint.stages import load_staged
 
@@ -160,45 +168,46 @@ def inside(args) -> dict:
     for k in (1, 2, 4):
         models[f"local/{k}"] = load_staged(fixture_archive(), k, cache=False)
     # 7 stage actors are alive at once (K = 1, 2, 4), each reserving one logical CPU
-    node = dict(num_cpus=4, object_store_memory=128 * MB, node_ip_address="127.0.0.1")
-    cluster = Cluster(initialize_head=True, head_node_args=dict(
-        node, resources={"node_a": 1}, include_dashboard=False))
-    try:
-        cluster.add_node(**node, resources={"node_b": 1})
-        ray.init(address=cluster.address, log_to_driver=False)
-        results["hop_ms"] = hop_latency(ray)
-        print("hops", results["hop_ms"], flush=True)
-        for k in (1, 2, 4):
-            placement = ["node_a" if i % 2 == 0 else "node_b" for i in range(k)]
-            start = time.perf_counter()
-            models[f"ray/{k}"] = load_staged(fixture_archive(), k, transport="ray",
-                                             placement=placement, cache=False)
-            results.setdefault("ray_load_s", {})[k] = round(time.perf_counter() - start, 2)
-        best = best_of_rounds(models, args)
-        results["one_process"] = best.pop("one")
-        for name, row in best.items():
-            transport, k = name.split("/")
-            results[transport][int(k)] = row
-        for k in (1, 2, 4):
-            staged = models[f"ray/{k}"]
-            results["rss"][k] = [
-                {**{key: info[key] for key in ("stage", "first", "end", "rss_bytes",
-                                               "archive_resident_bytes")},
-                 "record_bytes": share.weight_bytes}
-                for info, share in zip(staged.stage_info(), staged.plan.ranges, strict=True)
-            ]
-        for name in [n for n in models if n.startswith("ray/")]:  # free the CPUs
-            models.pop(name).close()
-        from .stages_pipeline import pipelined
-
-        results["pipeline"] = pipelined(args, fixture_archive())
-    finally:
-        for name, staged in models.items():
-            if name != "one":
-                staged.close()
-        ray.shutdown()
-        cluster.shutdown()
+    with two_node_ray(num_cpus=4) as ray:
+        try:
+            _measure(ray, args, models, results)
+        finally:
+            for name, staged in models.items():
+                if name != "one":
+                    staged.close()
     return results
+
+
+def _measure(ray: Any, args: argparse.Namespace, models: dict, results: dict) -> None:
+    """Hop latency, Ray stage loading, the rounds, stage RSS and pipelining, into `results`."""
+    from needlepoint.stages import load_staged
+
+    results["hop_ms"] = hop_latency(ray)
+    print("hops", results["hop_ms"], flush=True)
+    for k in (1, 2, 4):
+        placement = ["node_a" if i % 2 == 0 else "node_b" for i in range(k)]
+        start = time.perf_counter()
+        models[f"ray/{k}"] = load_staged(fixture_archive(), k, transport="ray",
+                                         placement=placement, cache=False)
+        results.setdefault("ray_load_s", {})[k] = round(time.perf_counter() - start, 2)
+    best = best_of_rounds(models, args)
+    results["one_process"] = best.pop("one")
+    for name, row in best.items():
+        transport, k = name.split("/")
+        results[transport][int(k)] = row
+    for k in (1, 2, 4):
+        staged = models[f"ray/{k}"]
+        results["rss"][k] = [
+            {**{key: info[key] for key in ("stage", "first", "end", "rss_bytes",
+                                           "archive_resident_bytes")},
+             "record_bytes": share.weight_bytes}
+            for info, share in zip(staged.stage_info(), staged.plan.ranges, strict=True)
+        ]
+    for name in [n for n in models if n.startswith("ray/")]:  # free the CPUs
+        models.pop(name).close()
+    from .stages_pipeline import pipelined
+
+    results["pipeline"] = pipelined(args, fixture_archive())
 
 
 def local_only(args) -> dict:

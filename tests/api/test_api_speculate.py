@@ -9,24 +9,16 @@ import argparse
 
 import pytest
 from conftest import toy_model_path
+from turn_helpers import ALARM, WEATHER
 
 import needlepoint
 from needlepoint.errors import InvalidOptionError
 from needlepoint.generation.events import Done
 
-ALARM = {"name": "set_alarm", "description": "Set an alarm at a time of day.",
-         "parameters": {"type": "object", "properties": {"time": {"type": "string"},
-                                                         "label": {"type": "string"}},
-                        "required": ["time"]}}
 TIMER = {"name": "set_timer", "description": "Start a countdown timer.",
          "parameters": {"type": "object", "properties": {"minutes": {"type": "integer"},
                                                          "label": {"type": "string"}},
                         "required": ["minutes"]}}
-WEATHER = {"name": "get_weather", "description": "Get the weather forecast for a city.",
-           "parameters": {"type": "object",
-                          "properties": {"city": {"type": "string"},
-                                         "day": {"type": "string", "enum": ["today", "tomorrow"]}},
-                          "required": ["city"]}}
 TOOLS = [WEATHER, ALARM, TIMER]
 DRAFT_KEYS = [f"{source}_{what}" for source in ("lookup", "grammar", "opening")
               for what in ("drafted", "accepted")]

@@ -12,11 +12,10 @@ from typing import Annotated, Literal
 import jsonschema
 import pydantic
 import pytest
-from conftest import toy_model_path
+from turn_helpers import toy_grammar_vocab, toy_tokenizer  # noqa: F401 (fixtures, requested by name)
 
-from needlepoint import open_archive
 from needlepoint.api.tools import to_tool_spec
-from needlepoint.generation.grammar import GrammarError, TokenVocab, ToolCallGrammar
+from needlepoint.generation.grammar import GrammarError, ToolCallGrammar
 
 
 class Color(enum.Enum):
@@ -44,16 +43,6 @@ def pay(amount: Annotated[float, pydantic.Field(gt=0, le=10000, description="USD
 
 def union_tool(x: int | str) -> str:  # once refused ("only Optional[T]"), now an anyOf
     return repr(x)
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return open_archive(toy_model_path()).tokenizer
-
-
-@pytest.fixture(scope="module")
-def vocab(tokenizer):
-    return TokenVocab.from_tokenizer(tokenizer)
 
 
 def test_field_constraints_reach_the_schema():
@@ -93,8 +82,8 @@ def test_arguments_are_converted_to_the_hinted_types():
                                 "color": "red", "items": []})
 
 
-def test_the_grammar_enforces_the_field_constraints(tokenizer, vocab):
-    grammar = ToolCallGrammar(vocab, [to_tool_spec(pay).schema()])
+def test_the_grammar_enforces_the_field_constraints(tokenizer, grammar_vocab):
+    grammar = ToolCallGrammar(grammar_vocab, [to_tool_spec(pay).schema()])
     opener = tokenizer.marker_id("<tool_call>")
 
     def _walk(grammar, text):

@@ -5,10 +5,14 @@ phase) rejects it, stop tokens, and the room limit. The real toy tokenizer and t
 from __future__ import annotations
 
 import numpy as np
-import pytest
-from conftest import toy_model_path
+from turn_helpers import (  # noqa: F401 (fixtures, requested by name)
+    ALARM,
+    CITY_WEATHER,
+    toy_grammar_vocab,
+    toy_tokenizer,
+    toy_turn_vocab,
+)
 
-from needlepoint import open_archive
 from needlepoint.generation.drafts import (
     GRAMMAR,
     LOOKUP,
@@ -18,31 +22,7 @@ from needlepoint.generation.drafts import (
     lookup_kind,
     match_keys,
 )
-from needlepoint.generation.grammar import TokenVocab, ToolCallGrammar
-from needlepoint.generation.turn import TurnVocab
-
-ALARM = {"name": "set_alarm", "description": "Set an alarm at a time of day.",
-         "parameters": {"type": "object", "properties": {"time": {"type": "string"},
-                                                         "label": {"type": "string"}},
-                        "required": ["time"]}}
-WEATHER = {"name": "get_weather", "description": "Get the weather forecast for a city.",
-           "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
-                          "required": ["city"]}}
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return open_archive(toy_model_path()).tokenizer
-
-
-@pytest.fixture(scope="module")
-def grammar_vocab(tokenizer):
-    return TokenVocab.from_tokenizer(tokenizer)
-
-
-@pytest.fixture(scope="module")
-def turn_vocab(tokenizer):
-    return TurnVocab.from_tokenizer(tokenizer)
+from needlepoint.generation.grammar import ToolCallGrammar
 
 
 def _json_ids(grammar_vocab, text: str) -> list[int]:
@@ -121,7 +101,7 @@ def test_forced_tokens_are_drafted_as_grammar(grammar_vocab):
 
 def test_lookup_after_forced_tokens_and_cut_at_the_first_rejected_token(grammar_vocab,
                                                                          tokenizer):
-    grammar = ToolCallGrammar(grammar_vocab, [ALARM, WEATHER])
+    grammar = ToolCallGrammar(grammar_vocab, [ALARM, CITY_WEATHER])
     call = _json_ids(grammar_vocab, '[{"name":"get_weather","arguments":{"city":"Paris"}}]')
     matcher = grammar.start()
     for token in call[:3]:  # `[{"` `name` `":"`: the name is open
@@ -165,13 +145,13 @@ def test_a_rejected_first_lookup_token_tries_the_next_candidate(grammar_vocab, t
     assert draft.tokens == [call[12], text[0]] and draft.sources == [LOOKUP, LOOKUP]
 
 
-def test_stop_tokens_end_a_draft(turn_vocab, grammar_vocab):
+def test_stop_tokens_end_a_draft(vocab, grammar_vocab):
     grammar = ToolCallGrammar(grammar_vocab, [ALARM])
     matcher = grammar.start()
     call = _json_ids(grammar_vocab, '[{"name":"set_alarm","arguments":{"time":"06:45"}}]')
     for token in call:
         matcher.advance(token)
-    m = turn_vocab.markers
+    m = vocab.markers
     drafter = Drafter(NgramIndex(), stop_ids=m.stops)
     # after `]`: `</tool_call>` is drafted, `<|im_end|>` (a stop: never stepped) is not
     assert drafter.propose(DraftState(matcher), 4, 8).tokens == [grammar_vocab.end_ids[0]]
@@ -182,14 +162,14 @@ def test_stop_tokens_end_a_draft(turn_vocab, grammar_vocab):
     assert Drafter(index, stop_ids=m.stops).propose(DraftState(), 4, 8).tokens == [4]
 
 
-def test_free_phase_cut_and_entering_the_call(turn_vocab, grammar_vocab, tokenizer):
-    m = turn_vocab.markers
+def test_free_phase_cut_and_entering_the_call(vocab, grammar_vocab, tokenizer):
+    m = vocab.markers
     grammar = ToolCallGrammar(grammar_vocab, [ALARM])
     user = tokenizer.marker_id("<|im_start|>")
     a, b, c = _json_ids(grammar_vocab, "pq rs tu")[:3]
     index = NgramIndex()
     index.extend([a, b, user, c, a])
-    drafter = Drafter(index, turn_vocab.free_mask, m.stops)
+    drafter = Drafter(index, vocab.free_mask, m.stops)
     # a role marker is never free-phase text: the draft stops before it
     assert drafter.propose(DraftState(free=True), 4, 8).tokens == [b]
     assert Drafter(index).propose(DraftState(free=True), 4, 8).tokens == [b, user, c, a]
@@ -199,7 +179,7 @@ def test_free_phase_cut_and_entering_the_call(turn_vocab, grammar_vocab, tokeniz
     index = NgramIndex()
     index.extend([a, m.tool_call_open, call[0], b, a])
     state = DraftState(free=True, call_open=m.tool_call_open, constraint=grammar)
-    draft = Drafter(index, turn_vocab.free_mask, m.stops).propose(state, 8, 32)
+    draft = Drafter(index, vocab.free_mask, m.stops).propose(state, 8, 32)
     assert draft.tokens[:3] == [m.tool_call_open, call[0], call[1]]
     assert draft.sources[:3] == [LOOKUP, LOOKUP, GRAMMAR]
     assert draft.tokens[2:] == call[1:10]  # b never follows `[{"`: the grammar ruled it out

@@ -10,6 +10,12 @@ import numpy as np
 import pytest
 from conftest import get_fixture, toy_model_path
 from fake_model import ScriptedModel, answer_ids
+from turn_helpers import (  # noqa: F401 (fixtures, requested by name)
+    ALARM,
+    WEATHER,
+    toy_tokenizer,
+    toy_turn_vocab,
+)
 
 from needlepoint import open_archive
 from needlepoint.api.conversation import Conversation
@@ -30,29 +36,10 @@ from needlepoint.generation.sampling import (
     position_rng,
     sampling_probs,
 )
-from needlepoint.generation.turn import GenerationConfig, TurnVocab, generate_turn, run_turn
+from needlepoint.generation.turn import GenerationConfig, generate_turn, run_turn
 
-ALARM = {"name": "set_alarm", "description": "Set an alarm at a time of day.",
-         "parameters": {"type": "object", "properties": {"time": {"type": "string"},
-                                                         "label": {"type": "string"}},
-                        "required": ["time"]}}
-WEATHER = {"name": "get_weather", "description": "Get the weather forecast for a city.",
-           "parameters": {"type": "object",
-                          "properties": {"city": {"type": "string"},
-                                         "day": {"type": "string", "enum": ["today", "tomorrow"]}},
-                          "required": ["city"]}}
 TOOLS = [ALARM, WEATHER]
 ALARM_CALL = '[{"name":"set_alarm","arguments":{"time":"06:45"}}]'
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return open_archive(toy_model_path()).tokenizer
-
-
-@pytest.fixture(scope="module")
-def vocab(tokenizer):
-    return TurnVocab.from_tokenizer(tokenizer)
 
 
 @pytest.fixture(scope="module")

@@ -12,16 +12,16 @@ import numpy as np
 import pytest
 from conftest import toy_model_path
 from fake_model import ScriptedModel, answer_ids
+from turn_helpers import toy_grammar_vocab, toy_tokenizer, toy_turn_vocab  # noqa: F401 (fixtures, requested by name)
 
-from needlepoint import open_archive
 from needlepoint.errors import InvalidOptionError, NonFiniteActivationError
 from needlepoint.formats.needle_wire import prompt_ids, render_prompt
 from needlepoint.generation.content import JSON_OBJECT, ContentGrammar
 from needlepoint.generation.events import LogprobDelta, TextDelta
-from needlepoint.generation.grammar import GrammarError, TokenVocab, ToolCallGrammar
+from needlepoint.generation.grammar import GrammarError, ToolCallGrammar
 from needlepoint.generation.sampling import SamplingConfig, check_seed, position_rng
 from needlepoint.generation.stops import StopFilter
-from needlepoint.generation.turn import GenerationConfig, TurnVocab, generate_turn, run_turn
+from needlepoint.generation.turn import GenerationConfig, generate_turn, run_turn
 from needlepoint.models.protocol import SessionCapabilities
 
 ALARM = {"name": "set_alarm", "description": "Set an alarm.",
@@ -33,21 +33,6 @@ TIMER = {"name": "set_timer", "description": "Start a timer.",
 TOOLS = [ALARM, TIMER]
 TWO_CALLS = ('[{"name":"set_alarm","arguments":{"time":"06:45"}},'
              '{"name":"set_timer","arguments":{"minutes":5}}]')
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return open_archive(toy_model_path()).tokenizer
-
-
-@pytest.fixture(scope="module")
-def vocab(tokenizer):
-    return TurnVocab.from_tokenizer(tokenizer)
-
-
-@pytest.fixture(scope="module")
-def grammar_vocab(tokenizer):
-    return TokenVocab.from_tokenizer(tokenizer)
 
 
 def prompt(tokenizer, query="wake me at 6:45 and time 5 minutes"):

@@ -8,18 +8,12 @@ import math
 
 import numpy as np
 import pytest
+from kernel_helpers import native_lib  # noqa: F401 (the `lib` fixture, requested by name)
 
 from needlepoint.errors import NonFiniteActivationError
 from needlepoint.kernels import i8, i8_native, i8_ops
 
 F32 = np.float32
-
-
-@pytest.fixture
-def lib():
-    assert i8_native.LIBRARY is not None, i8_native.UNAVAILABLE_REASON
-    yield i8_native.LIBRARY
-    i8_native.LIBRARY.np_force_variant(2)  # back to the best this CPU runs
 
 
 def _rows(rng, rows, cols, zero_block=True):

@@ -6,18 +6,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from kernel_helpers import native_lib  # noqa: F401 (the `lib` fixture, requested by name)
 
 from needlepoint.errors import NonFiniteActivationError
-from needlepoint.kernels import exact, i8_native, i8_rows, pinned
+from needlepoint.kernels import exact, i8_rows, pinned
 
 F32 = np.float32
-
-
-@pytest.fixture
-def lib():
-    assert i8_native.LIBRARY is not None, i8_native.UNAVAILABLE_REASON
-    yield i8_native.LIBRARY
-    i8_native.LIBRARY.np_force_variant(2)  # back to the best this CPU runs
 
 
 def test_exp32_equals_the_pinned_reference(lib) -> None:

@@ -8,19 +8,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from kernel_helpers import native_lib  # noqa: F401 (the `lib` fixture, requested by name)
 
 from needlepoint.errors import NonFiniteActivationError
-from needlepoint.kernels import i8, i8_native
+from needlepoint.kernels import i8
 
 F32 = np.float32
 ROWS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 17, 33)
-
-
-@pytest.fixture
-def lib():
-    assert i8_native.LIBRARY is not None, i8_native.UNAVAILABLE_REASON
-    yield i8_native.LIBRARY
-    i8_native.LIBRARY.np_force_variant(2)  # back to the best this CPU runs
 
 
 def _weight(rng, n: int, k: int, kind: str, half: bool) -> i8.I8Weight:

@@ -18,6 +18,7 @@ import pytest
 from server_helpers import (  # noqa: F401 (fixtures, requested by name)
     MAX_BODY,
     MODEL_ID,
+    WEATHER,
     ServerThread,
     ask,
     check_error,
@@ -36,10 +37,6 @@ from needlepoint.server import create_app
 # ---------------------------------------------------------------------------------------------
 # Bad input: 4xx with an OpenAI-style error object, and the server keeps serving
 # ---------------------------------------------------------------------------------------------
-
-
-WEATHER = {"name": "get_weather", "description": "Weather for a city.",
-           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}
 
 
 @pytest.mark.parametrize(

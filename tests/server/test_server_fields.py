@@ -16,6 +16,7 @@ import pytest
 from openai.types.chat import completion_create_params
 from server_helpers import (  # noqa: F401 (fixtures, requested by name)
     MODEL_ID,
+    WEATHER,
     ServerThread,
     check_error,
     client,
@@ -27,8 +28,6 @@ from server_helpers import (  # noqa: F401 (fixtures, requested by name)
 from needlepoint.server.fields import REFUSED, RULES
 from needlepoint.server.schemas import ChatCompletionRequest
 
-WEATHER = {"name": "get_weather", "description": "Weather for a city.",
-           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}
 TOOLS = [{"type": "function", "function": WEATHER}]
 
 

@@ -20,15 +20,12 @@ from server_helpers import (  # noqa: F401 (fixtures, requested by name)
     server,
     user,
 )
-
-WEATHER = {"name": "get_weather", "description": "Get the weather forecast for a city.",
-           "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
-                          "required": ["city"]}}
+from turn_helpers import CITY_WEATHER
 
 
 def with_property(schema: dict[str, Any], **extra: Any) -> dict[str, Any]:
     params = {"type": "object", "properties": {"city": schema}, "required": ["city"], **extra}
-    return {"type": "function", "function": {**WEATHER, "parameters": params}}
+    return {"type": "function", "function": {**CITY_WEATHER, "parameters": params}}
 
 
 def nested_list(depth: int) -> Any:
@@ -99,7 +96,7 @@ def test_deep_nesting_is_a_clean_400(client, server, where, stream):
      "#/$defs/a"),
 ])
 def test_ref_loops_are_refused_before_the_first_token(client, params, path, stream):
-    tool = {"type": "function", "function": {**WEATHER, "parameters": params}}
+    tool = {"type": "function", "function": {**CITY_WEATHER, "parameters": params}}
     body = refuse(client, tool, stream)  # a 400, streaming included: no 200 then an error
     assert path in body["message"] and "$ref loop" in body["message"]
     assert "<state>" not in body["message"] and len(body["message"]) < 400
@@ -130,7 +127,7 @@ def test_recursion_through_the_data_is_still_accepted(client):
                                              "near": {"type": "array",
                                                       "items": {"$ref": "#"}}},
             "required": ["city"]}
-    tool = {"type": "function", "function": {**WEATHER, "parameters": tree}}
+    tool = {"type": "function", "function": {**CITY_WEATHER, "parameters": tree}}
     reply = client.chat.completions.create(model=MODEL_ID, messages=user("weather in Oslo"),
                                            tools=[tool], tool_choice="required",
                                            max_tokens=60)

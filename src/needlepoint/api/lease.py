@@ -24,6 +24,7 @@ import numpy as np
 from ..errors import ModelInputError, NeedlepointError
 from ..generation.draft_policy import share_policy
 from ..models.protocol import ModelCapabilities, ModelProtocol, SessionCapabilities
+from ..models.wrapping import WrapsModelText
 from .batched import DEFAULT_UNIT, Work
 
 
@@ -189,7 +190,7 @@ class BatchedSession:
         return self._work(ids=tokens, all_logits=all_logits, want=want)
 
 
-class LeasedModel:
+class LeasedModel(WrapsModelText):
     """The served model as one request sees it: the model's `ModelProtocol`, with
     `session()` opening `BatchedSession`s under the request's lease (and no `run_batch` of
     its own: the scheduler batches). Speculative drafts learn into the model's policy."""
@@ -202,14 +203,6 @@ class LeasedModel:
     @property
     def config(self) -> Any:
         return self.model.config
-
-    @property
-    def tokenizer(self) -> Any:
-        return self.model.tokenizer
-
-    @property
-    def chat_format(self) -> Any:
-        return self.model.chat_format
 
     @property
     def capabilities(self) -> ModelCapabilities:

@@ -18,17 +18,14 @@ from functools import lru_cache
 from typing import Any
 
 from ..errors import TokenizerError
+from .hf_extra import hf_extra
 
 
-def _jinja():
-    try:
+def _jinja() -> Any:
+    with hf_extra("rendering a chat template needs `jinja2`", TokenizerError):
         import jinja2
         import jinja2.ext
         import jinja2.sandbox
-    except ImportError as error:  # pragma: no cover - the `hf` extra is not installed
-        raise TokenizerError(
-            "rendering a chat template needs `jinja2`: pip install 'needlepoint[hf]'"
-        ) from error
     return jinja2
 
 

@@ -33,17 +33,15 @@ from ..errors import CheckpointError, MissingTensorError, UnsupportedArchitectur
 from .gguf_arch import ARCHITECTURES, GPT2_CONV1D, REQUIRED, GGUFArch
 from .gguf_quants import dequantize, integer_blocks
 from .gguf_reader import GGUFFile
+from .hf_extra import hf_extra
 from .hf_tokenizer import HFTokenizer
 
 _NAME = re.compile(r"(?:blk\.(\d+)\.)?([a-z_]+)\.(weight|bias)")
 
 
-def _gguf():
-    try:
+def _gguf() -> Any:
+    with hf_extra("reading GGUF needs the `gguf` package", CheckpointError):
         import gguf
-    except ImportError as error:  # pragma: no cover - the `hf` extra is not installed
-        raise CheckpointError("reading GGUF needs the `gguf` package: "
-                              "pip install 'needlepoint[hf]'") from error
     return gguf
 
 

@@ -27,6 +27,7 @@ import numpy as np
 
 from ..errors import TokenizerError
 from .chat_template import render_chat_template
+from .hf_extra import hf_extra
 from .tokenizer import PieceType, UnknownPieceError
 
 SPACE = "\u2581"
@@ -51,13 +52,9 @@ def bytes_to_unicode() -> dict[int, str]:
 _UNICODE_TO_BYTE = {char: byte for byte, char in bytes_to_unicode().items()}
 
 
-def _tokenizers():
-    try:
+def _tokenizers() -> Any:
+    with hf_extra("Hugging Face tokenizers need the `tokenizers` package", TokenizerError):
         import tokenizers
-    except ImportError as error:  # pragma: no cover - the `hf` extra is not installed
-        raise TokenizerError(
-            "Hugging Face tokenizers need the `tokenizers` package: pip install 'needlepoint[hf]'"
-        ) from error
     return tokenizers
 
 

@@ -5,8 +5,9 @@ The header is 29 little-endian u32 followed by one f32 rope_theta (120 bytes).
 
 from __future__ import annotations
 
-import struct
 from dataclasses import dataclass
+
+from .geometry_common import engram_records, mhc_records, unpack_words
 
 FORMAT_TAG = 0x05E12A83
 HEADER_U32 = 29
@@ -50,9 +51,7 @@ class V2Config:
 
 
 def unpack_header(data: bytes | memoryview) -> tuple[tuple[int, ...], float]:
-    words = struct.unpack_from(f"<{HEADER_U32}I", data, 0)
-    (rope_theta,) = struct.unpack_from("<f", data, HEADER_U32 * 4)
-    return words, rope_theta
+    return unpack_words(data, HEADER_U32)
 
 
 def parse_header(words: tuple[int, ...], rope_theta: float) -> dict:
@@ -108,26 +107,8 @@ def tensor_layout(cfg: V2Config) -> list[tuple[str, str, tuple[int, ...]]]:
             (p + "d2", "fp16", (N,)),
             (p + "d3", "fp16", (N,)),
         ]
-    out += [
-        ("mhc_a_pre", "fp16", (L,)),
-        ("mhc_a_post", "fp16", (L,)),
-        ("mhc_a_res", "fp16", (L,)),
-        ("mhc_b_pre", "fp16", (L, n)),
-        ("mhc_b_post", "fp16", (L, n)),
-        ("mhc_b_res", "fp16", (L, n, n)),
-        ("mhc_phi_pre", "cq", (L * n, n * d)),
-        ("mhc_phi_post", "cq", (L * n, n * d)),
-        ("mhc_phi_res", "cq", (L * n * n, n * d)),
-    ]
-    width = cfg.num_engram_tables * cfg.engram_sub_dim
-    for site in range(len(cfg.engram_sites)):
-        p = f"engram{site}."
-        out += [
-            (p + "tables", "cq", (cfg.num_engram_tables * cfg.engram_slots, cfg.engram_sub_dim)),
-            (p + "key_proj", "cq", (d, width)),
-            (p + "value_proj", "cq", (d, width)),
-            (p + "taps", "fp16", (cfg.engram_conv_taps, d)),
-        ]
+    out += mhc_records(L, n, d)
+    out += engram_records(cfg, d)
     out.append(("final_norm", "fp16", (d,)))
     return out
 

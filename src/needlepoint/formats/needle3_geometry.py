@@ -6,8 +6,9 @@ The header is 48 little-endian u32 followed by one f32 rope_theta (196 bytes).
 
 from __future__ import annotations
 
-import struct
 from dataclasses import dataclass
+
+from .geometry_common import engram_records, mhc_records, unpack_words
 
 FORMAT_TAG = 0x05E12A84
 HEADER_U32 = 48
@@ -115,9 +116,7 @@ def parse_header(words: tuple[int, ...], rope_theta: float) -> dict:
 
 
 def unpack_header(data: bytes | memoryview) -> tuple[tuple[int, ...], float]:
-    words = struct.unpack_from(f"<{HEADER_U32}I", data, 0)
-    (rope_theta,) = struct.unpack_from("<f", data, HEADER_U32 * 4)
-    return words, rope_theta
+    return unpack_words(data, HEADER_U32)
 
 
 # Tensor layout ----------------------------------------------------------------------------
@@ -161,28 +160,12 @@ def tensor_layout(cfg: V3Config) -> list[tuple[str, str, tuple[int, ...]]]:
         for stage in ("1", "2", "3"):
             out += [(p + f"w{stage}a", "fp16", (ba, ba)), (p + f"w{stage}b", "fp16", (bb, bb))]
         out += [(p + "cond_v", "fp16", (d, COND_RANK)), (p + "cond_u", "fp16", (COND_RANK, N))]
+    out += mhc_records(L, n, d)
     out += [
-        ("mhc_a_pre", "fp16", (L,)),
-        ("mhc_a_post", "fp16", (L,)),
-        ("mhc_a_res", "fp16", (L,)),
-        ("mhc_b_pre", "fp16", (L, n)),
-        ("mhc_b_post", "fp16", (L, n)),
-        ("mhc_b_res", "fp16", (L, n, n)),
-        ("mhc_phi_pre", "cq", (L * n, n * d)),
-        ("mhc_phi_post", "cq", (L * n, n * d)),
-        ("mhc_phi_res", "cq", (L * n * n, n * d)),
         ("hada_p1", "fp32", (N,)),
         ("hada_p2", "fp32", (N,)),
     ]
-    width = cfg.num_engram_tables * cfg.engram_sub_dim
-    for site in range(len(cfg.engram_sites)):
-        p = f"engram{site}."
-        out += [
-            (p + "tables", "cq", (cfg.num_engram_tables * cfg.engram_slots, cfg.engram_sub_dim)),
-            (p + "key_proj", "cq", (d, width)),
-            (p + "value_proj", "cq", (d, width)),
-            (p + "taps", "fp16", (cfg.engram_conv_taps, d)),
-        ]
+    out += engram_records(cfg, d)
     out.append(("final_norm", "fp16", (d,)))
     return out
 

@@ -19,18 +19,15 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import CheckpointError, MissingTensorError, UnsupportedTensorTypeError
+from .hf_extra import hf_extra
 
 _NUMPY_TYPES = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np.dtype("<u2")}
 FLOAT_TYPES = tuple(_NUMPY_TYPES)
 
 
 def _safe_open(path: Path):
-    try:
+    with hf_extra("reading .safetensors needs the `safetensors` package", CheckpointError):
         from safetensors import safe_open
-    except ImportError as error:  # pragma: no cover - the `hf` extra is not installed
-        raise CheckpointError(
-            "reading .safetensors needs the `safetensors` package: pip install 'needlepoint[hf]'"
-        ) from error
     try:
         return safe_open(str(path), framework="numpy")
     except Exception as error:  # the library raises its own SafetensorError / OSError types

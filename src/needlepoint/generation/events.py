@@ -18,20 +18,24 @@ from .turn_result import TurnResult
 
 
 @dataclass(frozen=True)
-class ReasoningDelta:
+class _Delta:
+    """A piece of streamed text; the subclass says which kind (its `type`)."""
+
     text: str
+
+
+@dataclass(frozen=True)
+class ReasoningDelta(_Delta):
     type: ClassVar[str] = "reasoning"
 
 
 @dataclass(frozen=True)
-class TextDelta:
-    text: str
+class TextDelta(_Delta):
     type: ClassVar[str] = "text"
 
 
 @dataclass(frozen=True)
-class ToolCallDelta:
-    text: str
+class ToolCallDelta(_Delta):
     type: ClassVar[str] = "tool_call"
 
 

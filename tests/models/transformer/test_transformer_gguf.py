@@ -6,9 +6,14 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
-from hf_helpers import HF_FIXTURES, hf_reference, write_fixture_gguf
+from hf_helpers import (
+    HF_FIXTURES,
+    assert_logits_match,
+    greedy_tokens,
+    hf_reference,
+    write_fixture_gguf,
+)
 
 import needlepoint
 from needlepoint.errors import MissingTensorError, TensorShapeError
@@ -29,14 +34,8 @@ def test_gguf_model_matches_transformers(gguf_models, name) -> None:
     for prompt in ref.prompts:
         i = prompt["index"]
         assert model.tokenizer.encode(prompt["text"]) == ref[f"p{i}_ids"].tolist(), i
-        error = float(np.abs(model.forward(ref[f"p{i}_ids"]) - ref[f"p{i}_logits"]).max())
-        assert error <= 1e-4, (prompt["kind"], error)
-    session = model.session()
-    logits = session.prefill(ref["p2_ids"].tolist())
-    tokens = []
-    for _ in range(len(ref["p2_greedy"])):
-        tokens.append(int(np.argmax(logits)))
-        logits = session.step(tokens[-1])
+    assert_logits_match(model, ref, 1e-4)
+    tokens = greedy_tokens(model, ref["p2_ids"].tolist(), len(ref["p2_greedy"]))
     assert tokens == ref["p2_greedy"].tolist()
 
 

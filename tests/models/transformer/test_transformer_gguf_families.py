@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from gguf_family_helpers import FAMILY_FIXTURES, write_family_gguf
-from hf_helpers import hf_reference, write_fixture_gguf
+from hf_helpers import assert_logits_match, greedy_tokens, hf_reference, write_fixture_gguf
 
 import needlepoint
 
@@ -35,16 +35,8 @@ def test_gguf_float_logits_match_transformers(gguf_paths, name) -> None:
     ref = hf_reference(name)
     model = needlepoint.load(gguf_paths[name], numerics="float")
     assert model.checkpoint.format == "gguf"
-    for prompt in ref.prompts:
-        i = prompt["index"]
-        error = float(np.abs(model.forward(ref[f"p{i}_ids"]) - ref[f"p{i}_logits"]).max())
-        assert error <= 1e-4, (prompt["kind"], error)
-    session = model.session()
-    logits = session.prefill(ref["p2_ids"].tolist())
-    tokens = []
-    for _ in range(len(ref["p2_greedy"])):
-        tokens.append(int(np.argmax(logits)))
-        logits = session.step(tokens[-1])
+    assert_logits_match(model, ref, 1e-4)
+    tokens = greedy_tokens(model, ref["p2_ids"].tolist(), len(ref["p2_greedy"]))
     assert tokens == ref["p2_greedy"].tolist()
 
 

@@ -12,18 +12,17 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hf_helpers import SMOLLM2_FILE, SmolLM2Reference
+from hf_helpers import (  # noqa: F401 (the `reference` fixture, requested by name)
+    SMOLLM2_FILE,
+    smollm2_reference,
+    teacher_forced_binding_steps,
+)
 
 import needlepoint
 from needlepoint.models.transformer.known import resolve_known
 
 BINDING_MARGIN = 1.0
 LOGIT_SPREAD = 1.5  # |ours - llama.cpp| on the recorded top-5 logits (measured max 1.36)
-
-
-@pytest.fixture(scope="module")
-def reference() -> SmolLM2Reference:
-    return SmolLM2Reference()
 
 
 @pytest.fixture(scope="module")
@@ -54,18 +53,8 @@ def test_chat_template_and_ids_match_llama_cpp(model, reference) -> None:
 def test_teacher_forced_steps_agree_with_llama_cpp(model, reference) -> None:
     """llama.cpp's tokens fed back: our argmax is llama.cpp's wherever its margin is clear,
     and the top-5 logits agree within the two engines' numerical spread."""
-    checked = 0
-    for prompt in reference.prompts:
-        session = model.session()
-        logits = session.prefill(prompt["ids"])
-        for token, margin, top in zip(prompt["greedy"], prompt["greedy_margin"], prompt["top5"],
-                                      strict=True):
-            ours = np.array([logits[i] for i, _ in top])
-            assert np.abs(ours - [v for _, v in top]).max() <= LOGIT_SPREAD, prompt["kind"]
-            if margin >= BINDING_MARGIN:
-                assert int(np.argmax(logits)) == token, prompt["kind"]
-                checked += 1
-            logits = session.step(token)
+    checked = teacher_forced_binding_steps(model, reference, spread=LOGIT_SPREAD,
+                                           margin=BINDING_MARGIN)
     assert checked >= 35  # most of the 48 recorded steps are binding
 
 

@@ -16,7 +16,22 @@ F32 = np.float32
 _MIN_CAPACITY = 64
 
 
-class KVCache:
+class KeepsEveryPosition:
+    """Rewinding a cache that keeps every position (float and int8 full caches alike):
+    only `length` moves."""
+
+    __slots__ = ()
+    length: int
+
+    def can_rewind_to(self, position: int) -> bool:
+        return True  # every position is kept
+
+    def rewind_to(self, position: int) -> None:
+        """Forget positions >= `position` (exact: they are overwritten before being read)."""
+        self.length = min(self.length, position)
+
+
+class KVCache(KeepsEveryPosition):
     """Keys and values of one layer, `[kv_heads, length, head_dim]` each."""
 
     __slots__ = ("keys", "values", "length", "limit")
@@ -49,13 +64,6 @@ class KVCache:
         """Append k, v [T, Hkv, hd]; q [T, H, hd] at positions start.. -> [T, H*hd]."""
         keys, values = self.append(k, v)
         return causal_attention(q, keys, values, start, scale)
-
-    def can_rewind_to(self, position: int) -> bool:
-        return True  # every position is kept
-
-    def rewind_to(self, position: int) -> None:
-        """Forget positions >= `position` (exact: they are overwritten before being read)."""
-        self.length = min(self.length, position)
 
     def copy(self) -> KVCache:
         other = KVCache.__new__(KVCache)

@@ -27,6 +27,7 @@ import numpy as np
 
 from ...kernels import exact, i8_ops, i8_rows, pinned
 from ...kernels.i8 import I8Weight
+from .attention import KeepsEveryPosition
 
 F32 = np.float32
 _SQRT_2_OVER_PI = F32(math.sqrt(2.0 / math.pi))
@@ -102,7 +103,7 @@ def query_codes(q: np.ndarray, scale: float) -> tuple[np.ndarray, np.ndarray]:
     return exact.a8_codes(rows)
 
 
-class Int8KVCache:
+class Int8KVCache(KeepsEveryPosition):
     """Keys and values of one layer as int8 rows `[positions, kv_heads, head_dim]` with
     float32 scales `[positions, kv_heads]`; `attend` appends a chunk and attends to it."""
 
@@ -161,13 +162,6 @@ class Int8KVCache:
         qcode, qscale = query_codes(q, scale)
         return i8_rows.attend_causal(qcode, qscale, start, q.shape[1], self.kcode, self.kscale,
                                      self.vcode, self.vscale)
-
-    def can_rewind_to(self, position: int) -> bool:
-        return True  # every position is kept
-
-    def rewind_to(self, position: int) -> None:
-        """Forget positions >= `position` (exact: they are overwritten before being read)."""
-        self.length = min(self.length, position)
 
     def copy(self) -> Int8KVCache:
         other = Int8KVCache.__new__(Int8KVCache)

@@ -13,13 +13,13 @@ final norm and the LM head in `readout`.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from functools import cached_property
 from typing import Any
 
 import numpy as np
 
 from ...formats.checkpoints import open_checkpoint
 from ..layer_range import Embedded
+from ..wrapping import WrapsModelText
 from .model import TransformerModel, model_spec
 from .numerics import numerics_named
 from .runner import CHUNK
@@ -54,7 +54,7 @@ class CachesState:
             cache.rewind_to(position)
 
 
-class TransformerPart:
+class TransformerPart(WrapsModelText):
     """Blocks `blocks` of a transformer model and, with `head`, its embedding, final norm
     and LM head."""
 
@@ -84,15 +84,6 @@ class TransformerPart:
     def block_bytes(self) -> list[int]:
         """Every block of these architectures has the same shapes: equal shares."""
         return [1] * self.config.num_layers
-
-    @cached_property
-    def tokenizer(self) -> Any:
-        return self.model.tokenizer
-
-    @property
-    def chat_format(self) -> Any:
-        """The whole model's chat format (its template; `TransformerModel.chat_format`)."""
-        return self.model.chat_format
 
     @property
     def weight_bytes(self) -> int:

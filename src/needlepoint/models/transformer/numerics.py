@@ -31,6 +31,16 @@ from .window import Int8WindowCache, WindowKVCache
 Blocks = Callable[[], Any]  # the stored integer blocks of a weight, or None
 
 
+def layer_cache(spec: BlockSpec, layer: int, full: Callable[[int, int, int], Any],
+                windowed: Callable[[int, int, int], Any]) -> Any:
+    """A layer's cache: `windowed` for a sliding-window layer, else `full` up to the longest
+    sequence (both built from kv_heads, head_dim and the positions they hold)."""
+    window = spec.window(layer)
+    if window is not None:
+        return windowed(spec.num_kv_heads, spec.head_dim, window)
+    return full(spec.num_kv_heads, spec.head_dim, spec.max_seq_len)
+
+
 class TransformerFloat:
     """Float32 numerics (`numerics="float"`)."""
 
@@ -61,10 +71,7 @@ class TransformerFloat:
         return RopeAngles(head_dim, theta)
 
     def kv_cache(self, spec: BlockSpec, layer: int) -> KVCache | WindowKVCache:
-        window = spec.window(layer)
-        if window is not None:
-            return WindowKVCache(spec.num_kv_heads, spec.head_dim, window)
-        return KVCache(spec.num_kv_heads, spec.head_dim, spec.max_seq_len)
+        return layer_cache(spec, layer, KVCache, WindowKVCache)
 
     def embedding_and_head(self, fetch: Any, spec: BlockSpec) -> tuple[Any, Linear]:
         names, d, vocab = fetch.names, spec.d_model, spec.vocab
@@ -109,10 +116,7 @@ class TransformerInt8:
         return RopeTable(head_dim, theta)
 
     def kv_cache(self, spec: BlockSpec, layer: int) -> Int8KVCache | Int8WindowCache:
-        window = spec.window(layer)
-        if window is not None:
-            return Int8WindowCache(spec.num_kv_heads, spec.head_dim, window)
-        return Int8KVCache(spec.num_kv_heads, spec.head_dim, spec.max_seq_len)
+        return layer_cache(spec, layer, Int8KVCache, Int8WindowCache)
 
     def embedding_and_head(self, fetch: Any, spec: BlockSpec) -> tuple[Any, Int8Linear]:
         """A tied embedding stored as integer blocks is read back from the LM head's codes

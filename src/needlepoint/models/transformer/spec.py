@@ -127,13 +127,20 @@ class BlockSpec:
                        thetas=self.thetas[:num_layers])
 
 
+def _activation(config: dict[str, Any], key: str, default: str, known: dict[str, str],
+                architecture: str) -> str:
+    """The config's activation (`key`, else `default`) as ours, else a typed refusal."""
+    act = known.get(config.get(key, default))
+    if act is None:
+        raise UnsupportedArchitectureError(
+            f"config.json: {key} {config.get(key)!r} is not supported for {architecture}")
+    return act
+
+
 def _llama(config: dict[str, Any]) -> BlockSpec:
     d = config_int(config, "hidden_size")
     heads = config_int(config, "num_attention_heads")
-    act = _LLAMA_ACTS.get(config.get("hidden_act", "silu"))
-    if act is None:
-        raise UnsupportedArchitectureError(
-            f"config.json: hidden_act {config.get('hidden_act')!r} is not supported for llama")
+    act = _activation(config, "hidden_act", "silu", _LLAMA_ACTS, "llama")
     head_dim = config_int(config, "head_dim", d // heads)
     attention_bias = bool(config.get("attention_bias", False))
     return BlockSpec(
@@ -155,11 +162,8 @@ def _llama(config: dict[str, Any]) -> BlockSpec:
 def _gpt2(config: dict[str, Any]) -> BlockSpec:
     d = config_int(config, "n_embd")
     heads = config_int(config, "n_head")
-    act = _GPT2_ACTS.get(config.get("activation_function", "gelu_new"))
-    if act is None:
-        raise UnsupportedArchitectureError(
-            f"config.json: activation_function {config.get('activation_function')!r} is not "
-            f"supported for gpt2 (gelu_new)")
+    act = _activation(config, "activation_function", "gelu_new", _GPT2_ACTS,
+                      "gpt2 (gelu_new)")
     if d % heads:
         raise CheckpointError(f"config.json: n_embd {d} is not a multiple of n_head {heads}")
     head_dim = d // heads
