@@ -47,7 +47,7 @@ def start_serve(*args: str, env: dict | None = None) -> tuple[subprocess.Popen, 
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(SRC), "OMP_NUM_THREADS": "1", **(env or {})}
     log = tempfile.TemporaryFile()  # a file, not a pipe: it never fills up
-    process = subprocess.Popen([sys.executable, "-m", "needlepoint.cli", "serve", "--port",
+    process = subprocess.Popen([sys.executable, "-m", "needlepoint", "serve", "--port",
                                 str(port), "--workers", "2", "--log-level", "warning", *args],
                                env=env, stdout=subprocess.DEVNULL, stderr=log)
     process.log = log  # type: ignore[attr-defined]
@@ -96,8 +96,8 @@ def big_answer(big: str) -> list[dict]:
 
 def test_every_answer_has_a_confidence(model):  # noqa: F811
     envelope = Needle(tools=[TOOL], model=model).complete(QUERY)
-    assert envelope["confidence"] is None  # the toy archive has no head ...
-    assert 0.0 < envelope["token_confidence"] <= 1.0  # ... the token measure is there
+    assert envelope["confidence_source"] == "tokens"  # the toy archive has no head ...
+    assert 0.0 < envelope["confidence"] <= 1.0  # ... the token measure is the confidence
 
 
 def test_an_unsure_answer_goes_to_the_bigger_model(model, big, key_env):  # noqa: F811
@@ -106,7 +106,7 @@ def test_an_unsure_answer_goes_to_the_bigger_model(model, big, key_env):  # noqa
     local = Needle(tools=[TOOL], model=model).complete(QUERY)
     envelope = needle.complete(QUERY)
     assert envelope["handoff"] == {"reason": "low_confidence", "model": MODEL_ID,
-                                   "confidence": local["token_confidence"], "answered": True}
+                                   "confidence": local["confidence"], "answered": True}
     assert envelope["function_calls"] == big_answer(big)
     assert envelope["timings"]["handoff_s"] > 0
 
@@ -227,7 +227,7 @@ def test_serve_flags_wire_mcp_and_handoff(big):
 
 
 def test_serve_refuses_a_handoff_url_without_a_model():
-    result = subprocess.run([sys.executable, "-m", "needlepoint.cli", "serve", "--handoff-url",
+    result = subprocess.run([sys.executable, "-m", "needlepoint", "serve", "--handoff-url",
                              "http://127.0.0.1:1/v1"], capture_output=True, text=True,
                             env={**os.environ, "PYTHONPATH": str(SRC)}, timeout=120)
     assert result.returncode != 0 and "--handoff-model" in result.stderr
