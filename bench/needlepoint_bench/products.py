@@ -1,13 +1,14 @@
 """The exact CQ x A8 products of one decode token (and of a prefill chunk), kernel only.
 
 `needlepoint-bench-products [archive] [--rows 1,64] [--reps 7] [--json out.json]`: every deploy
-product slot of the archive (`exact_weights.exact_slots`: q|k|v|gate, out, phi, MLP, engram
-key|value, LM head) multiplied once by a prepared activation of `rows` rows (`exact.a8_rotate`
-done outside the timing), 1 thread. Prints, per storage width and in total: ns per weight
-(per weight and activation row for rows > 1), the packed bytes streamed and the GB/s that
-implies, next to the machine's measured DRAM read bandwidth (`bench.machine`), and which
-native variant ran (`native.simd_variant()`; NEEDLEPOINT_NATIVE_VARIANT=0 / 1 caps it at the
-baseline / AVX2 one).
+product of the archive (each `needlepoint.kernels.ExactMatrix` the model loaded with deploy
+numerics holds: q|k|v|gate, out, phi, MLP, engram key|value, LM head) multiplied once by a
+prepared activation of `rows` rows (`kernels.a8_rotate` done outside the timing), 1 thread.
+Prints, per storage width and in total: ns per weight (per weight and activation row for
+rows > 1), the packed bytes streamed and the GB/s that implies, next to the machine's
+measured DRAM read bandwidth (`bench.machine`), and which native variant ran
+(`kernels.simd_variant()`; NEEDLEPOINT_NATIVE_VARIANT=0 / 1 caps it at the baseline / AVX2
+one). Only public names (docs/api.md "Public names for clients").
 """
 
 from __future__ import annotations
@@ -24,34 +25,36 @@ from pathlib import Path
 
 import numpy as np
 
-from needlepoint import open_archive
-from needlepoint.kernels import exact, native
-from needlepoint.models.ladder import ladder_layer_indices
-from needlepoint.models.needle3.exact_weights import exact_slots
-from needlepoint.models.needle3.ladder import ladder_config
-from needlepoint.models.needle3.weights import plan
+import needlepoint
+from needlepoint.kernels import (
+    VARIANTS,
+    ExactMatrix,
+    a8_rotate,
+    cq_matmul,
+    native_library,
+    simd_variant,
+)
 
 from .machine import measure_bandwidth
 from .paths import REPO_ROOT, fixture_archive
 from .products_report import write_section
+from .reachable import reachable
 
 F32 = np.float32
 
 
-def _matrices(path: str) -> list[exact.ExactMatrix]:
-    archive = open_archive(path)
-    cfg = archive.config
-    kept = ladder_layer_indices(cfg.num_layers, cfg.num_layers)
-    slots = plan(archive, ladder_config(cfg, kept), kept)
-    return [m for ms in exact_slots(archive, slots).values() for m in ms]
+def _matrices(path: str) -> list[ExactMatrix]:
+    """The deploy products of the whole archive (every layer), as the model holds them."""
+    model = needlepoint.load(path, numerics="deploy", threads=1, cache=False)
+    return reachable(model, ExactMatrix)
 
 
-def _time(matrix: exact.ExactMatrix, v: np.ndarray, scale: np.ndarray, reps: int) -> float:
+def _time(lib: ctypes.CDLL | None, matrix: ExactMatrix, v: np.ndarray, scale: np.ndarray,
+          reps: int) -> float:
     """Best seconds of one native call (arguments built once: no numpy or Python work in
     the timing beyond the ctypes call itself), or of the numpy reference without a library."""
-    lib = native.LIBRARY
     if lib is None:
-        call = lambda: exact.cq_matmul(v, scale, matrix)  # noqa: E731
+        call = lambda: cq_matmul(v, scale, matrix)  # noqa: E731
     else:
         out = np.empty((v.shape[0], matrix.out), F32)
         first = matrix.parts[0].out_col
@@ -68,14 +71,15 @@ def _time(matrix: exact.ExactMatrix, v: np.ndarray, scale: np.ndarray, reps: int
     return best
 
 
-def measure(path: str, rows: int, reps: int) -> dict:
+def measure(lib: ctypes.CDLL | None, matrices: list[ExactMatrix], rows: int, reps: int
+            ) -> dict:
     """{bits: {seconds, weights, bytes}} and the total, best of `reps` per matrix."""
     rng = np.random.default_rng(0)
     by_bits: dict[str, dict] = {}
-    for m in _matrices(path):
+    for m in matrices:
         x = rng.standard_normal((rows, m.cols)).astype(F32)
-        v, scale = exact.a8_rotate(x, m.in_pad, use_native=False)  # any build: same v
-        seconds = _time(m, v, scale, reps)
+        v, scale = a8_rotate(x, m.in_pad, use_native=False)  # any build: same v
+        seconds = _time(lib, m, v, scale, reps)
         entry = by_bits.setdefault(f"{m.storage_bits}-bit", {"seconds": 0.0, "weights": 0,
                                                              "bytes": 0})
         entry["seconds"] += seconds
@@ -91,21 +95,25 @@ def measure(path: str, rows: int, reps: int) -> dict:
 
 def run_one(args: argparse.Namespace) -> dict:
     """Measure in this process (its library and variant); print and return the figures."""
+    lib = native_library()
+    variant = simd_variant()
     if args.library:  # an older build: only the signatures this bench calls
-        lib = native.LIBRARY = ctypes.CDLL(args.library)
+        lib = ctypes.CDLL(args.library)
         p, i32, i64 = ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64
         lib.np_simd_variant.restype = i32
         lib.np_cq_matmul_threads.argtypes = [p, p, i64, i64, i32, p, i64, p, i64, p, i64, i64,
                                              i64, i32]
         lib.np_cq_matmul_threads.restype = i32
+        variant = VARIANTS[lib.np_simd_variant()]
     bandwidth = measure_bandwidth(threads=1, reps=3)
     read = bandwidth["read_GBps"]
-    result = {"variant": native.simd_variant(), "load_average": os.getloadavg(),
+    result = {"variant": variant, "load_average": os.getloadavg(),
               "dram_read_GBps": read, "rows": {}}
     print(f"variant {result['variant']}; load average {result['load_average']}; "
           f"DRAM read {read['median']:.1f} GB/s (best {read['best']:.1f})", flush=True)
+    matrices = _matrices(args.archive)
     for rows in (int(r) for r in args.rows.split(",")):
-        figures = measure(args.archive, rows, args.reps)
+        figures = measure(lib, matrices, rows, args.reps)
         result["rows"][str(rows)] = figures
         for name, e in figures.items():
             floor = e["bytes"] / (read["best"] * 1e9)

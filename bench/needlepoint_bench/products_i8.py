@@ -3,10 +3,12 @@ compiled variant of the int8 kernels (`kernels/native`, np_i8_tile.h): AVX2 (til
 vpmaddubsw + vpmaddwd), AVX-512 VNNI (tiles of 8 rows, vpdpbusd), the baseline portable C.
 
 `needlepoint-bench-products-i8 [--gguf PATH] [--rows 1,32] [--reps 9] [--docs
-docs/benchmarks_hf.md]`: every `i8.I8Weight` of the int8 model (q|k|v, o, gate|up, down per
-block, the LM head), `i8.matmul` once per weight from prepared activations (`i8.quantize`
-outside the timing), best of `reps`, 1 thread. The section replaces its own heading in the
-markdown file (`needlepoint-bench-hf` keeps it).
+docs/benchmarks_hf.md]`: every `kernels.I8Weight` of the int8 model (q|k|v, o, gate|up, down
+per block, the LM head), `kernels.i8_matmul` once per weight from prepared activations
+(`kernels.i8_quantize` outside the timing), best of `reps`, 1 thread, in each variant
+`kernels.force_variant` can run. The section replaces its own heading in the markdown file
+(`needlepoint-bench-hf` keeps it). Only public names (docs/api.md "Public names for
+clients").
 """
 
 from __future__ import annotations
@@ -20,33 +22,14 @@ from pathlib import Path
 import numpy as np
 
 import needlepoint
-from needlepoint.kernels import i8, i8_native
+from needlepoint.kernels import I8Weight, force_variant, i8_matmul, i8_quantize, simd_variant
 
 from .hf import default_gguf
+from .reachable import reachable
 from .tables import markdown_table, replace_section
 
 HEADING = "## int8 products: the kernel alone"
 F32 = np.float32
-
-
-def _weights(obj, seen: set, out: list) -> None:
-    """Every I8Weight reachable from `obj` (attributes, slots, sequences, dicts), once."""
-    if id(obj) in seen or isinstance(obj, (str, bytes, int, float, np.ndarray)):
-        return
-    seen.add(id(obj))
-    if isinstance(obj, i8.I8Weight):
-        out.append(obj)
-        return
-    if isinstance(obj, dict):
-        items = list(obj.values())
-    elif isinstance(obj, (list, tuple)):
-        items = list(obj)
-    else:
-        items = [getattr(obj, n, None) for n in getattr(type(obj), "__slots__", ())]
-        items += list(getattr(obj, "__dict__", {}).values())
-    for item in items:
-        if item is not None and type(item).__module__.startswith(("needlepoint", "builtins")):
-            _weights(item, seen, out)
 
 
 def measure(weights: list, rows: int, reps: int) -> dict:
@@ -54,12 +37,12 @@ def measure(weights: list, rows: int, reps: int) -> dict:
     seconds, count, nbytes = 0.0, 0, 0
     for w in weights:
         x = rng.standard_normal((rows, w.k_in)).astype(F32)
-        codes, scale, sums = i8.quantize(x, w.k_pad)
+        codes, scale, sums = i8_quantize(x, w.k_pad)
         out = np.empty((rows, w.n_out), F32)
         best = float("inf")
         for _ in range(reps):
             t0 = time.perf_counter()
-            i8.matmul(codes, scale, sums, w, None, out=out)
+            i8_matmul(codes, scale, sums, w, None, out=out)
             best = min(best, time.perf_counter() - t0)
         seconds += best
         count += w.n_out * w.k_in
@@ -77,20 +60,23 @@ def main() -> int:
     args = parser.parse_args()
     gguf = args.gguf or default_gguf()
     model = needlepoint.load(str(gguf), numerics="int8", threads=1)
-    weights: list = []
-    _weights(model, set(), weights)
-    lib = i8_native.LIBRARY
+    weights = reachable(model, I8Weight)
+    best = simd_variant()
     runs = []
-    for variant in (1, 2, 0):  # AVX2 (the code before) first, then VNNI, then baseline
-        got = lib.np_force_variant(variant)
-        if got != variant:
+    # AVX2 (the code before) first, then VNNI, then baseline; without the library, the numpy
+    # reference once ("none")
+    for variant in ("avx2+fma", "avx512vnni", "baseline"):
+        got = force_variant(variant)
+        if got not in (variant, "none") or (got == "none" and runs):
             continue
         load = os.getloadavg()
         figures = {r: measure(weights, int(r), args.reps) for r in args.rows.split(",")}
-        runs.append((i8_native.VARIANTS[got], load, os.getloadavg(), figures))
+        runs.append((got, load, os.getloadavg(), figures))
         for r, f in figures.items():
-            print(f"{i8_native.VARIANTS[got]:>10} rows {r:>3}: {f['seconds'] * 1e3:8.3f} ms "
+            print(f"{got:>10} rows {r:>3}: {f['seconds'] * 1e3:8.3f} ms "
                   f"{f['ns_per_weight_row']:.4f} ns/weight-row  load {load}", flush=True)
+    if best != "none":
+        force_variant(best)  # the process-wide choice back as it was
     if args.docs:
         write_section(args, gguf, weights, runs)
     return 0
@@ -105,14 +91,14 @@ def write_section(args, gguf: Path, weights: list, runs: list) -> None:
          f"numerics, best of {args.reps} calls per weight, 1 thread). Do not edit: the text "
          "lives in `bench/products_i8.py`._", "",
          f"Every int8 product of one token ({len(weights)} weights, {total_w:.1f} M "
-         f"parameters, {total_b:.2f} MB packed with scales), `i8.matmul` from prepared "
+         f"parameters, {total_b:.2f} MB packed with scales), `kernels.i8_matmul` from prepared "
          "activations. The AVX2 variant multiplies tiles of 4 rows per weight group "
          "(vpmaddubsw + vpmaddwd), the AVX-512 VNNI variant tiles of 8 rows (vpdpbusd; the "
          "float64 epilogue 8 outputs per vector); both form the same exact block dots (same "
          "bits: `tests/kernels/test_i8.py`, `tests/kernels/test_i8_tile.py`, and "
          "`tests/models/transformer/test_transformer_int8_variants.py`: the SmolLM2 logits "
          "are equal across the three variants and the numpy reference). One process, "
-         "variants switched with `np_force_variant`. At one row the weights stream at about "
+         "variants switched with `kernels.force_variant`. At one row the weights stream at about "
          "the machine's DRAM read bandwidth (18-25 GB/s unloaded, less when other work shares "
          "the memory bus), so decode products are memory-bound in every SIMD variant; the "
          "tiles show in the multi-row products (prefill).", "",

@@ -1,14 +1,19 @@
-"""A confidence for every model (issue 29 item 3): `token_confidence` beside the head's
-`confidence` (`api/envelope.py`), on the toy archive (no head) and a template model."""
+"""A confidence for every model (issue 29 item 3): the envelope's `confidence` is the head's
+where the archive has one (`confidence_source` "head"), else the measure from the turn's own
+token probabilities ("tokens"), on the toy archive (no head), a template model and the
+Needle 3 fixture (a head). Expected values are recomputed here from the model's logits."""
 
 from __future__ import annotations
 
 import json
+import math
 
-from conftest import REPO_ROOT, toy_model_path
+import numpy as np
+from conftest import REPO_ROOT, get_fixture, toy_model_path
 from hf_helpers import hf_fixture_dir
 
-from needlepoint.api.envelope import answer_confidence, token_confidence
+import needlepoint
+from needlepoint.api.envelope import token_confidence, turn_confidence
 from needlepoint.api.needle import Needle
 from needlepoint.generation.turn import TurnResult
 
@@ -26,25 +31,95 @@ def test_the_measure_is_the_calls_lowest_token_else_the_first_token():
     assert token_confidence(turn([0.9, 0.4, 0.8], 0.99)) == 0.4
     assert token_confidence(turn([], 0.75)) == 0.75
     assert token_confidence(turn([], None)) is None
-    assert answer_confidence({"confidence": 0.3, "token_confidence": 0.9}) == 0.3
-    assert answer_confidence({"confidence": None, "token_confidence": 0.9}) == 0.9
+    head = 1.0 / (1.0 + math.exp(1.0))  # sigmoid(-1), below every token probability
+    assert turn_confidence(turn([0.9, 0.4, 0.8], 0.99), -1.0) == (head, "head")
+    assert turn_confidence(turn([0.9, 0.4, 0.8], 0.99), 3.0) == (0.4, "head")
+    assert turn_confidence(turn([0.9, 0.4, 0.8], 0.99), None) == (0.4, "tokens")
+    assert turn_confidence(turn([], 0.75), None) == (0.75, "tokens")
+    assert turn_confidence(turn([], None), None) == (None, None)
 
 
-def test_the_toy_archive_has_a_confidence_without_a_head():
-    needle = Needle(tools=TOOLS, model=toy_model_path())
-    call = needle.complete("wake me up at 06:45")
-    assert call["type"] == "call" and call["confidence"] is None
-    assert 0.0 < call["token_confidence"] <= 1.0
+def replayed_probs(model, prompt: list[int], answer: list[int]) -> list[float]:
+    """The unmasked probability (softmax at temperature 1, float64) of each answer token,
+    from a fresh session fed the prompt and then the answer token by token."""
+    session = model.session()
+    logits = session.prefill(prompt, logits=True)
+    probs = []
+    for k, token in enumerate(answer):
+        x = np.asarray(logits, np.float64).reshape(-1)
+        e = np.exp(x - x.max())
+        probs.append(float(e[token] / e.sum()))
+        if k + 1 < len(answer):
+            logits = session.step(token)
+    return probs
+
+
+def call_probs(model, prompt: list[int], answer: list[int]) -> list[float]:
+    """The probabilities of the tokens the model chose inside the call: after `<tool_call>`
+    through `</tool_call>` (to the end of the answer when the call was cut)."""
+    tokenizer = model.tokenizer
+    open_id, close_id = (tokenizer.marker_id(m) for m in ("<tool_call>", "</tool_call>"))
+    start = answer.index(open_id) + 1
+    end = answer.index(close_id) + 1 if close_id in answer else len(answer)
+    return replayed_probs(model, prompt, answer)[start:end]
+
+
+def test_a_model_without_a_head_reports_the_token_measure():
+    model = needlepoint.load(toy_model_path())
+    assert not model.capabilities.confidence_head
+    needle = Needle(tools=TOOLS, model=model)
+    query = "wake me up at 06:45"
+    call = needle.complete(query)
+    answer = needle.history.conversation.last_answer
+    assert call["type"] == "call" and call["confidence_source"] == "tokens"
+    expected = min(call_probs(model, needle.prompt_ids(query), answer))
+    assert 0.0 < expected <= 1.0
+    assert abs(call["confidence"] - expected) < 1e-9
+
     text = needle.complete("hello", allow_call=False, max_new_tokens=4)
-    assert text["type"] == "respond" and 0.0 < text["token_confidence"] <= 1.0
-    ran = needle.run("wake me up at 06:45")  # the summary: the lowest over the turns
-    assert ran["token_confidence"] == min(t["token_confidence"] for t in ran["turns"])
+    answer = needle.history.conversation.last_answer
+    first = replayed_probs(model, needle.prompt_ids("hello"), answer[:1])[0]
+    assert text["type"] == "respond" and text["confidence_source"] == "tokens"
+    assert abs(text["confidence"] - first) < 1e-9  # the respond-or-call decision
+
+    ran = needle.run(query)  # the summary: the lowest over the turns, with its source
+    assert ran["confidence"] == min(t["confidence"] for t in ran["turns"])
+    assert ran["confidence_source"] == "tokens"
+
+
+def test_the_token_measure_has_the_same_bits_at_any_batch():
+    needle = Needle(tools=TOOLS, model=needlepoint.load(toy_model_path()), cache=None)
+    queries = ["wake me up at 06:45", "what's the weather in Paris", "hello there",
+               "set a timer for 5 minutes"]
+    alone = [needle.complete(q, max_new_tokens=24) for q in queries]
+    together = needle.complete_many(queries, max_new_tokens=24, max_sessions=4)
+    for a, b in zip(alone, together, strict=True):
+        assert a["confidence_source"] == b["confidence_source"] == "tokens"
+        assert a["confidence"] == b["confidence"]  # same bits, not approximately
+        assert 0.0 <= b["confidence"] <= 1.0
+
+
+def test_a_model_with_a_head_reports_the_head():
+    fixture = get_fixture("needle3", "tiny")
+    model = needlepoint.load(fixture.cact)
+    assert model.capabilities.confidence_head
+    tool = {"name": "get_weather", "description": "Get the weather.",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                           "required": ["city"]}}
+    needle = Needle(tools=[tool], model=model, reasoning_budget=0, max_new_tokens=40)
+    envelope = needle.complete("weather in Lagos?")
+    conversation = needle.history.conversation
+    head = conversation.confidence_logit()[0]  # the pooled head over the conversation
+    assert envelope["confidence_source"] == "head"
+    answer = conversation.last_answer
+    measures = [1.0 / (1.0 + math.exp(-head)),
+                *call_probs(model, needle.prompt_ids("weather in Lagos?"), answer)]
+    assert abs(envelope["confidence"] - min(measures)) < 1e-9
+    assert 0.0 <= envelope["confidence"] <= 1.0
 
 
 def test_a_template_model_has_a_confidence():
     needle = Needle(tools=TOOLS, model=hf_fixture_dir("llama-tiny"), max_new_tokens=8)
     assert needle.whole_answer  # a chat-template model, not Needle's wire format
     envelope = needle.complete("wake me up at 06:45")
-    assert envelope["confidence"] is None and 0.0 < envelope["token_confidence"] <= 1.0
-
-
+    assert envelope["confidence_source"] == "tokens" and 0.0 < envelope["confidence"] <= 1.0

@@ -103,7 +103,8 @@ def test_needle_runs_the_example_server_on_the_demo_model():
     assert envelope["results"] == [{"name": "set_alarm", "arguments": {"time": "06:45"},
                                     "server": "alarms",
                                     "result": {"status": "set", "time": "06:45", "label": ""}}]
-    assert 0.0 < envelope["token_confidence"] <= 1.0  # no head: the token measure
+    assert 0.0 < envelope["confidence"] <= 1.0  # no head: the token measure
+    assert envelope["confidence_source"] == "tokens"
     assert needle.mcp.closed
 
 

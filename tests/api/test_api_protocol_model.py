@@ -69,10 +69,12 @@ def test_needle_runs_on_the_protocol_alone(tokenizer):
     assert len(model.sessions) == 1  # one conversation, one session
 
 
-def test_no_head_declared_means_no_confidence(tokenizer):
+def test_no_head_logit_means_the_token_confidence(tokenizer):
     model = scripted(tokenizer, head_logit=None)
     envelope = Needle(tools=[TOOL], model=model, cache=None).complete("wake me at 6:45")
-    assert envelope["confidence"] is None and len(model.confidence_calls) == 1
+    assert len(model.confidence_calls) == 1
+    # issue 29 item 3: no head logit, so the token measure (in [0, 1]) and its source
+    assert envelope["confidence_source"] == "tokens" and 0.0 < envelope["confidence"] <= 1.0
 
 
 def test_complete_many_through_the_scheduler(tokenizer):

@@ -319,7 +319,8 @@ def test_call_confidence_uses_unmasked_probabilities(tokenizer, vocab, grammar):
     assert all(0 < p < 1 for p in result.call_token_probs)
     assert combine_confidence(2.0, result.call_token_probs) == min(
         sigmoid(2.0), min(result.call_token_probs))
-    assert combine_confidence(None, result.call_token_probs) is None
+    # issue 29 item 3: without a head logit, the call tokens' lowest probability alone
+    assert combine_confidence(None, result.call_token_probs) == min(result.call_token_probs)
 
 
 def test_conversation_reuses_the_cache(tokenizer, vocab, grammar):

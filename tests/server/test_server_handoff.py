@@ -96,8 +96,8 @@ def big_answer(big: str) -> list[dict]:
 
 def test_every_answer_has_a_confidence(model):  # noqa: F811
     envelope = Needle(tools=[TOOL], model=model).complete(QUERY)
-    assert envelope["confidence"] is None  # the toy archive has no head ...
-    assert 0.0 < envelope["token_confidence"] <= 1.0  # ... the token measure is there
+    assert envelope["confidence_source"] == "tokens"  # the toy archive has no head ...
+    assert 0.0 < envelope["confidence"] <= 1.0  # ... the token measure is the confidence
 
 
 def test_an_unsure_answer_goes_to_the_bigger_model(model, big, key_env):  # noqa: F811
@@ -106,7 +106,7 @@ def test_an_unsure_answer_goes_to_the_bigger_model(model, big, key_env):  # noqa
     local = Needle(tools=[TOOL], model=model).complete(QUERY)
     envelope = needle.complete(QUERY)
     assert envelope["handoff"] == {"reason": "low_confidence", "model": MODEL_ID,
-                                   "confidence": local["token_confidence"], "answered": True}
+                                   "confidence": local["confidence"], "answered": True}
     assert envelope["function_calls"] == big_answer(big)
     assert envelope["timings"]["handoff_s"] > 0
 

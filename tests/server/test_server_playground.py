@@ -82,4 +82,6 @@ def test_stream_ends_with_confidence_and_speeds(http: httpx.Client,
     assert timings["prefill_tps"] == pytest.approx(timings["prefill_tokens"]
                                                    / timings["prefill_s"])
     assert timings["decode_tps"] == pytest.approx(timings["decode_tokens"] / timings["decode_s"])
-    assert "confidence" in extension  # None: the toy model has no confidence head
+    assert "confidence" in extension
+    # issue 29 item 3: the toy model has no confidence head, so the token measure
+    assert extension["confidence_source"] == "tokens" and 0.0 < extension["confidence"] <= 1.0

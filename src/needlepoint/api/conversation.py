@@ -3,7 +3,8 @@
 The first turn prefills `[BOS] + prompt`; each later turn prefills only what is new (the
 previous turn's unfed stop token, then the next user turn), so earlier tokens are never
 recomputed. The confidence head, when the archive has one, runs on the whole conversation so
-far (prompt + generated turn) after each turn.
+far (prompt + generated turn) after each turn; without one the envelope's confidence is the
+turn's token measure (`envelope.py`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from ..generation.turn import generate_turn
 from ..generation.turn_config import Constraint, GenerationConfig, TurnVocab
 from ..generation.turn_result import TurnResult
 from ..models.protocol import ModelProtocol
-from .envelope import combine_confidence, turn_envelope
+from .envelope import turn_envelope
 from .history import check_fits
 
 CUT_ANSWER = ("the answer was cut at max_new_tokens before its JSON was complete (stop_reason "
@@ -111,8 +112,7 @@ class Conversation:
         self.pending = list(result.pending)
         self.turns += 1
         head_logit, confidence_s = self.confidence_logit()
-        confidence = combine_confidence(head_logit, result.call_token_probs)
-        envelope = turn_envelope(result, confidence=confidence, confidence_s=confidence_s,
+        envelope = turn_envelope(result, head_logit=head_logit, confidence_s=confidence_s,
                                  check_tools=check_tools, require_call=config.require_call,
                                  parallel_calls=parallel_calls)
         if content is not None and result.stop_reason == "length" and \

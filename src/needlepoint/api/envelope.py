@@ -5,7 +5,7 @@
      "text": str,            # the plain answer of a "respond" turn ("" otherwise)
      "reasoning": str,       # the think block, "" when there is none
      "confidence": float | None,
-     "token_confidence": float | None,
+     "confidence_source": "head" | "tokens" | None,
      "timings": {...}}
 
 "call" = a non-empty call list, "refuse" = `<tool_call>[]</tool_call>`, "respond" = the turn
@@ -16,12 +16,20 @@ given to check against): "function_calls" holds them as written, "error" says wh
 and nothing should execute them. With `logprobs` requested, "logprobs" lists one entry per
 answer-text token.
 
-"confidence" is the confidence head's (with the call tokens' probabilities), None when the
-archive has no head. "token_confidence" is there for every model (issue 29 item 3): the
-lowest unmasked probability of a token chosen inside the call (`<tool_call>` through its
-closing marker; a refusal `[]` included), or, for an answer without a call, the probability
-of the turn's first sampled token (the model's respond-or-call decision); None only when no
-token was sampled. `answer_confidence` picks the one a hand-off compares with its threshold.
+"confidence" is the answer's confidence for every model (issue 29 item 3), in [0, 1], and
+"confidence_source" says which measure it is:
+* "head": the archive has a confidence head: min(sigmoid(head logit), lowest chosen-token
+  probability in the call) (`combine_confidence`);
+* "tokens": no head (the bundled demo model, SmolLM2, Hugging Face models): the lowest
+  unmasked probability of a token chosen inside the call (after `<tool_call>` through its
+  closing marker; a refusal `[]` included), or, for an answer without a call, the
+  probability of the turn's first sampled token (the model's respond-or-call decision)
+  (`token_confidence`).
+The token measure is float64 arithmetic on the turn's own logits (softmax at temperature 1,
+before any mask), so it has the same bits at any batch, chunk or thread count, as the logits
+do. Both are None only when the model chose no token at all (a turn cut at `max_new_tokens`
+by forced tokens alone: stop_reason "length").
+A hand-off's remote answer has None too (`handoff["confidence"]` keeps the local one).
 """
 
 from __future__ import annotations
@@ -60,24 +68,28 @@ def sigmoid(x: float) -> float:
 
 
 def combine_confidence(head_logit: float | None, call_token_probs: Sequence[float]) -> float | None:
-    """min(sigmoid(head logit), lowest chosen-token probability in the call); None when the
-    archive has no confidence head."""
-    if head_logit is None:
-        return None
-    return min([sigmoid(float(head_logit)), *map(float, call_token_probs)])
+    """min(sigmoid(head logit), lowest chosen-token probability in the call); without a head
+    logit the lowest chosen-token probability alone (None when there is none)."""
+    measures = [*map(float, call_token_probs)]
+    if head_logit is not None:
+        measures.append(sigmoid(float(head_logit)))
+    return min(measures) if measures else None
 
 
 def token_confidence(result: TurnResult) -> float | None:
     """The confidence of a turn from its own token probabilities (see the module doc)."""
-    if result.call_token_probs:
-        return min(map(float, result.call_token_probs))
-    return result.first_token_prob
+    by_call = combine_confidence(None, result.call_token_probs)
+    return by_call if by_call is not None else result.first_token_prob
 
 
-def answer_confidence(envelope: dict[str, Any]) -> float | None:
-    """The head's confidence where the archive has one, else the token confidence."""
-    head = envelope.get("confidence")
-    return head if head is not None else envelope.get("token_confidence")
+def turn_confidence(result: TurnResult, head_logit: float | None
+                    ) -> tuple[float | None, str | None]:
+    """(confidence, source) of a turn: the head's where there is a head logit, else the
+    token measure (see the module doc)."""
+    if head_logit is not None:
+        return combine_confidence(head_logit, result.call_token_probs), "head"
+    measure = token_confidence(result)
+    return measure, (None if measure is None else "tokens")
 
 
 def timings(result: TurnResult, confidence_s: float = 0.0) -> dict[str, float | int]:
@@ -98,14 +110,15 @@ def timings(result: TurnResult, confidence_s: float = 0.0) -> dict[str, float | 
 def turn_envelope(
     result: TurnResult,
     *,
-    confidence: float | None = None,
+    head_logit: float | None = None,
     confidence_s: float = 0.0,
     check_tools: Sequence[dict[str, Any]] | None = None,
     require_call: bool = False,
     parallel_calls: bool = True,
 ) -> dict[str, Any]:
     """The envelope of one decoded turn. `check_tools` (the offered tool dicts, for a turn
-    decoded without the grammar) validates the calls: any problem makes it "invalid"."""
+    decoded without the grammar) validates the calls: any problem makes it "invalid".
+    `head_logit` is the confidence head's (None without a head: the token measure)."""
     envelope: dict[str, Any] = {"type": "respond", "function_calls": [], "text": result.text,
                                 "reasoning": result.reasoning}
     if result.call_text is not None:
@@ -124,8 +137,7 @@ def turn_envelope(
             if problems:
                 envelope["type"] = "invalid"
                 envelope["error"] = "invalid tool call: " + "; ".join(problems)
-    envelope["confidence"] = confidence
-    envelope["token_confidence"] = token_confidence(result)
+    envelope["confidence"], envelope["confidence_source"] = turn_confidence(result, head_logit)
     envelope["timings"] = timings(result, confidence_s)
     envelope["stop_reason"] = result.stop_reason
     if result.logprobs is not None:

@@ -3,8 +3,9 @@
     needle = Needle(tools, handoff=Handoff("http://big:8000/v1", "big-model",
                                            api_key_env="BIG_API_KEY", below=0.7))
 
-After a turn, `Handoff.reason` says whether to hand it off: its confidence (the head's, else
-the token confidence: `envelope.answer_confidence`) is below `below` ("low_confidence"), the
+After a turn, `Handoff.reason` says whether to hand it off: its confidence (the envelope's
+`confidence`: the head's, else the token measure, `envelope.py`) is below `below`
+("low_confidence"), the
 answer was cut at `max_new_tokens` ("cut"), or no valid call fit the grammar ("no_valid_call":
 a malformed or invalid call). Then the same conversation (OpenAI messages) and tools go to the
 OpenAI-compatible `base_url` (`POST {base_url}/chat/completions`), and its answer replaces
@@ -26,7 +27,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import InvalidOptionError
-from .envelope import answer_confidence
 
 DEFAULT_TIMEOUT_S = 60.0
 ERROR_BODY_CHARS = 200
@@ -63,7 +63,7 @@ class Handoff:
             return "cut"
         if envelope.get("type") == "invalid" or "error" in envelope:
             return "no_valid_call"
-        confidence = answer_confidence(dict(envelope))
+        confidence = envelope.get("confidence")
         if confidence is not None and confidence < self.below:
             return "low_confidence"
         return None
@@ -76,7 +76,7 @@ class Handoff:
         reason = self.reason(envelope)
         if reason is None:
             return envelope
-        mark = {"reason": reason, "confidence": answer_confidence(envelope),
+        mark = {"reason": reason, "confidence": envelope.get("confidence"),
                 "model": self.model}
         start = time.perf_counter()
         try:
@@ -147,7 +147,7 @@ def remote_envelope(reply: Mapping[str, Any]) -> dict[str, Any]:
     return {"type": "call" if calls else "respond", "function_calls": calls,
             "text": "" if calls else (message.get("content") or ""),
             "reasoning": message.get("reasoning_content") or "",
-            "confidence": None, "token_confidence": None,
+            "confidence": None, "confidence_source": None,  # the local one: handoff
             "stop_reason": "length" if choice.get("finish_reason") == "length" else "end",
             "usage": {"prompt_tokens": usage.get("prompt_tokens", 0),
                       "completion_tokens": usage.get("completion_tokens", 0)}}

@@ -56,8 +56,9 @@ def call_key(call: Mapping[str, Any]) -> str:
 
 def summary(turns: list[dict[str, Any]], results: list[dict[str, Any]]) -> dict[str, Any]:
     last = turns[-1]
-    confidences = [t["confidence"] for t in turns if t["confidence"] is not None]
-    by_tokens = [t["token_confidence"] for t in turns if t.get("token_confidence") is not None]
+    # the least confident turn's confidence and its source (a handed-off turn has none)
+    rated = [t for t in turns if t.get("confidence") is not None]
+    lowest = min(rated, key=lambda t: t["confidence"]) if rated else None
     timings: dict[str, float] = {}
     for turn in turns:
         for key, value in turn["timings"].items():
@@ -72,8 +73,8 @@ def summary(turns: list[dict[str, Any]], results: list[dict[str, Any]]) -> dict[
         if results else last["function_calls"],
         "results": results,
         "reasoning": "\n".join(t["reasoning"] for t in turns if t["reasoning"]),
-        "confidence": min(confidences) if confidences else None,
-        "token_confidence": min(by_tokens) if by_tokens else None,
+        "confidence": lowest["confidence"] if lowest else None,
+        "confidence_source": lowest.get("confidence_source") if lowest else None,
         "timings": timings,
         "turns": turns,
     }

@@ -178,6 +178,21 @@ def print_result(envelope: dict[str, Any], args: argparse.Namespace) -> None:
         print_envelope(envelope)
 
 
+CONFIDENCE_SOURCES = {"head": "confidence head", "tokens": "token probabilities"}
+
+
+def confidence_text(envelope: dict[str, Any]) -> str:
+    """The confidence and which measure it is (api/envelope.py: every local answer has one;
+    an answer from the hand-off model has none of its own)."""
+    confidence = envelope.get("confidence")
+    if confidence is None:
+        handoff = envelope.get("handoff") or {}
+        return f"n/a (answered by {handoff['model']})" if handoff.get("answered") else \
+            "n/a (no token was chosen)"
+    source = CONFIDENCE_SOURCES.get(envelope.get("confidence_source") or "", "?")
+    return f"{confidence:.3f} ({source})"
+
+
 def print_envelope(envelope: dict[str, Any]) -> None:
     """A readable summary of an envelope (rich)."""
     from rich.console import Console
@@ -209,10 +224,7 @@ def print_envelope(envelope: dict[str, Any]) -> None:
     if envelope.get("error"):
         console.print(f"[red]{envelope['error']}[/]")
     timings = envelope.get("timings", {})
-    confidence = envelope.get("confidence")
-    conf = "n/a (no confidence head)" if confidence is None else f"{confidence:.3f}"
-    if confidence is None and envelope.get("token_confidence") is not None:
-        conf = f"{envelope['token_confidence']:.3f} (token probabilities)"  # api/envelope.py
+    conf = confidence_text(envelope)
     handoff = envelope.get("handoff")
     if handoff:
         outcome = f"answered by {handoff['model']}" if handoff.get("answered") else \

@@ -56,7 +56,15 @@ ENVELOPE: dict[str, Any] = {
             "properties": {"name": {"type": "string"}, "arguments": {"type": "object"}}}},
         "text": {"type": "string"},
         "reasoning": {"type": "string"},
-        "confidence": {"type": ["number", "null"]},
+        "confidence": {"type": ["number", "null"], "minimum": 0, "maximum": 1,
+                       "description": "The answer's confidence, for every model: the "
+                       "confidence head's where the archive has one, else the call tokens' "
+                       "lowest probability (the first token's for an answer without a call; "
+                       "docs/api.md). Null only for an answer from the hand-off model (its "
+                       "`handoff.confidence` is the local one) or when no token was chosen."},
+        "confidence_source": {"type": ["string", "null"], "enum": ["head", "tokens", None],
+                              "description": "Which measure `confidence` is: the confidence "
+                              "head's (`head`) or the token probabilities' (`tokens`)."},
         "timings": {"type": "object", "additionalProperties": {"type": "number"}},
         "stop_reason": {"type": "string"},
         "seed": {"type": "integer"},

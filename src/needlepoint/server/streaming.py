@@ -253,9 +253,10 @@ STAT_TIMINGS = ("prefill_tokens", "decode_tokens", "prefill_s", "decode_s", "pre
 
 def answer_stats(envelope: dict[str, Any]) -> dict[str, Any]:
     """The extension object on a stream's finishing chunk (`"needlepoint"`): the answer's
-    confidence (None without a confidence head) and its prefill and decode speeds."""
+    confidence with its source ("head" or "tokens", api/envelope.py; None for an answer
+    from the hand-off model), the hand-off mark and its prefill and decode speeds."""
     timings = envelope.get("timings", {})
     return {"confidence": envelope.get("confidence"),
-            "token_confidence": envelope.get("token_confidence"),
+            "confidence_source": envelope.get("confidence_source"),
             "handoff": envelope.get("handoff"),  # issue 29: None unless handed off
             "timings": {key: timings[key] for key in STAT_TIMINGS if key in timings}}

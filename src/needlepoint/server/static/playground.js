@@ -227,11 +227,11 @@ function finishAnswer(answer) {
   for (const call of answer.calls) {
     if (!call) continue;
     call.argsNode.textContent = prettyArgs(call.arguments);
-    const tokens = answer.stats ? answer.stats.token_confidence : null;
+    const source = answer.stats ? answer.stats.confidence_source : null;
     call.confNode.textContent = conf !== null && conf !== undefined
-      ? `confidence: ${conf.toFixed(3)}` : tokens !== null && tokens !== undefined
-        ? `confidence: ${tokens.toFixed(3)} (token probabilities)`
-        : "confidence: n/a (the model has no confidence head)";
+      ? `confidence: ${conf.toFixed(3)} (${source === "head" ? "confidence head"
+        : "token probabilities"})`
+      : "confidence: n/a (answered by the hand-off model)";
     const server = mcpServerOf(call.name);
     if (server) call.nameNode.textContent = `${call.name} (MCP: ${server})`;
   }
