@@ -31,7 +31,16 @@ from pathlib import Path
 
 import numpy as np
 
-from needlepoint.kernels import exact, i8, native
+from needlepoint.kernels import (
+    I8_BLOCK,
+    ExactMatrix,
+    a8_rotate,
+    i8_matmul,
+    i8_pack_weight,
+    i8_quantize,
+    native_library,
+    simd_variant,
+)
 
 from .paths import REPO_ROOT, fixture_archive
 from .products import _matrices
@@ -93,9 +102,9 @@ NOTES = [
 HEADING = "## Exact CQ x A8 products: the per-row cost curve (issue 26)"
 
 
-def _call(matrix: exact.ExactMatrix, v: np.ndarray, scale: np.ndarray):
+def _call(matrix: ExactMatrix, v: np.ndarray, scale: np.ndarray):
     """The native call with its arguments built once (as `needlepoint_bench.products._time`)."""
-    lib = native.LIBRARY
+    lib = native_library()
     out = np.empty((v.shape[0], matrix.out), F32)
     first = matrix.parts[0].out_col
     args = (v.ctypes.data, scale.ctypes.data, v.shape[0], matrix.in_pad, matrix.storage_bits,
@@ -104,15 +113,15 @@ def _call(matrix: exact.ExactMatrix, v: np.ndarray, scale: np.ndarray):
     return lambda: lib.np_cq_matmul_threads(*args), out
 
 
-def curve(matrices: list[exact.ExactMatrix], rows: int, rounds: int) -> dict:
+def curve(matrices: list[ExactMatrix], rows: int, rounds: int) -> dict:
     """{kernel: {bits: seconds}} at `rows` activation rows, kernels alternating per call;
     asserts the kernels' outputs are equal (same bits)."""
     rng = np.random.default_rng(rows)
-    lib = native.LIBRARY
+    lib = native_library()
     best = {k: {} for k in KERNELS}
     for m in matrices:
         x = rng.standard_normal((rows, m.cols)).astype(F32)
-        v, scale = exact.a8_rotate(x, m.in_pad)
+        v, scale = a8_rotate(x, m.in_pad)
         call, out = _call(m, v, scale)
         seen = {}
         for _ in range(rounds):
@@ -139,14 +148,14 @@ def int8_gemm(rows: int, rounds: int, n: int = 4096, k: int = 2048) -> dict:
     """Seconds and G MAC/s of `i8.matmul` (the int8 tile kernel) for [rows, k] x [n, k]^T."""
     rng = np.random.default_rng(1)
     codes = rng.integers(-127, 128, (n, k)).astype(np.int8)
-    w = i8.pack_weight(codes, np.ones((n, k // i8.BLOCK), F32))
+    w = i8_pack_weight(codes, np.ones((n, k // I8_BLOCK), F32))
     x = rng.standard_normal((rows, k)).astype(F32)
-    xc, xs, sums = i8.quantize(x, w.k_pad)
+    xc, xs, sums = i8_quantize(x, w.k_pad)
     out = np.empty((rows, n), F32)
     best = float("inf")
     for _ in range(rounds):
         t0 = time.thread_time()
-        i8.matmul(xc, xs, sums, w, None, out=out)
+        i8_matmul(xc, xs, sums, w, None, out=out)
         best = min(best, time.thread_time() - t0)
     return {"seconds": best, "gmacs": rows * n * k / best / 1e9,
             "ns_per_weight_row": best * 1e9 / (rows * n * k)}
@@ -162,14 +171,14 @@ def main() -> int:
     args = parser.parse_args()
     if args.docs:
         return run_docs(args)
-    if native.LIBRARY is None:
+    if native_library() is None:
         raise SystemExit("the native library is not built")
     matrices = _matrices(args.archive)
     weights = {}
     for m in matrices:
         key = f"{m.storage_bits}-bit"
         weights[key] = weights.get(key, 0) + m.out * m.in_pad
-    result = {"variant": native.simd_variant(), "load_start": os.getloadavg(), "rows": {}}
+    result = {"variant": simd_variant(), "load_start": os.getloadavg(), "rows": {}}
     print(f"variant {result['variant']}; load average {result['load_start']}; weights "
           f"{ {k: f'{w / 1e6:.1f} M' for k, w in weights.items()} }", flush=True)
     for rows in (int(r) for r in args.rows.split(",")):

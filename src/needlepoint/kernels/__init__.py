@@ -19,8 +19,10 @@ from .cq import (
 )
 from .exact import ExactMatrix, a8_rotate, cq_matmul
 from .fwht import fwht, fwht_groups, hadamard_matrix
+from .i8 import BLOCK as I8_BLOCK
 from .i8 import I8Weight
 from .i8 import matmul as i8_matmul
+from .i8 import pack_weight as i8_pack_weight
 from .i8 import quantize as i8_quantize
 from .native import VARIANTS, simd_variant
 
@@ -48,6 +50,7 @@ def force_variant(variant: str) -> str:
 __all__ = [
     "VARIANTS",
     "ExactMatrix",
+    "I8_BLOCK",
     "I8Weight",
     "a8_rotate",
     "cq_matmul",
@@ -59,6 +62,7 @@ __all__ = [
     "fwht_groups",
     "hadamard_matrix",
     "i8_matmul",
+    "i8_pack_weight",
     "i8_quantize",
     "matmul",
     "matvec",
