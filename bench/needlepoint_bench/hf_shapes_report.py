@@ -23,27 +23,29 @@ NOTES = """\
   offset, per 32 values); Q6_K (a scale per 16 values) is dequantised and requantised to
   int8 per 32 at load (docs/hf.md "Numerics (int8)"), so its load takes longer and its RSS
   holds 34 bytes per 32 weights where the file holds 26.25.
-* Findings of the committed run (2026-12-02 02:42 UTC, needlepoint only: llama-cpp-python was
-  still compiling; load average 10.8 -> 7.6 on the 2 cores, so every figure is several times
-  below an unloaded machine's): a cProfile of Qwen3-0.6B Q8_0 decode (16-token prompt, 4
-  steps, own time per function) put 1.16 s of 1.61 s in `i8.py matmul` (113
-  products a step: 28 x q|k|v, o, gate|up, down and the 151936-row LM head, 165 MB of the
-  608 MB read per token), 0.11 s in `i8_ops.norm` (452 calls: the q/k norms per head, run
-  from Python), attention 0.07 s. So decode is the products streaming the file, at about
-  2 GB/s on this loaded machine (SmolLM2's products stream about 20 GB/s unloaded).
-  Qwen3 / Gemma 3 blocks are not `BlockSpec.plain` (q/k norms, Gemma's four norms), so
-  `int8_fused.fused_blocks` returns None and each block runs kernel by kernel from Python
-  (SmolLM2 runs one native call per block).
-* Q4_K_M Qwen3: 137 s load and 2.9 GB peak RSS against 27 s / 1.0 GB for Q8_0: the tied
+* Findings (run of 2026-12-02 02:57 UTC with llama.cpp, load average about 7-9 on the 2
+  cores; an earlier needlepoint-only run at load 11 was 2-5x slower, so ratios from one run
+  are what count): no file meets all three targets. A cProfile of Qwen3-0.6B Q8_0 decode
+  (16-token prompt, 4 steps, own time per function, at load 10) put 1.16 s of 1.61 s in
+  `i8.py matmul` (113 products a step: 28 x q|k|v, o, gate|up, down and the 151936-row LM
+  head, 165 MB of the 608 MB read per token), 0.11 s in `i8_ops.norm` (452 calls: the q/k
+  norms, run from Python), attention 0.07 s. Qwen3 / Gemma 3 blocks are not
+  `BlockSpec.plain` (q/k norms, Gemma's four norms), so `int8_fused.fused_blocks` returns
+  None and each block runs kernel by kernel from Python (SmolLM2 runs one native call per
+  block); prefill pays the same per-kernel calls and float64 epilogues.
+* RSS: Gemma's peak is about 1.9x llama.cpp's even in Q8_0 (716 vs 389 MB): not yet broken
+  down (candidates: the 262144-row embedding held both as the embedding and as the int8 LM
+  head, the tokenizer's Python tables of 262144 pieces).
+* Q4_K_M Qwen3: 32 s load and 2.9 GB peak RSS against 5.5 s / 1.0 GB for Q8_0: the tied
   embedding is Q6_K (155 M values), which the int8 path dequantises to float32 (620 MB, plus
   numpy temporaries of the same size) and requantises at load.
 * Next steps: (1) the fused native block for specs with per-head q/k norms, Gemma's extra
   norms and gelu-tanh (removes the Python per-kernel calls and the 452 norm calls a step);
   (2) Q6_K run as stored (its 16-value scales as two 32-blocks' worth of int8 scales per
   sub-block pair, or requantised row chunk by row chunk so the float copy never exists
-  whole), which bounds Q4_K_M's load time and RSS; (3) rerun this benchmark with the peer
-  on a quiet machine (`needlepoint-bench-hf-shapes`, about 10 minutes with llama.cpp) to
-  get the ratios.
+  whole), which bounds Q4_K_M's load time and RSS; (3) an RSS breakdown of the Gemma load;
+  (4) rerun on a quiet machine with `--rounds 3` (the defaults also profile every file that
+  misses a target).
 * Peak RSS is `VmHWM` of the engine's process (load, prefill and decode); load time is file
   to a model ready to run (needlepoint: weights prepared, tokenizer built).
 """
