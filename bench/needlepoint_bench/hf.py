@@ -63,12 +63,18 @@ TEXT = (
 
 
 def _write(path: Path, text: str) -> None:
-    """Write the report, keeping the section `bench.products_i8` owns at the end (if any)."""
-    kept = "\n## int8 products: the kernel alone"
-    if path.exists() and kept in path.read_text():
-        old = path.read_text()
-        text = text.rstrip("\n") + "\n" + old[old.find(kept):]
-    path.write_text(text)
+    """Write the report, keeping the sections other benchmarks own (`bench.products_i8`'s,
+    `bench.hf_shapes`'s) as they are, after it."""
+    from .hf_shapes_report import HEADING as SHAPES
+
+    old = path.read_text() if path.exists() else ""
+    kept = []
+    for heading in ("## int8 products: the kernel alone", SHAPES):
+        start = old.find("\n" + heading)
+        if start >= 0:
+            end = old.find("\n## ", start + 1)
+            kept.append(old[start + 1 : end if end >= 0 else len(old)].rstrip("\n"))
+    path.write_text("\n\n".join([text.rstrip("\n"), *kept]) + "\n")
 
 
 def default_gguf() -> Path | None:

@@ -24,6 +24,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .api.mcp_tools import McpTools
     from .api.needle import Needle, tool
     from .formats.checkpoints import open_checkpoint
+    from .formats.gguf_write import GgufVocab, write_gguf
     from .models.parts import load_part
     from .models.protocol import resolve_model_name
 
@@ -91,6 +92,10 @@ def __getattr__(name: str) -> Any:
         from .api.mcp_tools import McpTools
 
         return McpTools
+    if name in ("write_gguf", "GgufVocab"):  # issue 28 item 5: test and benchmark GGUFs
+        from .formats import gguf_write
+
+        return getattr(gguf_write, name)
     raise AttributeError(f"module 'needlepoint' has no attribute {name!r}")
 
 
@@ -98,6 +103,7 @@ __all__ = [
     "NUMERICS",
     "CactArchive",
     "CactFormatError",
+    "GgufVocab",
     "Handoff",
     "McpTools",
     "ModelInputError",
@@ -114,4 +120,5 @@ __all__ = [
     "open_checkpoint",
     "resolve_model_name",
     "tool",
+    "write_gguf",
 ]

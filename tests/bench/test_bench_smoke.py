@@ -65,6 +65,21 @@ def _check_hf(folder: Path, out: str) -> None:
     assert (folder / "hf.md").read_text().strip()
 
 
+def _check_hf_shapes(folder: Path, out: str) -> None:
+    record = json.loads((folder / "shapes.json").read_text())
+    assert record["engines"] == ["needlepoint-int8"]  # --no-peer: no llama.cpp
+    assert set(record["results"]) == {"qwen3-tiny Q8_0", "qwen3-tiny Q4_K_M",
+                                      "gemma3-tiny Q8_0", "gemma3-tiny Q4_K_M"}
+    for result in record["results"].values():
+        best = result["engines"]["needlepoint-int8"]["best"]
+        assert best["decode_tok_s"] > 0 and best["prefill_tok_s"] > 0 and best["load_s"] > 0
+        assert best["peak_rss_mb"] > 0 and not result["errors"]
+    # the report is a section of the Markdown file, with the variant and the load average
+    doc = (folder / "hf.md").read_text()
+    assert doc.startswith("## Real shapes:") and "variant" in doc and "load average" in doc
+    assert len(list((folder / "gguf").glob("*.gguf"))) == 4  # GGUFWriter's files, kept
+
+
 def _check_bfcl(folder: Path, out: str) -> None:
     report = json.loads((folder / "bfcl.json").read_text())
     (category,) = report["categories"]
@@ -114,6 +129,11 @@ CASES: dict[str, tuple[Callable[[Path], list[str]], Callable[[Path, str], None],
         lambda d: ["--gguf", _llama_tiny(), "--engines", "needlepoint-int8", "--threads", "1",
                    "--rounds", "1", "--reps", "1", "--decode", "4", "--out", str(d / "hf.md"),
                    "--json", str(d / "hf.json")], _check_hf, 300),
+    "needlepoint-bench-hf-shapes": (
+        lambda d: ["--models", "qwen3-tiny", "gemma3-tiny", "--no-peer", "--prompt", "40",
+                   "--decode", "3", "--reps", "1", "--rounds", "1", "--gguf-dir",
+                   str(d / "gguf"), "--out", str(d / "hf.md"), "--json", str(d / "shapes.json")],
+        _check_hf_shapes, 300),
     "needlepoint-bench-bfcl": (
         lambda d: ["--model", _toy(), "--category", "sample", "--no-peer", "--out",
                    str(d / "bfcl.json")], _check_bfcl, 300),
