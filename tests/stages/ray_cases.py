@@ -353,6 +353,29 @@ def test_transformers_across_two_nodes(cluster):
         assert_bits(np.stack([session.step(int(t)) for t in ids[36:]]), expected[36:])
 
 
+def test_qwen_and_gemma_across_two_nodes(cluster):
+    """Issue 28 item 3: Qwen2, Qwen3 (every split) and Gemma 3 (cuts on both sides of its
+    full-attention layer) in int8 on two nodes: forward, and a session prefilled past Gemma's
+    48-position sliding window then stepped, bit-identical to one process."""
+    from hf_helpers import hf_fixture_dir
+    from stages_helpers import all_cut_sets
+
+    splits = {"qwen2-tiny": all_cut_sets(4), "qwen3-tiny": all_cut_sets(4),
+              "gemma3-tiny": [[0, 3], [0, 5], [0, 2, 4]]}
+    for name, cut_sets in splits.items():
+        path = hf_fixture_dir(name)
+        reference = needlepoint.load(path, numerics="int8")
+        ids = np.random.default_rng(3).integers(3, reference.config.vocab, 70)
+        expected = reference.forward(ids)
+        for cuts in cut_sets:
+            with _ray(path, cuts, _alternate(len(cuts)), numerics="int8") as staged:
+                assert_bits(staged.forward(ids), expected, f"{name} {cuts}")
+                session = staged.session(chunk=16)
+                assert_bits(session.prefill(ids[:60]), expected[59], f"{name} {cuts} prefill")
+                assert_bits(np.stack([session.step(int(t)) for t in ids[60:]]), expected[60:],
+                            f"{name} {cuts} steps")
+
+
 def test_rewind_across_nodes(cluster):
     reference = model("tiny")
     ids = long_prompt("tiny", 120)
