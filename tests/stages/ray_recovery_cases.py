@@ -217,7 +217,7 @@ def test_needlepoint_serve_streams_through_a_killed_stage(cluster, tmp_path):  #
     before = _stage_processes()
     log = open(tmp_path / "serve.log", "w")  # noqa: SIM115 - closed below
     server = subprocess.Popen(
-        [sys.executable, "-m", "needlepoint.cli", "serve", "--model",
+        [sys.executable, "-m", "needlepoint", "serve", "--model",
          str(fixture_path("shipped")), "--stages", "2", "--ray", cluster.address,
          "--placement", "node_a,node_b", "--port", str(port), "--log-level", "warning"],
         stdout=log, stderr=subprocess.STDOUT)

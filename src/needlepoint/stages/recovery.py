@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from ..errors import StageError, StageLostError, StageSessionLostError
-from ..models.chunking import chunks
+from ..models.layer_range import chunks
 
 T = TypeVar("T")
 
