@@ -32,11 +32,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--http", type=int, metavar="PORT",
                         help="serve streamable HTTP on 127.0.0.1:PORT/mcp instead of stdio")
-    args = parser.parse_args()
-    if args.http is None:
-        server.run()
+    serve(server, parser.parse_args().http)
+
+
+def serve(mcp_server: MCPServer, http: int | None) -> None:
+    """Run `mcp_server` over stdio, or streamable HTTP on 127.0.0.1:`http`/mcp when a port is
+    given (the tests' MCP server, `tests/mcp_helpers.py`, runs the same way)."""
+    if http is None:
+        mcp_server.run()
     else:
-        server.run("streamable-http", host="127.0.0.1", port=args.http)
+        mcp_server.run("streamable-http", host="127.0.0.1", port=http)
 
 
 if __name__ == "__main__":

@@ -32,6 +32,17 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+
+def stop_process(process: subprocess.Popen, wait_s: float, kill_wait_s: float) -> None:
+    """Terminate `process` and wait `wait_s` for it; kill it if it is still there (then wait
+    `kill_wait_s`): no test server outlives its test."""
+    process.terminate()
+    try:
+        process.wait(wait_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(kill_wait_s)
+
 class HttpServer:
     """This file as a streamable-HTTP server on 127.0.0.1 (a subprocess, stopped on exit)."""
 
@@ -60,12 +71,7 @@ class HttpServer:
 
     def __exit__(self, *exc: object) -> None:
         assert self.process is not None
-        self.process.terminate()
-        try:
-            self.process.wait(10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(10)
+        stop_process(self.process, 10, 10)
 
 
 def main() -> None:
@@ -110,10 +116,10 @@ def main() -> None:
         await anyio.sleep(3600)
         return "never"
 
-    if args.http is None:
-        server.run()
-    else:
-        server.run("streamable-http", host="127.0.0.1", port=args.http)
+    sys.path.insert(0, str(SCRIPT.parents[1] / "examples"))
+    from mcp_alarm_server import serve
+
+    serve(server, args.http)
 
 
 if __name__ == "__main__":

@@ -7,8 +7,11 @@ from __future__ import annotations
 import itertools
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import threading
+import time
 import uuid
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -16,6 +19,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import REPO_ROOT, get_fixture
+
+from needlepoint.errors import StageNonFiniteError
 
 F32 = np.float32
 
@@ -151,3 +156,49 @@ def _ray_processes(run: str) -> list[str]:
         if f"/dev/shm/ray-{run}" in line:
             found.append(f"{entry.name}: {line[:200]}")
     return found
+
+
+def check_ray_case(ray_run: dict, case: str, cases_file: str) -> None:
+    """One case of a `run_ray_cases` run, as a test: it fails with the run's output when the
+    case did not run, with its own report when it failed (in `cases_file`)."""
+    results = ray_run["results"]
+    if case not in results:
+        pytest.fail(f"{case} did not run in the Ray namespace; its output:\n"
+                    f"{ray_run['output'][-6000:]}", pytrace=False)
+    if results[case] is not None:
+        pytest.fail(f"{case} (in {cases_file}) failed:\n{results[case][-6000:]}", pytrace=False)
+
+
+def check_every_case_reported(ray_run: dict, cases: list[str]) -> None:
+    """The run reported exactly `cases` (a case added to the file must be listed)."""
+    assert sorted(ray_run["results"]) == sorted(cases), ray_run["output"][-3000:]
+
+
+def check_nothing_left(ray_run: dict) -> None:
+    """No Ray process of the run is alive and /dev/shm holds nothing new afterwards."""
+    assert ray_run["left"] == {"shm": [], "processes": []}
+
+
+def assert_non_finite_refused(staged, rows: int, at: tuple, value: float, match: str) -> None:
+    """Activations with one non-finite `value` (at lanes[`at`], `rows` rows) sent straight to
+    stage 1 of `staged` are refused there (a StageNonFiniteError naming stage 1, `match`)."""
+    session = staged.session()
+    cfg = staged.config
+    lanes = np.zeros((rows, cfg.mhc_lanes, cfg.d_model), np.float32)
+    lanes[at] = value
+    with pytest.raises(StageNonFiniteError, match=match) as caught:
+        staged.transport.call(1, "run", session.sid, 0, lanes, {}, "last")
+    assert caught.value.stage == 1
+
+
+def run_through_a_kill(pid: int, target, join_s: float) -> threading.Thread:
+    """`target` run on a thread while stage process `pid` is stopped (SIGSTOP first, so the
+    request is in flight on a stage that cannot answer when the kill comes: a fast machine
+    finishes it within any fixed sleep), then killed; the thread, joined for `join_s`."""
+    os.kill(pid, signal.SIGSTOP)
+    worker = threading.Thread(target=target)
+    worker.start()
+    time.sleep(1.5)
+    os.kill(pid, signal.SIGKILL)
+    worker.join(join_s)
+    return worker

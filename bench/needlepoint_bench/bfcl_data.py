@@ -65,21 +65,26 @@ def _read_lines(path: Path) -> list[dict[str, Any]]:
 SAMPLE = "sample"
 SAMPLE_TYPES = {"dict": "object", "string": "string", "integer": "integer", "float": "number",
                 "boolean": "boolean", "array": "array"}
+
+
+def _sample_case(k: int, question: str, name: str, description: str, param: str,
+                 param_description: str, truth: list[str]) -> dict:
+    """One BFCL-shaped case: a user question, one function of one required string parameter,
+    and the accepted values of that parameter."""
+    return {"id": f"sample_{k}",
+            "question": [[{"role": "user", "content": question}]],
+            "function": [{"name": name, "description": description,
+                          "parameters": {"type": "dict", "properties": {
+                              param: {"type": "string", "description": param_description}},
+                              "required": [param]}}],
+            "ground_truth": [{name.replace(".", "_"): {param: truth}}]}
+
+
 SAMPLE_CASES = [
-    {"id": "sample_0",
-     "question": [[{"role": "user", "content": "what is the weather in Paris"}]],
-     "function": [{"name": "weather.get", "description": "Current weather of a city.",
-                   "parameters": {"type": "dict", "properties": {
-                       "city": {"type": "string", "description": "the city"}},
-                       "required": ["city"]}}],
-     "ground_truth": [{"weather_get": {"city": ["Paris"]}}]},
-    {"id": "sample_1",
-     "question": [[{"role": "user", "content": "set an alarm for 07:30"}]],
-     "function": [{"name": "set_alarm", "description": "Set an alarm at a time of day.",
-                   "parameters": {"type": "dict", "properties": {
-                       "time": {"type": "string", "description": "HH:MM"}},
-                       "required": ["time"]}}],
-     "ground_truth": [{"set_alarm": {"time": ["07:30", "7:30"]}}]},
+    _sample_case(0, "what is the weather in Paris", "weather.get", "Current weather of a city.",
+                 "city", "the city", ["Paris"]),
+    _sample_case(1, "set an alarm for 07:30", "set_alarm", "Set an alarm at a time of day.",
+                 "time", "HH:MM", ["07:30", "7:30"]),
 ]
 
 

@@ -167,12 +167,19 @@ def run_docs(args: argparse.Namespace) -> None:
     write_section(runs, args, Path(args.docs))
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def archive_parser(doc: str, rows: str) -> argparse.ArgumentParser:
+    """The products benchmarks' common arguments: the archive (default: the fixture), the row
+    counts (`rows` by default) and a --json output file; `doc`'s first line describes it."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("archive", nargs="?", default=str(fixture_archive()))
-    parser.add_argument("--rows", default="1,64")
-    parser.add_argument("--reps", type=int, default=9)
+    parser.add_argument("--rows", default=rows)
     parser.add_argument("--json")
+    return parser
+
+
+def main() -> int:
+    parser = archive_parser(__doc__, "1,64")
+    parser.add_argument("--reps", type=int, default=9)
     parser.add_argument("--library", help="another build of the native library (before/after)")
     parser.add_argument("--before", help="git revision for the before figures: with --docs")
     parser.add_argument("--docs", help="write the section into this markdown file (with "

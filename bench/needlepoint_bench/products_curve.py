@@ -42,8 +42,8 @@ from needlepoint.kernels import (
     simd_variant,
 )
 
-from .paths import REPO_ROOT, fixture_archive
-from .products import _matrices
+from .paths import REPO_ROOT
+from .products import _matrices, archive_parser
 
 F32 = np.float32
 KERNELS = {"lookup": 2, "before": 1}
@@ -162,11 +162,8 @@ def int8_gemm(rows: int, rounds: int, n: int = 4096, k: int = 2048) -> dict:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("archive", nargs="?", default=str(fixture_archive()))
-    parser.add_argument("--rows", default="1,2,4,8,16,32,64")
+    parser = archive_parser(__doc__, "1,2,4,8,16,32,64")
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--json")
     parser.add_argument("--docs", type=Path)
     args = parser.parse_args()
     if args.docs:

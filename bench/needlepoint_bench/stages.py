@@ -46,18 +46,6 @@ exec "$@"
 MB = 1 << 20
 
 
-def rss_bytes() -> int:
-    """Resident set size of this process (VmRSS, /proc/self/status; 0 where there is none)."""
-    try:
-        with open("/proc/self/status") as handle:
-            for line in handle:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
-
-
 def _prompt(vocab: int, count: int) -> np.ndarray:
     return ((np.arange(1, count + 1) * 7919) % (vocab - 1) + 1).astype(np.int64)
 
@@ -106,7 +94,7 @@ def hop_latency(ray, repeats: int = 40) -> dict:
             return x.nbytes
 
         def baseline_rss(self):  # a worker with what a stage imports, but no model
-            import needlepoint.stages  # noqa: F401
+            from needlepoint.stages import rss_bytes  # what a stage imports, nothing more
 
             return rss_bytes()
 

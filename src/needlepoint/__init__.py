@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Unpack
 
 from . import kernels
 from .errors import (
@@ -15,7 +15,7 @@ from .errors import (
     ToolSchemaError,
 )
 from .formats.cact import CactArchive, open_archive
-from .models.loader import NUMERICS
+from .models.loader import NUMERICS, LoadOptions
 from .models.loader import load as load_model_file
 from .version import __version__
 
@@ -32,18 +32,16 @@ if TYPE_CHECKING:  # pragma: no cover
 def load(
     path: str | os.PathLike[str],
     *,
-    layers: int | None = None,
-    numerics: str = "deploy",
-    cache: bool | None = None,
-    threads: int | None = None,
     stages: int | Sequence[int] | None = None,
     transport: str = "local",
     ray_address: str | None = None,
     stage_cpus: float | None = None,
+    **options: Unpack[LoadOptions],
 ) -> Any:
     """Load a model: a Needle `.cact` archive (Needle 3 or 2, from its tag), a Hugging Face
     model directory, a `.gguf` file or a known name (`models.loader.load` documents
-    `layers`, `numerics`, `cache`, `threads`).
+    `layers`, `numerics`, `cache`, `threads`: its `LoadOptions`, one list of them and their
+    defaults for both entry points).
 
     `stages=N` (balanced by weight bytes) or `stages=[0, 7, 14]` (each stage's first layer)
     cuts a Needle 3 model at block boundaries into stages (docs/distributed.md): in this
@@ -56,9 +54,8 @@ def load(
         from .stages import load_staged
 
         return load_staged(path, stages, transport=transport, ray_address=ray_address,
-                           stage_cpus=stage_cpus,
-                           layers=layers, numerics=numerics, cache=cache, threads=threads)
-    return load_model_file(path, layers=layers, numerics=numerics, cache=cache, threads=threads)
+                           stage_cpus=stage_cpus, **options)
+    return load_model_file(path, **options)
 
 
 def __getattr__(name: str) -> Any:

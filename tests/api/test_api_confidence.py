@@ -9,7 +9,8 @@ import json
 import math
 
 import numpy as np
-from conftest import REPO_ROOT, get_fixture, toy_model_path
+from api_helpers import tiny_weather_turn
+from conftest import REPO_ROOT, toy_model_path
 from hf_helpers import hf_fixture_dir
 
 import needlepoint
@@ -100,14 +101,8 @@ def test_the_token_measure_has_the_same_bits_at_any_batch():
 
 
 def test_a_model_with_a_head_reports_the_head():
-    fixture = get_fixture("needle3", "tiny")
-    model = needlepoint.load(fixture.cact)
+    model, needle, envelope = tiny_weather_turn()
     assert model.capabilities.confidence_head
-    tool = {"name": "get_weather", "description": "Get the weather.",
-            "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
-                           "required": ["city"]}}
-    needle = Needle(tools=[tool], model=model, reasoning_budget=0, max_new_tokens=40)
-    envelope = needle.complete("weather in Lagos?")
     conversation = needle.history.conversation
     head = conversation.confidence_logit()[0]  # the pooled head over the conversation
     assert envelope["confidence_source"] == "head"

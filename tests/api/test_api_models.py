@@ -8,6 +8,7 @@ import threading
 import jsonschema
 import numpy as np
 import pytest
+from api_helpers import tiny_weather_turn
 from conftest import get_fixture, toy_model_path
 
 import needlepoint
@@ -27,12 +28,7 @@ def test_confidence_matches_the_head_on_a_fixture():
     over the whole turn), lowest in-call token probability), and the head logit equals the
     model's full recomputation; with float numerics it matches upstream's reference."""
     fixture = get_fixture("needle3", "tiny")
-    model = needlepoint.load(fixture.cact)
-    tool = {"name": "get_weather", "description": "Get the weather.",
-            "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
-                           "required": ["city"]}}
-    needle = Needle(tools=[tool], model=model, reasoning_budget=0, max_new_tokens=40)
-    envelope = needle.complete("weather in Lagos?")
+    model, needle, envelope = tiny_weather_turn()
     conversation = needle.history.conversation
     head = model.confidence_logit(conversation.ids)
     assert head is not None

@@ -22,13 +22,23 @@ from needlepoint.formats.tokenizer import PieceType, Tokenizer
 
 
 # ---------------------------------------------------------------- ground-truth ids
+def _sidecar_prompts(generation: str, name: str, array: str, key: str) -> list[tuple]:
+    """Each sidecar prompt with its ground-truth ids (array `p{k}_{array}`), after checking
+    there are prompts and that the JSON's copy (`key`) equals the array."""
+    fixture = get_fixture(generation, name)
+    assert fixture.meta["prompts"], "no prompts in sidecar"
+    out = []
+    for k, prompt in enumerate(fixture.meta["prompts"]):
+        expected = fixture.arrays[f"p{k}_{array}"].tolist()
+        assert prompt[key] == expected
+        out.append((prompt, expected))
+    return out
+
+
 @pytest.mark.parametrize("name", ["tiny", "small", "shipped"])
 def test_needle3_prompt_ids(name):
-    fixture, tok = get_fixture("needle3", name), tokenizer("needle3", name)
-    assert fixture.meta["prompts"], "no prompts in sidecar"
-    for i, prompt in enumerate(fixture.meta["prompts"]):
-        expected = fixture.arrays[f"p{i}_tokens"].tolist()
-        assert prompt["token_ids"] == expected
+    tok = tokenizer("needle3", name)
+    for prompt, expected in _sidecar_prompts("needle3", name, "tokens", "token_ids"):
         ids = [tok.bos_id, *tok.encode(prompt["text"])]
         if prompt["target"] is not None:  # "[BOS] + encode(text) + encode(target) + [EOS]"
             ids += [*tok.encode(prompt["target"]), tok.eos_id]
@@ -37,11 +47,8 @@ def test_needle3_prompt_ids(name):
 
 @pytest.mark.parametrize("name", ["tiny", "small", "shipped"])
 def test_needle2_prompt_ids(name):
-    fixture, tok = get_fixture("needle2", name), tokenizer("needle2", name)
-    assert fixture.meta["prompts"], "no prompts in sidecar"
-    for k, prompt in enumerate(fixture.meta["prompts"]):
-        expected = fixture.arrays[f"p{k}_ids"].tolist()
-        assert prompt["ids"] == expected
+    tok = tokenizer("needle2", name)
+    for prompt, expected in _sidecar_prompts("needle2", name, "ids", "ids"):
         assert [tok.bos_id, *tok.encode(prompt["text"])] == expected, prompt["kind"]
         if "query" in prompt:  # the JSON's text is upstream's rendering of query + tools
             rendered = render_prompt(prompt["query"], prompt["tools"], prompt.get("system", ""))

@@ -58,6 +58,12 @@ def events_of(model, vocab, config, constraint=None, query="wake me at 6:45"):
 
 
 # ------------------------------------------------------------------ prompt wire format
+def _fixture_prompts(generation: str, name: str, keep) -> tuple:
+    """A fixture archive's tokenizer and the sidecar prompts that `keep` selects."""
+    fixture = get_fixture(generation, name)
+    return open_archive(fixture.cact).tokenizer, [p for p in fixture.meta["prompts"] if keep(p)]
+
+
 def _parse_fixture_prompt(text):
     """(system, tools, query) back out of a fixture prompt text."""
     system = ""
@@ -71,12 +77,9 @@ def _parse_fixture_prompt(text):
 
 @pytest.mark.parametrize("name", ["tiny", "small"])
 def test_prompt_ids_match_fixture_wire_format(name):
-    fixture = get_fixture("needle3", name)
-    tokenizer = open_archive(fixture.cact).tokenizer
+    tokenizer, prompts = _fixture_prompts("needle3", name, lambda p: "<tools>" in p["text"])
     checked = 0
-    for p in fixture.meta["prompts"]:
-        if "<tools>" not in p["text"]:
-            continue
+    for p in prompts:
         system, tools, query = _parse_fixture_prompt(p["text"])
         text = render_prompt(tools, query, system)
         assert text == p["text"]
@@ -359,12 +362,9 @@ def test_events_end_with_turn_complete(tokenizer, vocab):
 def test_prompt_ids_match_needle2_fixtures(name):
     import ast
 
-    fixture = get_fixture("needle2", name)
-    tokenizer = open_archive(fixture.cact).tokenizer
+    tokenizer, prompts = _fixture_prompts("needle2", name, lambda p: "query" in p)
     checked = 0
-    for p in fixture.meta["prompts"]:
-        if "query" not in p:
-            continue
+    for p in prompts:
         tools = p["tools"] if isinstance(p["tools"], list) else ast.literal_eval(p["tools"])
         text = render_prompt(tools, p["query"], p.get("system") or "")
         assert text == p["text"]

@@ -52,6 +52,7 @@ def test_valid_answers_accepted_byte_by_byte(text):
     assert m.calls() == json.loads(text)
 
 
+ALARM_0645 = '[{"name":"set_alarm","arguments":{"time":"06:45",'  # then the other keys
 INVALID = {
     "undeclared tool": '[{"name":"get_' + BAD + 'time","arguments":{}}]',
     "undeclared tool, prefix of a name": '[{"name":"get_weath' + BAD + '","arguments":{}}]',
@@ -66,21 +67,16 @@ INVALID = {
     "extra key in empty tool": '[{"name":"get","arguments":{' + BAD + '"a":1}}]',
     "extra nested key": '[{"name":"order","arguments":{"items":[{"sku":"a","qty":1' + BAD
                         + ',"x":1}]}}]',
-    "keys out of schema order": '[{"name":"set_alarm","arguments":{"time":"06:45","repeat":1'
-                                + BAD + ',"label":"x"}}]',
+    "keys out of schema order": ALARM_0645 + '"repeat":1' + BAD + ',"label":"x"}}]',
     "wrong type": '[{"name":"get_weather","arguments":{"city":' + BAD + '3}}]',
-    "int out of range": '[{"name":"set_alarm","arguments":{"time":"06:45","repeat":1' + BAD
-                        + '0}}]',
-    "int below minimum": '[{"name":"set_alarm","arguments":{"time":"06:45","repeat":' + BAD
-                         + '-1}}]',
-    "int not a float": '[{"name":"set_alarm","arguments":{"time":"06:45","repeat":1' + BAD
-                       + '.5}}]',
+    "int out of range": ALARM_0645 + '"repeat":1' + BAD + '0}}]',
+    "int below minimum": ALARM_0645 + '"repeat":' + BAD + '-1}}]',
+    "int not a float": ALARM_0645 + '"repeat":1' + BAD + '.5}}]',
     "enum violation": '[{"name":"get_weather","arguments":{"city":"O","unit":"' + BAD + 'k"}}]',
     "enum overrun": '[{"name":"get_weather","arguments":{"city":"O","unit":"c' + BAD + 'c"}}]',
     "pattern violation": '[{"name":"set_alarm","arguments":{"time":"' + BAD + '6:45"}}]',
     "pattern late violation": '[{"name":"set_alarm","arguments":{"time":"06:' + BAD + '75"}}]',
-    "maxLength": '[{"name":"set_alarm","arguments":{"time":"06:45","label":"abcdefghij' + BAD
-                 + 'k"}}]',
+    "maxLength": ALARM_0645 + '"label":"abcdefghij' + BAD + 'k"}}]',
     "minItems": '[{"name":"order","arguments":{"items":[' + BAD + ']}}]',
     "maxItems": '[{"name":"order","arguments":{"items":[{"sku":"a","qty":1},{"sku":"b","qty":1}'
                 + BAD + ',{"sku":"c","qty":1}]}}]',

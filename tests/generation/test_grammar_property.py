@@ -23,6 +23,17 @@ PATTERNS = ["^[a-z]{1,6}$", "^[0-2][0-9]:[0-5][0-9]$", "^[A-Z][a-z]{0,5}$", "[0-
             "^(red|green|blue)$", "^\\d{3}-\\d{4}$"]
 
 
+def _bounds(rng: random.Random, s: dict, keys: tuple[str, str], lo: int,
+            chances: tuple[float, float], spread: int) -> dict:
+    """`s` with, each by its chance, the lower bound `lo` and an upper bound up to `spread`
+    above it (the random draws in the order the generator has always made them)."""
+    if rng.random() < chances[0]:
+        s[keys[0]] = lo
+    if rng.random() < chances[1]:
+        s[keys[1]] = lo + rng.randint(0, spread)
+    return s
+
+
 def gen_schema(rng: random.Random, depth: int, defs: dict) -> dict:
     """One random value schema; nesting stops at depth 3."""
     kinds = ["string", "string", "integer", "number", "boolean", "null", "enum", "const",
@@ -31,22 +42,13 @@ def gen_schema(rng: random.Random, depth: int, defs: dict) -> dict:
         kinds += ["array", "object", "object", "anyOf", "oneOf", "ref"]
     kind = rng.choice(kinds)
     if kind == "string":
-        s = {"type": "string"}
         lo = rng.choice([0, 0, 1, 3])
-        if rng.random() < 0.5:
-            s["minLength"] = lo
-        if rng.random() < 0.7:
-            s["maxLength"] = lo + rng.randint(0, 8)
-        return s
+        return _bounds(rng, {"type": "string"}, ("minLength", "maxLength"), lo, (0.5, 0.7), 8)
     if kind == "pattern":
         return {"type": "string", "pattern": rng.choice(PATTERNS)}
     if kind in ("integer", "number"):
-        s = {"type": kind}
         lo = rng.randint(-50, 50)
-        if rng.random() < 0.6:
-            s["minimum"] = lo
-        if rng.random() < 0.6:
-            s["maximum"] = lo + rng.randint(0, 200)
+        s = _bounds(rng, {"type": kind}, ("minimum", "maximum"), lo, (0.6, 0.6), 200)
         if kind == "number" and rng.random() < 0.3:
             s["exclusiveMinimum"] = s.pop("minimum", lo) - 0.5
         return s
@@ -61,12 +63,7 @@ def gen_schema(rng: random.Random, depth: int, defs: dict) -> dict:
         return {"type": [rng.choice(["string", "integer", "boolean"]), "null"]}
     if kind == "array":
         s = {"type": "array", "items": gen_schema(rng, depth + 1, defs)}
-        lo = rng.randint(0, 2)
-        if rng.random() < 0.5:
-            s["minItems"] = lo
-        if rng.random() < 0.8:
-            s["maxItems"] = lo + rng.randint(0, 2)
-        return s
+        return _bounds(rng, s, ("minItems", "maxItems"), rng.randint(0, 2), (0.5, 0.8), 2)
     if kind == "anyOf":
         return {"anyOf": [gen_schema(rng, depth + 1, defs) for _ in range(rng.randint(2, 3))]}
     if kind == "oneOf":  # disjoint branches: overlapping ones are coerced to anyOf (a gap)

@@ -170,14 +170,14 @@ def test_the_integer_kernel_is_built():
     assert native.simd_variant() in native.VARIANTS
 
 
-@pytest.mark.parametrize("cap", ["0", "1", "best"])
-def test_every_variant_gives_the_reference_bits(cap):
-    """Each variant in a fresh process (the C library picks its variant once per process);
-    `best` is what the CPU supports: AVX-512 VNNI where present (this checks it runs there)."""
+def variant_results(cap: str, module: str, call: str) -> dict:
+    """`module.call` (a module of tests/kernels) run in a fresh process with the C library's
+    variant capped at `cap` ("best": no cap), as the dict it prints (the library picks its
+    variant once per process); the process must exit 0."""
     script = (
         f"import json, sys; sys.path.insert(0, {str(HERE)!r}); "
         f"sys.path.insert(0, {str(HERE.parent)!r}); "
-        "import test_cq_int as t; print(json.dumps(t.check_everything()))"
+        f"import {module} as t; print(json.dumps(t.{call}))"
     )
     env = dict(os.environ)
     env.pop("NEEDLEPOINT_NATIVE_VARIANT", None)
@@ -186,7 +186,14 @@ def test_every_variant_gives_the_reference_bits(cap):
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
                           text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    results = json.loads(done.stdout.strip().splitlines()[-1])
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("cap", ["0", "1", "best"])
+def test_every_variant_gives_the_reference_bits(cap):
+    """Each variant in a fresh process (the C library picks its variant once per process);
+    `best` is what the CPU supports: AVX-512 VNNI where present (this checks it runs there)."""
+    results = variant_results(cap, "test_cq_int", "check_everything()")
     variant = results.pop("variant")
     if cap == "0":
         assert variant == "baseline"

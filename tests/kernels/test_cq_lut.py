@@ -10,9 +10,6 @@ limit."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -144,19 +141,7 @@ def check_lookup(pick: int) -> dict:
 def test_lookup_kernel_gives_the_reference_bits(cap, pick):
     """Each variant in a fresh process (the library picks its variant once per process): the
     lookup kernel at every row count (pick 2) and the default pick by row count (pick 0)."""
-    script = (
-        f"import json, sys; sys.path.insert(0, {str(HERE)!r}); "
-        f"sys.path.insert(0, {str(HERE.parent)!r}); "
-        f"import test_cq_lut as t; print(json.dumps(t.check_lookup({pick})))"
-    )
-    env = dict(os.environ)
-    env.pop("NEEDLEPOINT_NATIVE_VARIANT", None)
-    if cap != "best":
-        env["NEEDLEPOINT_NATIVE_VARIANT"] = cap
-    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
-                          text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    results = json.loads(done.stdout.strip().splitlines()[-1])
+    results = base.variant_results(cap, "test_cq_lut", f"check_lookup({pick})")
     variant = results.pop("variant")
     if cap == "0":
         assert variant == "baseline"

@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from mcp_helpers import free_port
+from mcp_helpers import free_port, stop_process
 from server_helpers import MODEL_ID, ServerThread, model  # noqa: F401
 
 from needlepoint.api.handoff import Handoff
@@ -70,12 +70,7 @@ def log_of(process: subprocess.Popen) -> str:
 
 
 def stop(process: subprocess.Popen) -> None:
-    process.terminate()
-    try:
-        process.wait(20)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait(20)
+    stop_process(process, 20, 20)
 
 
 @pytest.fixture

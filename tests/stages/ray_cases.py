@@ -19,7 +19,14 @@ import numpy as np
 import pytest
 from conftest import REPO_ROOT, toy_model_path
 from corrupt_helpers import corrupt_copy
-from stages_helpers import assert_bits, fixture_path, long_prompt, stepped
+from stages_helpers import (
+    assert_bits,
+    assert_non_finite_refused,
+    fixture_path,
+    long_prompt,
+    run_through_a_kill,
+    stepped,
+)
 from v3_helpers import model
 
 import needlepoint
@@ -157,14 +164,8 @@ def test_non_finite_refused_across_a_hop(cluster, tmp_path):
             staged.forward([1, 2, 3, 4])
         assert caught.value.stage == 0
     with _ray(fixture_path("tiny"), [0, 2], ["node_a", "node_b"]) as staged:
-        session = staged.session()
-        cfg = staged.config
-        lanes = np.zeros((2, cfg.mhc_lanes, cfg.d_model), np.float32)
-        lanes[0, 0, 0] = np.nan
-        with pytest.raises(StageNonFiniteError, match="received non-finite activations from "
-                           "stage 0") as caught:
-            staged.transport.call(1, "run", session.sid, 0, lanes, {}, "last")
-        assert caught.value.stage == 1
+        assert_non_finite_refused(staged, 2, (0, 0, 0), np.nan,
+                                  "received non-finite activations from stage 0")
 
 
 def test_killed_stage_fails_the_request_fast_and_recovers(cluster):
@@ -238,15 +239,9 @@ def test_server_stays_healthy_when_a_stage_dies(cluster):
                 except openai.APIStatusError as error:
                     failed["status"], failed["text"] = error.status_code, str(error)
 
-            # Stage 1 is stopped before the request starts, so the request is in flight on a
-            # stage that cannot answer when the kill comes (a fast machine finished it within
-            # any fixed sleep); SIGKILL ends a stopped process like a running one.
-            os.kill(pid, signal.SIGSTOP)
-            worker = threading.Thread(target=doomed)
-            worker.start()
-            time.sleep(1.5)
-            os.kill(pid, signal.SIGKILL)
-            worker.join(60)
+            # Stage 1 is stopped before the request starts; SIGKILL ends a stopped process
+            # like a running one.
+            run_through_a_kill(pid, doomed, 60)
             assert "calls" not in failed, "the request finished before the kill"
             assert failed["status"] >= 400 and "stage 1" in failed["text"], failed
             assert server.health()["status"] == "ok"

@@ -17,11 +17,13 @@ import signal
 import threading
 import time
 import urllib.request
+from typing import Any
 
 import numpy as np
 from conftest import REPO_ROOT
+from mcp_helpers import free_port, stop_process
 from ray_cases import cluster  # noqa: F401 - the two-node cluster fixture
-from stages_helpers import assert_bits, fixture_path, long_prompt
+from stages_helpers import assert_bits, fixture_path, long_prompt, run_through_a_kill
 from v3_helpers import model
 
 import needlepoint
@@ -137,14 +139,12 @@ def test_streaming_server_answer_survives_a_killed_stage(cluster):  # noqa: F811
     the loss and the replays, /health is ok after (its "degraded" while a stage recovers:
     test_stages_recovery.py holds a recovery open to see it)."""
     import openai
-    from server_helpers import ServerThread, collect_stream, openai_tools, user
+    from server_helpers import ServerThread
 
     from needlepoint.server import create_app
 
     tools = json.loads(TOOLS.read_text())
-    query = "wake me up at 06:45 and remind me to call the bank, then set a timer"
-    single = needlepoint.Needle(tools=tools, model=model("shipped"), max_new_tokens=48)
-    expected = [(c["name"], c["arguments"]) for c in single.complete(query)["function_calls"]]
+    expected = _single_process_calls(tools)
 
     with load_staged(fixture_path("shipped"), 2, transport="ray",
                      placement=["node_a", "node_b"], cache=False) as staged:
@@ -152,25 +152,7 @@ def test_streaming_server_answer_survives_a_killed_stage(cluster):  # noqa: F811
             client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="-", max_retries=0,
                                    timeout=180)
             pid = staged.stage_info()[1]["pid"]
-            answer: dict = {}
-
-            def stream() -> None:
-                try:
-                    answer.update(collect_stream(client.chat.completions.create(
-                        model="shipped", messages=user(query), tools=openai_tools(tools),
-                        max_tokens=48, stream=True)))
-                except Exception as error:  # noqa: BLE001 - examined below
-                    answer["error"] = error
-
-            os.kill(pid, signal.SIGSTOP)
-            worker = threading.Thread(target=stream)
-            worker.start()
-            time.sleep(1.5)
-            os.kill(pid, signal.SIGKILL)
-            worker.join(180)
-            assert not worker.is_alive(), "the streamed answer hung after the kill"
-            assert "error" not in answer, answer
-            assert answer["calls"] == expected
+            assert _stream_through_a_kill(client, tools, pid)["calls"] == expected
             health = server.health()
             assert health["status"] == "ok" and health["stages"]["losses"] == 1, health
             with urllib.request.urlopen(f"{server.url}/metrics", timeout=30) as reply:
@@ -178,6 +160,36 @@ def test_streaming_server_answer_survives_a_killed_stage(cluster):  # noqa: F811
             assert "needlepoint_stage_losses_total 1.0" in metrics, metrics[-2000:]
             assert "needlepoint_stage_replays_total" in metrics
             assert staged.stage_info()[1]["pid"] != pid
+
+
+QUERY = "wake me up at 06:45 and remind me to call the bank, then set a timer"
+
+
+def _single_process_calls(tools: list) -> list:
+    """The shipped model's calls for QUERY in this process, unstaged (what a replay gives)."""
+    single = needlepoint.Needle(tools=tools, model=model("shipped"), max_new_tokens=48)
+    return [(c["name"], c["arguments"]) for c in single.complete(QUERY)["function_calls"]]
+
+
+def _stream_through_a_kill(client: Any, tools: list, pid: int) -> dict:
+    """QUERY streamed through the openai `client` while stage process `pid` is stopped, then
+    killed: the collected answer (the stream must end, without an error)."""
+    from server_helpers import collect_stream, openai_tools, user
+
+    answer: dict = {}
+
+    def stream() -> None:
+        try:
+            answer.update(collect_stream(client.chat.completions.create(
+                model="shipped", messages=user(QUERY), tools=openai_tools(tools),
+                max_tokens=48, stream=True)))
+        except Exception as error:  # noqa: BLE001 - examined below
+            answer["error"] = error
+
+    worker = run_through_a_kill(pid, stream, 180)
+    assert not worker.is_alive(), "the streamed answer hung after the kill"
+    assert "error" not in answer, answer
+    return answer
 
 
 def _stage_processes() -> set[int]:
@@ -199,21 +211,15 @@ def test_needlepoint_serve_streams_through_a_killed_stage(cluster, tmp_path):  #
     """`needlepoint serve --stages 2 --ray ADDRESS` in its own process, the openai client
     streaming a tool-call answer while one of its stage processes is stopped, then killed:
     the answer has the single process's calls, /health counts the loss."""
-    import socket
     import subprocess
     import sys
 
     import openai
-    from server_helpers import collect_stream, openai_tools, user
 
     _cpus_free()
     tools = json.loads(TOOLS.read_text())
-    query = "wake me up at 06:45 and remind me to call the bank, then set a timer"
-    single = needlepoint.Needle(tools=tools, model=model("shipped"), max_new_tokens=48)
-    expected = [(c["name"], c["arguments"]) for c in single.complete(query)["function_calls"]]
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    expected = _single_process_calls(tools)
+    port = free_port()
     before = _stage_processes()
     log = open(tmp_path / "serve.log", "w")  # noqa: SIM115 - closed below
     server = subprocess.Popen(
@@ -238,35 +244,12 @@ def test_needlepoint_serve_streams_through_a_killed_stage(cluster, tmp_path):  #
         assert len(stages) == 2, stages
         victim = stages[-1]
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="-", max_retries=0, timeout=180)
-        answer: dict = {}
-
-        def stream() -> None:
-            try:
-                answer.update(collect_stream(client.chat.completions.create(
-                    model="shipped", messages=user(query), tools=openai_tools(tools),
-                    max_tokens=48, stream=True)))
-            except Exception as error:  # noqa: BLE001 - examined below
-                answer["error"] = error
-
-        os.kill(victim, signal.SIGSTOP)
-        worker = threading.Thread(target=stream)
-        worker.start()
-        time.sleep(1.5)
-        os.kill(victim, signal.SIGKILL)
-        worker.join(180)
-        assert not worker.is_alive(), "the streamed answer hung after the kill"
-        assert "error" not in answer, answer
-        assert answer["calls"] == expected
+        assert _stream_through_a_kill(client, tools, victim)["calls"] == expected
         with urllib.request.urlopen(f"{url}/health", timeout=30) as reply:
             health = json.loads(reply.read())
         assert health["status"] == "ok" and health["stages"]["losses"] == 1, health
     finally:
-        server.terminate()
-        try:
-            server.wait(60)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait(30)
+        stop_process(server, 60, 30)
         log.close()
 
 

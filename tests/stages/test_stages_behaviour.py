@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from conftest import REPO_ROOT, get_fixture, toy_model_path
 from corrupt_helpers import corrupt_copy
-from stages_helpers import assert_bits, fixture_path, long_prompt
+from stages_helpers import assert_bits, assert_non_finite_refused, fixture_path, long_prompt
 from v3_helpers import model
 
 import needlepoint
@@ -130,14 +130,8 @@ def test_non_finite_inside_a_stage_names_the_stage_and_layer(tmp_path):
 
 def test_non_finite_activations_are_refused_at_the_receiving_end():
     with load_staged(fixture_path("tiny"), [0, 2], cache=False) as staged:
-        session = staged.session()
-        cfg = staged.config
-        lanes = np.zeros((3, cfg.mhc_lanes, cfg.d_model), np.float32)
-        lanes[1, 2, 5] = np.inf
-        with pytest.raises(StageNonFiniteError, match="stage 1 .* received non-finite "
-                           "activations from stage 0") as caught:
-            staged.transport.call(1, "run", session.sid, 0, lanes, {}, "last")
-        assert caught.value.stage == 1
+        assert_non_finite_refused(staged, 3, (1, 2, 5), np.inf,
+                                  "stage 1 .* received non-finite activations from stage 0")
         fresh = staged.session()  # other sessions are unaffected
         ids = long_prompt("tiny", 20)
         assert_bits(fresh.prefill(ids), model("tiny").session().prefill(ids))
@@ -255,7 +249,8 @@ def test_stages_use_only_the_public_layer_range_interface_of_models():
 
     # models.protocol: the one model interface, whose capabilities a staged model declares
     allowed = {"models.layer_range", "models.parts", "models.loader", "models.hub",
-               "models.transformer.known", "models.protocol"}
+               "models.transformer.known", "models.protocol",
+               "models.rewind"}  # rewind: the one rewind-count check (issue 27)
     for path in sorted((REPO_ROOT / "src" / "needlepoint" / "stages").glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("models"):

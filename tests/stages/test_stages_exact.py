@@ -8,6 +8,8 @@ rounding."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 from conftest import toy_model_path
@@ -32,6 +34,15 @@ def toy():
 
 def _staged(path, stages, **options) -> StagedModel:
     return load_staged(path, stages, cache=False, **options)
+
+
+def _small_prefilled(count: int, upto: int) -> tuple[np.ndarray, Any]:
+    """`count` prompt ids for the small fixture and a single-process session that has
+    consumed the first `upto` of them (the reference the staged sessions are held to)."""
+    ids = long_prompt("small", count)
+    session = model("small").session()
+    session.prefill(ids[:upto])
+    return ids, session
 
 
 @pytest.mark.parametrize("name", ["tiny", "toy"])
@@ -104,10 +115,7 @@ def test_kv_window_rings_wrap_around_across_stages():
 
 
 def test_forked_sessions_continue_independently():
-    reference = model("small")
-    ids = long_prompt("small", 140)
-    base = reference.session()
-    base.prefill(ids[:100])
+    ids, base = _small_prefilled(140, 100)
     branch = base.fork()
     expected_a = [base.step(int(t)) for t in ids[100:110]]
     expected_b = [branch.step(int(t)) for t in ids[120:130]]
@@ -153,10 +161,8 @@ def test_ladder_rung_in_stages():
 
 
 def test_confidence_head_pools_across_stages():
+    ids, session = _small_prefilled(150, 140)
     reference = model("small")
-    ids = long_prompt("small", 150)
-    session = reference.session()
-    session.prefill(ids[:140])
     expected = session.confidence_logit()
     with _staged(fixture_path("small"), [0, 3, 6]) as staged:
         assert staged.has_confidence_head

@@ -16,7 +16,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from stages_helpers import run_ray_cases
+from stages_helpers import (
+    check_every_case_reported,
+    check_nothing_left,
+    check_ray_case,
+    run_ray_cases,
+)
 
 CASES = [
     "test_isolated_to_loopback",
@@ -47,18 +52,13 @@ def ray_run(tmp_path_factory) -> dict:
 
 @pytest.mark.parametrize("case", CASES)
 def test_ray_case(ray_run, case):
-    results = ray_run["results"]
-    if case not in results:
-        pytest.fail(f"{case} did not run in the Ray namespace; its output:\n"
-                    f"{ray_run['output'][-6000:]}", pytrace=False)
-    if results[case] is not None:
-        pytest.fail(f"{case} (in ray_cases.py) failed:\n{results[case][-6000:]}", pytrace=False)
+    check_ray_case(ray_run, case, "ray_cases.py")
 
 
 def test_every_ray_case_is_reported(ray_run):
-    assert sorted(ray_run["results"]) == sorted(CASES), ray_run["output"][-3000:]
+    check_every_case_reported(ray_run, CASES)
 
 
 def test_nothing_is_left_behind(ray_run):
     """No Ray process of the run is alive and /dev/shm holds nothing new afterwards."""
-    assert ray_run["left"] == {"shm": [], "processes": []}
+    check_nothing_left(ray_run)

@@ -7,6 +7,9 @@ ray_recovery_cases.py."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import numpy as np
 import pytest
 from hf_helpers import hf_fixture_dir
@@ -42,6 +45,28 @@ class Dying:
     def run_many(self, *args):
         self._tick()
         return self.real.run_many(*args)
+
+
+class LostOn(Dying):
+    """Stage `k`, lost at its first call of `method` (a rewind, an open); every other call
+    goes to the real stage."""
+
+    method = ""
+
+    def __init__(self, transport, k: int, method: str) -> None:
+        super().__init__(transport, k, 1)
+        self.method = method
+
+    def __getattr__(self, name: str):
+        real = getattr(self.real, name)
+        if name != self.method:
+            return real
+
+        def lost(*args):
+            self._tick()
+            return real(*args)
+
+        return lost
 
 
 def lose(staged, k: int, after: int = 1) -> None:
@@ -118,27 +143,27 @@ def test_extend_and_rewind_survive_a_loss_transformer():
         session.prefill(ids[:40])
         lose(staged, 1)
         session.extend(np.full(6, 9))
-        staged.transport.stages[0] = _RewindLost(staged.transport, 0)
+        staged.transport.stages[0] = LostOn(staged.transport, 0, "rewind")
         session.rewind(6)
         assert_bits(session.extend(ids[40:]), expected[40:], "after the losses")
         assert staged.stage_health()["losses"] == 2
 
 
-class _RewindLost(Dying):
-    def __init__(self, transport, k: int) -> None:
-        super().__init__(transport, k, 1)
-
-    def rewind(self, *args):
-        self._tick()
-        return self.real.rewind(*args)
-
-
-def test_without_recoveries_the_call_fails_as_before():
+@contextlib.contextmanager
+def _losing_stage_1(max_stage_recoveries: int) -> Iterator[tuple]:
+    """The tiny model in two local stages, a session that has prefilled 20 prompt ids, and
+    stage 1 set to be lost at its next call: (staged, session)."""
     ids = long_prompt("tiny", 40)
-    with load_staged(fixture_path("tiny"), [0, 2], max_stage_recoveries=0) as staged:
+    with load_staged(fixture_path("tiny"), [0, 2],
+                     max_stage_recoveries=max_stage_recoveries) as staged:
         session = staged.session()
         session.prefill(ids[:20])
         lose(staged, 1)
+        yield staged, session
+
+
+def test_without_recoveries_the_call_fails_as_before():
+    with _losing_stage_1(max_stage_recoveries=0) as (staged, session):
         with pytest.raises(StageLostError, match="stage 1") as caught:
             session.step(3)
         assert caught.value.stage == 1
@@ -149,11 +174,7 @@ def test_without_recoveries_the_call_fails_as_before():
 
 def test_losses_past_the_bound_fail_naming_the_stage():
     """max_stage_recoveries=1 within the window: the second loss fails the call."""
-    ids = long_prompt("tiny", 40)
-    with load_staged(fixture_path("tiny"), [0, 2], max_stage_recoveries=1) as staged:
-        session = staged.session()
-        session.prefill(ids[:20])
-        lose(staged, 1)
+    with _losing_stage_1(max_stage_recoveries=1) as (staged, session):
         session.step(3)
         lose(staged, 1)
         with pytest.raises(StageLostError, match=r"stage 1 .*max_stage_recoveries=1") as caught:
@@ -173,20 +194,11 @@ def test_a_session_opened_while_a_stage_is_lost_opens_once_it_is_back():
     for, as in a call."""
     ids = long_prompt("tiny", 30)
     with load_staged(fixture_path("tiny"), [0, 2]) as staged:
-        staged.transport.stages[1] = _OpenLost(staged.transport, 1)
+        staged.transport.stages[1] = LostOn(staged.transport, 1, "open")
         session = staged.session()
         assert_bits(session.prefill(ids), model("tiny").forward(ids)[-1])
         assert staged.stage_health()["losses"] == 1
         assert live_counts(staged) == [1, 1]
-
-
-class _OpenLost(Dying):
-    def __init__(self, transport, k: int) -> None:
-        super().__init__(transport, k, 1)
-
-    def open(self, *args):
-        self._tick()
-        return self.real.open(*args)
 
 
 def test_server_streams_through_a_lost_stage_and_health_says_degraded_meanwhile():

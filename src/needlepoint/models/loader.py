@@ -8,7 +8,7 @@ and calls it, so model lookup sits above nothing it needs.
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, TypedDict
 
 from ..errors import InvalidOptionError
 from .family import identify
@@ -16,6 +16,16 @@ from .numerics import ALL_NUMERICS, NEEDLE_NUMERICS, check_numerics
 
 NUMERICS = NEEDLE_NUMERICS  # the public `needlepoint.NUMERICS` (Needle archives' names)
 THREADS_ENV = "NEEDLEPOINT_THREADS"
+
+
+class LoadOptions(TypedDict, total=False):
+    """The options of `load` (documented there) that `needlepoint.load` passes on unchanged
+    (issue 27: one list of them, not a copy of the signature)."""
+
+    layers: int | None
+    numerics: str
+    cache: bool | None
+    threads: int | None
 
 
 def resolve_threads(threads: int | None) -> int:

@@ -2,12 +2,16 @@
 
 A layer range of a transformer (`transformer/layer_range.py`) and a request's leased view of
 the served model (`api/lease.py`) both wrap a whole model and answer with its tokenizer and
-chat format: one copy of that forwarding here (issue 27, one of each thing).
+chat format: one copy of that forwarding here (issue 27, one of each thing). A Needle model and
+a Needle 3 layer range answer from the archive they read (`NeedleArchiveText`).
 """
 
 from __future__ import annotations
 
+from functools import cached_property
 from typing import Any
+
+from ..formats.chat_format import NeedleFormat
 
 
 class WrapsModelText:
@@ -23,3 +27,18 @@ class WrapsModelText:
     def chat_format(self) -> Any:
         """The whole model's chat format (its template)."""
         return self.model.chat_format
+
+
+class NeedleArchiveText:
+    """`tokenizer` (the archive's own, built on first use) and `chat_format` (Needle's wire
+    format, `formats/chat_format.py`) of an object that reads `self.archive`."""
+
+    archive: Any
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.archive.tokenizer
+
+    @cached_property
+    def chat_format(self) -> NeedleFormat:
+        return NeedleFormat(self.tokenizer)

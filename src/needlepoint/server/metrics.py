@@ -176,20 +176,8 @@ class LiveCollector(Collector):
                          min(in_flight, workers))
             return
         s = self.scheduler.stats()
-        yield _gauge("live_sessions", "Scheduler sessions live (requests decoding)",
-                     s["live_sessions"])
-        yield _gauge("max_sessions", "Most scheduler sessions live at once", s["max_sessions"])
-        yield _gauge("kv_bytes", "KV cache bytes reserved by the live sessions (at full "
-                     "capacity)", s["kv_bytes_reserved"])
-        yield _gauge("kv_bytes_limit", "Cap on the live sessions' KV bytes", s["max_kv_bytes"])
-        yield _gauge("engine_pending_work", "Work items waiting for the next engine step",
-                     s["pending"])
-        yield _counter("engine_steps", "Engine steps that ran the model", s["steps"])
-        yield _counter("engine_step_sessions", "Sessions run, summed over engine steps "
-                       "(divided by engine_steps: sessions per step)", s["sessions_stepped"])
-        yield _counter("engine_step_rows", "Token rows run, summed over engine steps", s["rows"])
-        yield _gauge("engine_max_sessions_per_step", "Most sessions in one engine step",
-                     s["max_batch"])
+        for make, name, doc, key in SCHEDULER_METRICS:
+            yield make(name, doc, s[key])
         mean = s["sessions_stepped"] / s["steps"] if s["steps"] else 0.0
         yield _gauge("engine_sessions_per_step", "Mean sessions per engine step so far", mean)
 
@@ -252,3 +240,19 @@ def install_metrics(app: Any, metrics: Metrics) -> None:
     @app.get("/metrics", include_in_schema=False)
     async def prometheus_metrics() -> Response:
         return Response(metrics.render(), media_type=metrics.content_type)
+
+
+# The scheduler's stats exported one to one: (kind, metric name, help, `stats()` key).
+SCHEDULER_METRICS = (
+    (_gauge, "live_sessions", "Scheduler sessions live (requests decoding)", "live_sessions"),
+    (_gauge, "max_sessions", "Most scheduler sessions live at once", "max_sessions"),
+    (_gauge, "kv_bytes", "KV cache bytes reserved by the live sessions (at full capacity)",
+     "kv_bytes_reserved"),
+    (_gauge, "kv_bytes_limit", "Cap on the live sessions' KV bytes", "max_kv_bytes"),
+    (_gauge, "engine_pending_work", "Work items waiting for the next engine step", "pending"),
+    (_counter, "engine_steps", "Engine steps that ran the model", "steps"),
+    (_counter, "engine_step_sessions", "Sessions run, summed over engine steps "
+     "(divided by engine_steps: sessions per step)", "sessions_stepped"),
+    (_counter, "engine_step_rows", "Token rows run, summed over engine steps", "rows"),
+    (_gauge, "engine_max_sessions_per_step", "Most sessions in one engine step", "max_batch"),
+)

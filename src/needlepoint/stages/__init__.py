@@ -8,9 +8,10 @@ Layers: this package sits beside `generation/` (above `models/`, `formats/`, `ke
 
 from __future__ import annotations
 
+from .memory import rss_bytes
 from .model import TRANSPORTS, StagedModel, load_staged
 from .plan import StagePlan, StageRange, plan_stages
 from .session import StagedSession
 
 __all__ = ["TRANSPORTS", "StagePlan", "StageRange", "StagedModel", "StagedSession",
-           "load_staged", "plan_stages"]
+           "load_staged", "plan_stages", "rss_bytes"]

@@ -30,6 +30,7 @@ from ..errors import (
 )
 from ..models.layer_range import chunks
 from ..models.protocol import SessionCapabilities
+from ..models.rewind import rewind_count
 from .head import embed_chunk
 from .interface import StagedModelView
 from .stage import check_kv_window, finite
@@ -138,11 +139,7 @@ class StagedSession:
         """Undo the last `n` positions on the head and every stage, as if never consumed.
         Exact numerics undo them in place (Needle 3: up to 64 positions, as one process);
         float numerics re-run the kept tokens through the stages."""
-        if isinstance(n, bool) or not isinstance(n, int | np.integer) or n < 0:
-            raise ModelInputError(f"rewind needs a count >= 0, got {n!r}")
-        n = int(n)
-        if n > self.position:
-            raise ModelInputError(f"cannot rewind {n} positions: only {self.position} consumed")
+        n = rewind_count(n, self.position)
         if n == 0:
             return
         self.model.recovery.run([self], lambda: self._rewind(n))

@@ -17,10 +17,10 @@ import numpy as np
 
 from ...errors import ModelInputError, NeedlepointError
 from ...formats.cact import CactArchive
-from ...formats.chat_format import NeedleFormat
 from ...formats.needle2_geometry import V2Config
 from ..protocol import ModelCapabilities
 from ..token_ids import check_token_ids
+from ..wrapping import NeedleArchiveText
 from .forward import Core, Trace, forward_chunk
 from .heads import confidence_logit, contrastive_embedding
 from .ladder import ladder_config, ladder_layer_indices
@@ -28,10 +28,10 @@ from .session import PREFILL_CHUNK, V2Session, as_token_ids, full_causal_cells
 from .weights import V2Weights, load_weights
 
 if TYPE_CHECKING:
-    from ...formats.tokenizer import Tokenizer
+    pass
 
 
-class V2Model:
+class V2Model(NeedleArchiveText):
     """A loaded Needle 2 model: immutable weights; per-sequence state lives in sessions."""
 
     generation = 2
@@ -86,16 +86,6 @@ class V2Model:
     @property
     def has_contrastive_head(self) -> bool:
         return self._core.weights.contrastive is not None
-
-    @property
-    def tokenizer(self) -> Tokenizer:
-        """The archive's own tokenizer (built on first use)."""
-        return self.archive.tokenizer
-
-    @property
-    def chat_format(self) -> NeedleFormat:
-        """Needle's wire format (`formats/chat_format.py`)."""
-        return NeedleFormat(self.tokenizer)
 
     def check_ids(self, ids: object, position: int = 0) -> np.ndarray:
         """Token ids as int64, or a ModelInputError naming what is wrong (`token_ids`)."""

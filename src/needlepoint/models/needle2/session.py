@@ -9,6 +9,7 @@ import numpy as np
 
 from ...errors import ModelInputError
 from ..protocol import SessionCapabilities
+from ..rewind import rewind_count
 from .forward import Core, Trace, forward_chunk
 from .heads import confidence_logit
 from .state import V2State
@@ -144,13 +145,10 @@ class V2Session:
     def rewind(self, n: int) -> None:
         """Undo the last `n` positions: the state is rebuilt by re-running the kept tokens
         (Needle 2's float numerics: equal to the original steps to float rounding)."""
-        if isinstance(n, bool) or not isinstance(n, int | np.integer) or n < 0:
-            raise ModelInputError(f"rewind needs a count >= 0, got {n!r}")
-        if n > self.position:
-            raise ModelInputError(f"cannot rewind {n} positions: only {self.position} consumed")
+        n = rewind_count(n, self.position)
         if n == 0:
             return
-        kept = self.tokens[: self.position - int(n)]
+        kept = self.tokens[: self.position - n]
         self._state.reset()
         if len(kept):
             self.prefill(kept, logits=False)

@@ -164,14 +164,8 @@ def attention(
     raw = _conv(fused[:, :v_end], layer.qkv_taps, cache)
     # ZC(q_norm) / ZC(k_norm) of every head row at once, then rotate-half RoPE as
     # `x cos2 + swap(x) sin2` (x1 cos - x2 sin == x1 cos + x2 (-sin) exactly)
-    rows = zc_norm(raw[:, :k_end].reshape(count, heads + kv_heads, qk), plan.qk_scale)
-    half = qk // 2
-    swapped = np.empty_like(rows)
-    swapped[..., :half] = rows[..., half:]
-    swapped[..., half:] = rows[..., :half]
-    rows *= frame.cos
-    swapped *= frame.sin
-    rows += swapped
+    rows = _rope(zc_norm(raw[:, :k_end].reshape(count, heads + kv_heads, qk), plan.qk_scale),
+                 frame)
     values = raw[:, k_end:v_end].reshape(count, kv_heads, vd)
     keys, stored, first = _context(cache, frame.start, rows[:, heads:], values)
     out = attend(rows[:, :heads], keys, stored, frame, first, cache.window)
@@ -181,13 +175,25 @@ def attention(
     return gate @ layer.out_proj
 
 
-def attention_parts(
-    cfg: V3Config,
-    layer: LayerWeights,
-    plan: LayerPlan,
-    u: np.ndarray,
-    parts: list[tuple[slice, object, ChunkFrame]],
-) -> np.ndarray:
+def _rope(rows: np.ndarray, frame: ChunkFrame) -> np.ndarray:
+    """Rotate-half RoPE of head rows [.., qk] in place, as `x cos2 + swap(x) sin2` (the one
+    sequence of operations both numerics' attention use: the same bits as before)."""
+    half = rows.shape[-1] // 2
+    swapped = np.empty_like(rows)
+    swapped[..., :half] = rows[..., half:]
+    swapped[..., half:] = rows[..., :half]
+    rows *= frame.cos
+    swapped *= frame.sin
+    rows += swapped
+    return rows
+
+
+# A stack of chunks from several sequences: (rows of u, that sequence's cache, its frame).
+Parts = list[tuple[slice, object, ChunkFrame]]
+
+
+def attention_parts(cfg: V3Config, layer: LayerWeights, plan: LayerPlan, u: np.ndarray,
+                    parts: Parts) -> np.ndarray:
     """Float numerics' `attention` of a stack of chunks from several sequences, `parts` =
     (rows of u, that sequence's cache, its frame): each part on its own (BLAS results depend
     on the number of rows)."""
@@ -197,13 +203,8 @@ def attention_parts(
                            for rows, cache, frame in parts])
 
 
-def attention_stacked(
-    cfg: V3Config,
-    layer: LayerWeights,
-    plan: LayerPlan,
-    u: np.ndarray,
-    parts: list[tuple[slice, object, ChunkFrame]],
-) -> np.ndarray:
+def attention_stacked(cfg: V3Config, layer: LayerWeights, plan: LayerPlan, u: np.ndarray,
+                      parts: Parts) -> np.ndarray:
     """Deploy numerics' `attention` of a stack of chunks from several sequences: the exact A8
     products run once over all rows (the weights are read once; every row's result is its
     own, exact) and each sequence attends its own int8 cache (`exact_attention`)."""
@@ -212,19 +213,13 @@ def attention_stacked(
     v_end = k_end + kv_heads * vd
     fused = a8_product(zc_norm(u, layer.norm_in), layer.qkvg)
     gate = pinned.sigmoid(fused[:, v_end:])
-    half = qk // 2
     for rows, cache, frame in parts:
         raw = _conv(fused[rows, :v_end], layer.qkv_taps, cache)
         cache.record_raw(frame.start, fused[rows, :v_end])
         count = raw.shape[0]
         # ZC(q_norm) / ZC(k_norm) per head row, then rotate-half RoPE (`attention`)
-        heads_rows = zc_norm(raw[:, :k_end].reshape(count, heads + kv_heads, qk), plan.qk_scale)
-        swapped = np.empty_like(heads_rows)
-        swapped[..., :half] = heads_rows[..., half:]
-        swapped[..., half:] = heads_rows[..., :half]
-        heads_rows *= frame.cos
-        swapped *= frame.sin
-        heads_rows += swapped
+        heads_rows = _rope(
+            zc_norm(raw[:, :k_end].reshape(count, heads + kv_heads, qk), plan.qk_scale), frame)
         values = raw[:, k_end:v_end].reshape(count, kv_heads, vd)
         out = attend_chunk(heads_rows[:, :heads], heads_rows[:, heads:], values, cache,
                            frame.start)

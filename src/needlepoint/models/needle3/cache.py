@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import mmap
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 
@@ -42,6 +43,20 @@ def bounded_window(window: int, kv_window: int | None) -> int:
     return min(window, kv_window) if window else kv_window
 
 
+class CacheShape(NamedTuple):
+    """What every numerics' KV cache class is built from (`new_caches`): one layer's window
+    (0 = unbounded), K/V heads, key and value widths, the conv tail's rows and width, and the
+    longest sequence."""
+
+    window: int
+    kv_heads: int
+    qk_dim: int
+    v_dim: int
+    conv_rows: int
+    conv_width: int
+    max_len: int
+
+
 def new_caches(cfg: V3Config, cache_type: type, windows: Sequence[int],
                kv_window: int | None) -> list:
     """A fresh cache of `cache_type` (the numerics' KV cache class) per block of `windows`."""
@@ -49,8 +64,9 @@ def new_caches(cfg: V3Config, cache_type: type, windows: Sequence[int],
     conv_width = (cfg.num_heads + cfg.num_kv_heads) * cfg.qk_head_dim
     conv_width += cfg.num_kv_heads * cfg.v_head_dim
     return [
-        cache_type(bounded_window(window, kv_window), cfg.num_kv_heads, cfg.qk_head_dim,
-                   cfg.v_head_dim, conv_rows, conv_width, cfg.max_seq_len)
+        cache_type(CacheShape(bounded_window(window, kv_window), cfg.num_kv_heads,
+                              cfg.qk_head_dim, cfg.v_head_dim, conv_rows, conv_width,
+                              cfg.max_seq_len))
         for window in windows
     ]
 
@@ -58,10 +74,8 @@ def new_caches(cfg: V3Config, cache_type: type, windows: Sequence[int],
 class LayerCache:
     """K/V of one layer for one sequence: keys [KV, capacity, qk], values [KV, capacity, v]."""
 
-    def __init__(
-        self, window: int, kv_heads: int, qk_dim: int, v_dim: int, conv_rows: int,
-        conv_width: int, max_len: int,
-    ) -> None:
+    def __init__(self, shape: CacheShape) -> None:
+        window, kv_heads, qk_dim, v_dim, conv_rows, conv_width, max_len = shape
         self.window = window
         self.max_len = max_len
         capacity = window if window else max_len

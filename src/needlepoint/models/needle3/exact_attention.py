@@ -18,7 +18,7 @@ import ctypes
 import numpy as np
 
 from ...kernels import exact, native, pinned
-from .cache import lazy_zeros
+from .cache import CacheShape, lazy_zeros
 
 F32 = np.float32
 
@@ -33,10 +33,8 @@ class Int8LayerCache:
     """K/V of one layer for one sequence as int8 codes [KV, capacity, dim] + scales, and the
     raw q|k|v rows of its recent positions (the causal conv taps' tail)."""
 
-    def __init__(
-        self, window: int, kv_heads: int, qk_dim: int, v_dim: int, conv_rows: int,
-        conv_width: int, max_len: int,
-    ) -> None:
+    def __init__(self, shape: CacheShape) -> None:
+        window, kv_heads, qk_dim, v_dim, conv_rows, conv_width, max_len = shape
         self.window = window
         self.max_len = max_len
         capacity = min(window + MAX_REWIND, max_len) if window else max_len

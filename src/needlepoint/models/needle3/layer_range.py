@@ -25,10 +25,10 @@ import numpy as np
 
 from ...errors import NonFiniteActivationError
 from ...formats.cact import CactArchive, open_archive
-from ...formats.chat_format import NeedleFormat
 from ...formats.needle3_geometry import V3Config
 from ..layer_range import Embedded
 from ..token_ids import check_token_ids
+from ..wrapping import NeedleArchiveText
 from .block import run_blocks
 from .cache import bounded_window, new_caches
 from .exact_attention import MAX_REWIND
@@ -90,7 +90,7 @@ class V3RangeState:
             self.cells.rewind(back)
 
 
-class V3Part:
+class V3Part(NeedleArchiveText):
     """Blocks `blocks` of a Needle 3 rung, and (with `head`) the embedding, engram sites,
     final norm, LM head and confidence head. What `run_block` reads is here (config,
     weights.layers[index], step_plan.layers[index], hada permutations, numerics)."""
@@ -134,15 +134,6 @@ class V3Part:
     @property
     def has_confidence_head(self) -> bool:
         return self.weights.confidence is not None
-
-    @cached_property
-    def tokenizer(self) -> Any:
-        return self.archive.tokenizer
-
-    @property
-    def chat_format(self) -> NeedleFormat:
-        """Needle's wire format (`formats/chat_format.py`), as the whole model's."""
-        return NeedleFormat(self.tokenizer)
 
     def check_ids(self, ids: Sequence[int] | np.ndarray, position: int = 0) -> np.ndarray:
         return check_token_ids(ids, self.config.vocab, self.config.max_seq_len, position)

@@ -11,15 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from functools import cached_property
-from typing import Any
 
 import numpy as np
 
 from ...formats.cact import CactArchive
-from ...formats.chat_format import NeedleFormat
 from ...formats.needle3_geometry import V3Config
 from ..protocol import ModelCapabilities
 from ..token_ids import check_token_ids
+from ..wrapping import NeedleArchiveText
 from .batch import run_batch
 from .cache import new_caches
 from .forward import Collector, joined, run_chunks
@@ -31,7 +30,7 @@ from .step import StepPlan, build_plan
 from .weights import V3Weights, load_weights
 
 
-class V3Model:
+class V3Model(NeedleArchiveText):
     """A loaded Needle 3 model (optionally a ladder rung). Use `needlepoint.load`."""
 
     def __init__(
@@ -80,16 +79,6 @@ class V3Model:
     def step_plan(self) -> StepPlan:
         """Constants folded once per model (`step.py`), on first use."""
         return build_plan(self.config, self.weights.layers, self.rope_cos, self.rope_sin)
-
-    @cached_property
-    def tokenizer(self) -> Any:
-        """The archive's own tokenizer (built on first use)."""
-        return self.archive.tokenizer
-
-    @cached_property
-    def chat_format(self) -> NeedleFormat:
-        """Needle's wire format (`formats/chat_format.py`)."""
-        return NeedleFormat(self.tokenizer)
 
     @property
     def has_confidence_head(self) -> bool:

@@ -18,6 +18,7 @@ import numpy as np
 
 from ...errors import ModelInputError
 from ..protocol import SessionCapabilities
+from ..rewind import rewind_count
 from .cache import new_caches
 from .decode import decode_step
 from .forward import Collector, Item, joined, run_chunks
@@ -141,11 +142,7 @@ class V3Session:
         this needs for up to MAX_REWIND (64) positions (ring slack, raw conv rows, engram
         values, unfolded confidence cells); float numerics rebuild the state by re-running the
         kept tokens (float rounding may then differ from the original steps')."""
-        if isinstance(n, bool) or not isinstance(n, int | np.integer) or n < 0:
-            raise ModelInputError(f"rewind needs a count >= 0, got {n!r}")
-        n = int(n)
-        if n > self.position:
-            raise ModelInputError(f"cannot rewind {n} positions: only {self.position} consumed")
+        n = rewind_count(n, self.position)
         if n == 0:
             return
         kept = self.consumed()[: self.position - n]
