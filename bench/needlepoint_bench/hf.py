@@ -132,11 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--decode", type=int, default=64)
-    parser.add_argument("--out", type=Path, default=paths.REPO_ROOT / "docs" / "benchmarks_hf.md")
-    parser.add_argument("--json", type=Path,
-                        default=paths.REPO_ROOT / "bench" / "results" / "hf.json")
-    parser.add_argument("--report-only", action="store_true",
-                        help="rewrite --out from the record in --json, measuring nothing")
+    paths.add_report_arguments(parser, "benchmarks_hf.md", "hf.json", "--out")
     args = parser.parse_args(argv)
     if args.report_only:
         _write(args.out, write_report(json.loads(args.json.read_text())))

@@ -100,11 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-profile", action="store_true")
     parser.add_argument("--gguf-dir", type=Path, default=GGUF_DIR,
                         help="where the generated GGUFs are kept (written once)")
-    parser.add_argument("--out", type=Path, default=paths.REPO_ROOT / "docs" / "benchmarks_hf.md")
-    parser.add_argument("--json", type=Path,
-                        default=paths.REPO_ROOT / "bench" / "results" / "hf_shapes.json")
-    parser.add_argument("--report-only", action="store_true",
-                        help="rewrite the section of --out from --json, measuring nothing")
+    paths.add_report_arguments(parser, "benchmarks_hf.md", "hf_shapes.json",
+                               "the section of --out")
     args = parser.parse_args(argv)
     if args.report_only:
         replace_section(args.out, HEADING, report(json.loads(args.json.read_text())))

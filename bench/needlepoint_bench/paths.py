@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 REPO_ROOT = Path.cwd()
 RESULTS_DIR = REPO_ROOT / "bench" / "results"
@@ -67,3 +68,13 @@ def rel(path: Path | str) -> str:
         except ValueError:
             continue
     return str(p)
+
+
+def add_report_arguments(parser: Any, doc: str, record: str, what: str) -> None:
+    """The report options a benchmark shares: `--out` (the markdown page under docs/),
+    `--json` (the raw record under bench/results/) and `--report-only` (rewrite `what` of
+    --out from --json, measuring nothing)."""
+    parser.add_argument("--out", type=Path, default=DOCS_DIR / doc)
+    parser.add_argument("--json", type=Path, default=RESULTS_DIR / record)
+    parser.add_argument("--report-only", action="store_true",
+                        help=f"rewrite {what} from --json, measuring nothing")
