@@ -36,6 +36,7 @@ def load(
     transport: str = "local",
     ray_address: str | None = None,
     stage_cpus: float | None = None,
+    replicas: int = 1,
     **options: Unpack[LoadOptions],
 ) -> Any:
     """Load a model: a Needle `.cact` archive (Needle 3 or 2, from its tag), a Hugging Face
@@ -46,15 +47,17 @@ def load(
     `stages=N` (balanced by weight bytes) or `stages=[0, 7, 14]` (each stage's first layer)
     cuts a Needle 3 model at block boundaries into stages (docs/distributed.md): in this
     process (`transport="local"`) or on Ray actors (`transport="ray"`, the `ray` extra; the
-    cluster at `ray_address`; each stage reserves `stage_cpus` CPUs, default its threads).
+    cluster at `ray_address`; each stage reserves `stage_cpus` CPUs, default its threads),
+    `replicas=R` copies of each stage range (a lost replica's sessions move to another).
     It has a model's interface and, in deploy numerics, the same
-    logits bit for bit; `needlepoint.stages.load_staged` has the placement options."""
+    logits bit for bit; `needlepoint.stages.load_staged` has the placement and recovery
+    options."""
     if stages is not None or transport != "local" or ray_address is not None or \
-            stage_cpus is not None:
+            stage_cpus is not None or replicas != 1:
         from .stages import load_staged
 
         return load_staged(path, stages, transport=transport, ray_address=ray_address,
-                           stage_cpus=stage_cpus, **options)
+                           stage_cpus=stage_cpus, replicas=replicas, **options)
     return load_model_file(path, **options)
 
 

@@ -290,6 +290,18 @@ def test_replicas_spread_sessions_and_a_lost_replicas_sessions_move():
         assert [i["replica"] for i in info] == [0, 0, 1, 1]
 
 
+def test_needlepoint_load_places_replicas():
+    """`needlepoint.load(..., stages=2, replicas=2)` is the replicated model of `load_staged`,
+    with the single process's logits."""
+    import needlepoint
+    from needlepoint.stages.replicas import ReplicatedModel
+
+    ids = long_prompt("tiny", 20)
+    with needlepoint.load(fixture_path("tiny"), stages=2, replicas=2) as staged:
+        assert isinstance(staged, ReplicatedModel) and len(staged.replicas) == 2
+        assert_bits(staged.forward(ids), model("tiny").forward(ids), "replicated forward")
+
+
 def test_replica_placement_is_checked():
     from needlepoint.errors import StagePlanError
 
