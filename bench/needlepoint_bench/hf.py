@@ -62,6 +62,12 @@ TEXT = (
 )
 
 
+def _before(results: Path) -> dict | None:
+    """An earlier run to compare with: `<results stem>-before.json` beside the results."""
+    path = results.with_name(f"{results.stem}-before.json")
+    return json.loads(path.read_text()) if path.exists() else None
+
+
 def _write(path: Path, text: str) -> None:
     """Write the report, keeping the sections other benchmarks own (`bench.products_i8`'s,
     `bench.hf_shapes`'s) as they are, after it."""
@@ -135,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     paths.add_report_arguments(parser, "benchmarks_hf.md", "hf.json", "--out")
     args = parser.parse_args(argv)
     if args.report_only:
-        _write(args.out, write_report(json.loads(args.json.read_text())))
+        _write(args.out, write_report(json.loads(args.json.read_text()), _before(args.json)))
         return 0
     gguf = args.gguf or default_gguf()
     if gguf is None or not Path(gguf).exists():  # a GGUF file or a Hugging Face directory
@@ -213,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
         record["machine"]["llama_cpp_python_version"] = None
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(record, indent=1) + "\n")
-    _write(args.out, write_report(record))
+    _write(args.out, write_report(record, _before(args.json)))
     log(f"wrote {args.out} and {args.json}")
     return 0
 

@@ -128,6 +128,12 @@ def machine_info() -> dict:
         ]
     except Exception as exc:  # noqa: BLE001
         info["blas"] = f"threadpoolctl unavailable: {exc}"
+    try:  # which native kernels ran (every report names the variant)
+        import needlepoint
+
+        info["native_variant"] = needlepoint.native_variant()
+    except Exception as exc:  # noqa: BLE001
+        info["native_variant"] = f"unknown ({exc})"
     from importlib import metadata
 
     for dist in ("needle-rs", "needlepoint", "threadpoolctl", "matplotlib"):

@@ -125,7 +125,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         metavar="JSON",
         help="regenerate docs/benchmarks.md + plot from an existing results JSON",
     )
+    ap.add_argument(
+        "--before",
+        type=Path,
+        metavar="JSON",
+        help="an earlier run's results to compare with on the page (default "
+        "bench/results/<fixture>-before.json when it exists)",
+    )
     return ap.parse_args(argv)
+
+
+def _before(path: Path | None, results_path: Path) -> dict | None:
+    """The earlier run the page compares with: `path`, else `<results stem>-before.json`."""
+    path = path or results_path.with_name(f"{results_path.stem}-before.json")
+    return json.loads(path.read_text()) if path.exists() else None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -134,7 +147,8 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.report_only:
         results = json.loads(args.report_only.read_text())
-        report.write_docs(results, paths.DOCS_MD, paths.DOCS_PLOT)
+        report.write_docs(results, paths.DOCS_MD, paths.DOCS_PLOT,
+                          _before(args.before, args.report_only))
         print(f"wrote {paths.rel(paths.DOCS_MD)} and {paths.rel(paths.DOCS_PLOT)}")
         return 0
 
@@ -330,7 +344,8 @@ def main(argv: list[str] | None = None) -> int:
     out_json.write_text(json.dumps(results, indent=1, default=str) + "\n")
     log(f"wrote {paths.rel(out_json)} ({results['wall_s']:.0f}s)")
     if write_docs:
-        report.write_docs(results, paths.DOCS_MD, paths.DOCS_PLOT)
+        report.write_docs(results, paths.DOCS_MD, paths.DOCS_PLOT,
+                          _before(args.before, out_json))
         log(f"wrote {paths.rel(paths.DOCS_MD)} and {paths.rel(paths.DOCS_PLOT)}")
     print(report.headline_text(results))
     return 0

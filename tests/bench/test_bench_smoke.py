@@ -108,6 +108,15 @@ def _check_stages(folder: Path, out: str) -> None:
     assert all(result[k]["prefill_tps"] > 0 for k in ("one", "local/1", "local/2"))
 
 
+def _check_pool(folder: Path, out: str) -> None:
+    result = json.loads((folder / "pool.json").read_text())
+    after = result["trees"]["after"]["by_threads"]["1"]
+    assert after["variant"] and after["decode_token"]["wall_ms"] > 0
+    assert after["step_16"]["wall_ms"] > after["step_1"]["wall_ms"] > 0
+    page = (folder / "pool.md").read_text()
+    assert "run_batch step, 16 sessions" in page and "SIMD streams" in page
+
+
 # entry point -> (arguments, check of its folder and stdout, seconds it may take at most)
 CASES: dict[str, tuple[Callable[[Path], list[str]], Callable[[Path, str], None], int]] = {
     "needlepoint-bench": (
@@ -146,6 +155,10 @@ CASES: dict[str, tuple[Callable[[Path], list[str]], Callable[[Path, str], None],
     "needlepoint-bench-stages": (
         lambda d: ["--local-only", "--model", _toy(), "--prefill", "32", "--decode", "4",
                    "--repeats", "1"], _check_stages, 300),
+    "needlepoint-bench-pool": (
+        lambda d: ["--archive", _toy(), "--rounds", "1", "--threads", "1", "--simd-seconds",
+                   "0.05", "--out", str(d / "pool.md"), "--json", str(d / "pool.json")],
+        _check_pool, 300),
 }
 
 

@@ -60,8 +60,8 @@ static void NP_NAME(np_dequant_rows)(const float *rotated, int64_t rows, int64_t
     }
 }
 
-/* Sinkhorn of every n x n matrix of logits [T, n, n] (models/needle3/sinkhorn.py
- * `sinkhorn_rows` with the pinned exp, operation for operation): K = exp64(z - max z) with the
+/* Sinkhorn of every n x n matrix of logits [T, n, n] (`models.ops.sinkhorn_reference`,
+ * operation for operation): K = exp64(z - max z) with the
  * subtraction in float32; `rounds` of r_i = 1 / sum_j K_ij c_j, then c_j = 1 / sum_i K_ij r_i
  * (float64, each sum in index order); out = float32((r_i K_ij) c_j). NP_NONFINITE when a
  * scaling under- or overflows (the caller then takes the reference, which falls back to the

@@ -27,28 +27,7 @@ def route(lanes: np.ndarray, mhc: MhcWeights) -> tuple[np.ndarray, np.ndarray, n
     hpre = sigmoid(mhc.a_pre * mixed[:, :n] + mhc.bias_pre)
     hpost = np.float32(2.0) * sigmoid(mhc.a_post * mixed[:, n : 2 * n] + mhc.bias_post)
     res_logits = mhc.a_res * mixed[:, 2 * n :].reshape(count, n, n) + mhc.b_res
-    return hpre, hpost, sinkhorn_fast(res_logits)
-
-
-def sinkhorn_fast(logits: np.ndarray, rounds: int = SINKHORN_ROUNDS) -> np.ndarray:
-    """Sinkhorn over the last two axes, in the exponential domain.
-
-    Subtracting a row's log-sum-exp is dividing the row by its sum, so after one shift by
-    each matrix's maximum the log-domain rounds (README: row then column log-sum-exp,
-    `rounds` times, then exp) become plain normalisations: a quarter of the numpy calls on
-    these 4x4 matrices, which matters at one token per step. If a row or column underflows
-    to zero (logit spread beyond ~80: the result turns non-finite) the exact log-domain
-    `ops.sinkhorn` is used instead.
-    """
-    peak = logits.max(axis=(-2, -1), keepdims=True)
-    probs = np.exp(logits - peak)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        for _ in range(rounds):
-            np.divide(probs, probs.sum(axis=-1, keepdims=True), out=probs)
-            np.divide(probs, probs.sum(axis=-2, keepdims=True), out=probs)
-    if not np.isfinite(probs).all():
-        return sinkhorn(logits, rounds)
-    return probs
+    return hpre, hpost, sinkhorn(res_logits, SINKHORN_ROUNDS)
 
 
 def lane_sum(weights: np.ndarray, lanes: np.ndarray) -> np.ndarray:

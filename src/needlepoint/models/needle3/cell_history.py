@@ -19,60 +19,33 @@ from .weights import ConfidenceWeights
 
 F32 = np.float32
 FOLD = 64
-# Float decode steps keep their confidence cells and fold them into the pool this many at a
-# time (one batched online-softmax update, as a prefill chunk does) or when the logit is asked.
-POOL_BATCH = 64
 
 
 class PooledCells:
     """Float numerics' confidence cells: each block's rows folded into the pool as soon as
     they exist (`streaming`: the forward hands them over block by block, no [C, L+1, d]
-    array); a decode step's cells wait in a buffer of POOL_BATCH rows. No rewind."""
+    array). No rewind."""
 
     streaming = True
 
     def __init__(self, head: ConfidenceWeights, first: int = 0) -> None:
         self.head, self.first = head, first
         self.pool = ConfidencePool.empty(head)
-        # decode-step cells not yet in the pool: rows [:pending] of one [POOL_BATCH, L+1, d]
-        # buffer (allocated on the first step; a list of rows would need a stacked copy)
-        self.rows: np.ndarray | None = None
-        self.pending = 0
 
     def copy(self) -> PooledCells:
         other = PooledCells.__new__(PooledCells)
         other.head, other.first, other.pool = self.head, self.first, self.pool.copy()
-        other.rows = None if self.rows is None else self.rows.copy()
-        other.pending = self.pending
         return other
 
     def add(self, first: int, cells: np.ndarray) -> None:
         """Cells [C, R, d] of cell rows `first .. first+R-1` of the next C positions."""
-        self.flush()
         self.pool.update(self.head, cells, first)
 
-    def step_row(self) -> np.ndarray:
-        """A fresh [cells, d] row for one decode step's cells (folded later, in a batch)."""
-        if self.pending >= POOL_BATCH:
-            self.flush()
-        if self.rows is None:
-            cells, _, width = self.head.probes.shape
-            self.rows = np.empty((POOL_BATCH, cells, width), F32)
-        row = self.rows[self.pending]
-        self.pending += 1
-        return row
-
-    def flush(self) -> None:
-        if self.pending:
-            self.pool.update(self.head, self.rows[: self.pending], self.first)
-            self.pending = 0
-
     def folded(self) -> ConfidencePool:
-        self.flush()
         return self.pool
 
     def logit(self) -> float:
-        return self.folded().logit(self.head)
+        return self.pool.logit(self.head)
 
 
 class CellHistory:

@@ -21,8 +21,7 @@ import numpy as np
 from ...formats.needle3_geometry import V3Config
 from ...kernels.cq import dequantize_rows, gather_rows
 from ...kernels.cq_tensor import CQTensor
-from ..ops import engram_slots
-from .norms import rms_unit
+from ..ops import engram_slots, rms_unit
 from .weights import EngramSite
 
 F32 = np.float32

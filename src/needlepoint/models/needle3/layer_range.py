@@ -73,20 +73,24 @@ class V3HeadState:
 class V3RangeState:
     """Per sequence on a stage: its blocks' caches and its confidence rows."""
 
-    def __init__(self, caches: dict, cells) -> None:
+    def __init__(self, caches: dict, cells, exact: bool) -> None:
         self.caches, self.cells = caches, cells  # cells: CellHistory, PooledCells or None
+        self.exact = exact  # the numerics keep what an in-place rewind needs (deploy)
 
     def copy(self) -> V3RangeState:
         return V3RangeState({i: c.copy() for i, c in self.caches.items()},
-                            None if self.cells is None else self.cells.copy())
+                            None if self.cells is None else self.cells.copy(), self.exact)
 
     def rewind_to(self, position: int) -> None:
+        """Drop every position from `position` on (deploy numerics; float numerics re-run the
+        kept tokens on a fresh state instead)."""
+        if not self.exact:
+            raise ValueError("float numerics cannot rewind in place (re-run the tokens)")
+        back = 0
         for cache in self.caches.values():
-            if not hasattr(cache, "rewind_to"):
-                raise ValueError("float numerics cannot rewind in place (re-run the tokens)")
             back = cache.position - position
             cache.rewind_to(position)
-        if self.cells is not None and self.caches:
+        if self.cells is not None and back:
             self.cells.rewind(back)
 
 
@@ -196,7 +200,7 @@ class V3Part(NeedleArchiveText):
         caches = dict(zip(self.blocks, new_caches(cfg, self.num.cache_type, windows, kv_window),
                           strict=True))
         cells = self.num.cell_state(weights.confidence, self.blocks.start + 1, len(self.blocks))
-        return V3RangeState(caches, cells)
+        return V3RangeState(caches, cells, self.num.exact)
 
     def run_layers(self, first: int, end: int, x: np.ndarray, state: V3RangeState,
                    start: int, side: Mapping[int, tuple[np.ndarray, ...]] | None = None

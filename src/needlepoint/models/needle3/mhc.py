@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .norms import rms_unit
+from ..ops import rms_unit, sinkhorn
 from .weights import MhcWeights
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -34,4 +34,4 @@ def route(lanes: np.ndarray, mhc: MhcWeights, num: Numerics):
     hpost = num.sigmoid(mhc.a_post * mixed[:, n : 2 * n] + mhc.b_post + mhc.post_offset)
     hpost *= F32(2.0)
     logits = mhc.a_res * mixed[:, 2 * n :].reshape(rows, n, n) + mhc.b_res
-    return num.lane_sum(hpre, lanes), hpost, num.sinkhorn(logits)
+    return num.lane_sum(hpre, lanes), hpost, sinkhorn(logits)

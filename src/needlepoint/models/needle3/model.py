@@ -14,6 +14,7 @@ from functools import cached_property
 
 import numpy as np
 
+from ...errors import ModelInputError
 from ...formats.cact import CactArchive
 from ...formats.needle3_geometry import V3Config
 from ..protocol import ModelCapabilities
@@ -116,23 +117,31 @@ class V3Model(NeedleArchiveText):
         the batch forward over fresh caches, in chunks of CHUNK positions."""
         tokens = self.check_ids(ids)
         collect = Collector() if trace is not None else None
-        caches = new_caches(self.config, self.num.cache_type,
-                            [layer.window for layer in self.weights.layers], None)
-        engram = self.num.engram_state(self.config, len(self.weights.engram))
         outputs = [logits for _, logits in run_chunks(
-            self, tokens, tokens[:0], caches, engram, None, CHUNK, "all", collect)]
+            self, tokens, tokens[:0], *self._fresh_state(), None, CHUNK, "all", collect)]
         if collect is not None:
             collect.emit(trace)
         return joined(outputs)
 
     def confidence_logit(self, ids: Sequence[int] | np.ndarray) -> float | None:
-        """Confidence-head logit over the whole sequence; None if the archive has no head."""
+        """Confidence-head logit over the whole sequence (full causal attention); None if the
+        archive has no head. The batch forward over fresh caches, no logits."""
+        tokens = self.check_ids(ids)
         if not self.has_confidence_head:
-            self.check_ids(ids)
             return None
-        session = V3Session(self)
-        session.prefill(ids, logits=False)
-        return session.confidence_logit()
+        if not len(tokens):
+            raise ModelInputError("confidence_logit: no tokens given")
+        cells = self.num.cell_state(self.weights.confidence)
+        for _ in run_chunks(self, tokens, tokens[:0], *self._fresh_state(), cells, CHUNK,
+                            "none"):
+            pass
+        return cells.logit()
+
+    def _fresh_state(self) -> tuple[list, object]:
+        """A new sequence's caches (full causal) and engram state, for the forward."""
+        caches = new_caches(self.config, self.num.cache_type,
+                            [layer.window for layer in self.weights.layers], None)
+        return caches, self.num.engram_state(self.config, len(self.weights.engram))
 
     def __repr__(self) -> str:
         cfg = self.config

@@ -4,12 +4,15 @@ method or attribute here, so no operation takes a `quantized` flag.
 
 * `NeedleFloat`: the stored weights dequantised to float32 and multiplied by BLAS, numpy's
   exp, numpy's batched lane sums, a float32 KV cache (`cache.LayerCache`), the float RoPE
-  tables; a one-token step takes the folded fast path (`step.decode_step`).
+  tables.
 * `NeedleDeploy`: exact CQ x A8 products (`kernels.exact`), the pinned exp, sigmoid,
-  softmax, Sinkhorn and MLP products, lane sums in lane order, an int8 KV cache
+  softmax and MLP products, lane sums in lane order, an int8 KV cache
   (`exact_attention.Int8LayerCache`), the float64-rounded RoPE tables, and the native step
   (`native_block.NativePlan`) when the library is loaded. Every row is computed on its own,
   so the bits do not depend on the batch or the chunking, and a session can rewind exactly.
+
+What does not differ is not here: both take the one Sinkhorn (`ops.sinkhorn`, pinned exp)
+and the norms (`ops.rms_unit`, `norms.zc_norm`).
 
 `numerics(name, threads)` is the one place a numerics name becomes one of these.
 """
@@ -37,7 +40,6 @@ from .exact_weights import exact_slots
 from .lanes import lane_mean, lane_sum, matmul_lane_sum, mean_cells, mix_lanes, scatter
 from .mlp import hadamard_mlp, hadamard_mlp_pinned
 from .native_block import NativePlan, supported
-from .sinkhorn import sinkhorn_pinned, sinkhorn_rows
 from .weights import ConfidenceWeights, rotate
 
 F32 = np.float32
@@ -50,12 +52,10 @@ class NeedleFloat:
     exact = False  # rows depend on the batch (BLAS); a rewind re-runs the kept tokens
     stacks = False  # several sequences' chunks run one by one, not stacked
     max_rewind: int | None = None
-    folded_step = True  # a one-token step takes the folded fast path (`decode.py`)
     cache_type = LayerCache
     rope_tables = staticmethod(rope_tables)
     product = staticmethod(np.matmul)
     sigmoid = staticmethod(sigmoid)
-    sinkhorn = staticmethod(sinkhorn_rows)
     lane_sum = staticmethod(matmul_lane_sum)
     mix_lanes = staticmethod(scatter)  # in place on the lanes
     attention = staticmethod(attention_parts)
@@ -106,12 +106,10 @@ class NeedleDeploy:
     exact = True  # same bits for any batch, chunking, split; rewind exact
     stacks = True  # several sequences' chunks run as one stacked pass
     max_rewind: int | None = MAX_REWIND
-    folded_step = False  # a step is a chunk of one: the same bits as in any prefill
     cache_type = Int8LayerCache
     rope_tables = staticmethod(rope_tables_pinned)
     product = staticmethod(a8_product)
     sigmoid = staticmethod(pinned.sigmoid)
-    sinkhorn = staticmethod(sinkhorn_pinned)
     lane_sum = staticmethod(lane_sum)
     mix_lanes = staticmethod(mix_lanes)  # a new array; the input lanes are kept
     attention = staticmethod(attention_stacked)

@@ -3,7 +3,7 @@ step 5), each of the kind the model's numerics make (`numerics.py`).
 
 `prefill`, `step` and `extend` run their tokens in chunks of `chunk` positions
 (`models.chunking`) through the one batch forward (`forward.forward`) with this session as
-its one item; float numerics' one-token steps take the folded fast path (`decode.py`).
+its one item: a decode step is a chunk of one position, in either numerics.
 Layers attend exactly as upstream's forward (full causal on global layers, `sliding_window`
 on the others), or, with `kv_window=`, every layer is additionally bounded to the last
 `kv_window` positions (a ring of that many slots), as the shipped engine does (README
@@ -20,7 +20,6 @@ from ...errors import ModelInputError
 from ..protocol import SessionCapabilities
 from ..rewind import rewind_count
 from .cache import new_caches
-from .decode import decode_step
 from .forward import Collector, Item, joined, run_chunks
 from .protocol import BlockModel
 
@@ -64,7 +63,6 @@ class V3Session:
         self.engram = num.engram_state(cfg, len(weights.engram))
         self.cells = num.cell_state(weights.confidence)
         self.tokens = np.zeros(0, np.int64)
-        self._history: list[int] = []  # decode-step tokens not yet appended to `tokens`
 
     @property
     def capabilities(self) -> SessionCapabilities:
@@ -80,13 +78,10 @@ class V3Session:
     @property
     def position(self) -> int:
         """Tokens consumed so far (the position the next token takes)."""
-        return len(self.tokens) + len(self._history)
+        return len(self.tokens)
 
     def consumed(self) -> np.ndarray:
         """Every token consumed so far (int64)."""
-        if self._history:
-            self.tokens = np.concatenate([self.tokens, np.asarray(self._history, np.int64)])
-            self._history = []
         return self.tokens
 
     def fork(self) -> V3Session:
@@ -98,7 +93,6 @@ class V3Session:
         other.engram = self.engram.copy()
         other.cells = None if self.cells is None else self.cells.copy()
         other.tokens = self.consumed().copy()
-        other._history = []
         return other
 
     __copy__ = fork
@@ -181,11 +175,8 @@ class V3Session:
         tokens = model.check_ids(ids, self.position)
         trace = trace or self.trace
         collect = Collector() if trace is not None else None
-        # Float numerics step through the folded one-token path (`decode.py`); deploy numerics
-        # run every position through the chunk forward, whose operations are batch-invariant
-        # (docs/numerics.md): a step is a chunk of one, with the same bits as in any prefill.
-        if len(tokens) == 1 and collect is None and want != "all" and model.num.folded_step:
-            return self._decode(int(tokens[0]), want == "last")
+        # Every position runs through the one forward (issue 27 item 2): a step is a chunk
+        # of one; in deploy numerics with the same bits as in any prefill (docs/numerics.md).
         outputs = []
         for chunk, logits in run_chunks(model, tokens, self.consumed(), self.caches,
                                         self.engram, self.cells, self.chunk, want, collect):
@@ -195,11 +186,3 @@ class V3Session:
         if collect is not None:
             collect.emit(trace)
         return joined(outputs)
-
-    def _decode(self, token: int, want_logits: bool) -> np.ndarray | None:
-        """Float numerics' one-token step (`decode.decode_step`) on this state."""
-        cells = None if self.cells is None else self.cells.step_row()
-        out = decode_step(self.model, self.caches, self.engram.carried, cells, self.position,
-                          token, want_logits)
-        self._history.append(token)
-        return out

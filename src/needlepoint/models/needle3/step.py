@@ -1,7 +1,6 @@
 """Constants folded once per model for the forward (`StepPlan`: per-block gate constants,
 q/k norm scales and taps, RoPE rows as `cos|cos` and `-sin|sin`, engram table seeds), read by
-the chunk forward (`attention.ChunkFrame`), the native step (`native_block`) and float
-numerics' one-token step (`decode.py`).
+the chunk forward (`attention.ChunkFrame`) and the native step (`native_block`).
 """
 
 from __future__ import annotations
@@ -35,9 +34,7 @@ class StepPlan:
     layers: tuple[LayerPlan | None, ...]
     rope_cos: np.ndarray  # [max_seq, qk]: cos | cos
     rope_sin: np.ndarray  # [max_seq, qk]: -sin | sin
-    rope_swap: np.ndarray  # [qk]: column order of rotate-half's swap (second half first)
     table_seeds: tuple[tuple[int, int], ...]  # (order, seed) of each engram table
-    embed_scale: np.float32
 
 
 def build_plan(cfg: V3Config, layers_in: Sequence[LayerWeights | None], cos: np.ndarray,
@@ -72,9 +69,7 @@ def build_plan(cfg: V3Config, layers_in: Sequence[LayerWeights | None], cos: np.
         layers=tuple(layers),
         rope_cos=np.concatenate([cos, cos], axis=1),
         rope_sin=np.concatenate([-sin, sin], axis=1),
-        rope_swap=np.roll(np.arange(cfg.qk_head_dim), cfg.qk_head_dim // 2),
         table_seeds=seeds,
-        embed_scale=np.sqrt(F32(cfg.d_model)),
     )
 
 

@@ -3,8 +3,8 @@
 
 A CQ group dequantises to `(codebook[idx] * norm) @ H` (H the normalised 128 x 128 Sylvester
 Hadamard matrix, symmetric and orthonormal). Every matrix used in a product is stored
-pre-transposed `[in, out]` (C-contiguous) so that activations multiply as `x @ W` (BLAS) or
-`fastnum.gemv`; matrices that read the same input are fused: q/k/v/gate per layer,
+pre-transposed `[in, out]` (C-contiguous) so that activations multiply as `x @ W` (BLAS);
+matrices that read the same input are fused: q/k/v/gate per layer,
 phi_pre/phi_post/phi_res per layer, engram key/value per site. All of them are views into one
 float32 arena (`weight_cache`: one allocation, or a mapped cache file). Each is built in place:
 a byte-LUT gather of `codebook[idx] * norm` straight into the transposed layout
