@@ -56,7 +56,9 @@ def measure(archive: str, threads: int) -> dict:
     import needlepoint
 
     model = needlepoint.load(archive, threads=threads)
-    out: dict = {"variant": needlepoint.native_variant(), "threads": threads}
+    variant = getattr(needlepoint, "native_variant", None)  # an older tree may lack it
+    out: dict = {"variant": variant() if variant else "not reported by this tree",
+                 "threads": threads}
     for length in PROMPTS:
         ids = _ids(length)
         runs = [_timed(lambda ids=ids: model.session().prefill(ids)) for _ in range(3)]

@@ -131,10 +131,15 @@ def forward(model: BlockModel, items: Sequence[Item], collect: Collect | None = 
         first += len(item.tokens)
     x0 = embedded.x0
     lanes = np.repeat(x0[:, None, :], cfg.mhc_lanes, axis=1)
-    streams = [(r, item.cells) for r, item in zip(rows, items, strict=True)
-               if item.cells is not None and item.cells.streaming]
-    held = [(r, item.cells) for r, item in zip(rows, items, strict=True)
-            if item.cells is not None and not item.cells.streaming]
+    # A streaming cell state takes a chunk's cells block by block (no [C, L+1, d] array);
+    # a one-position chunk (a decode step) hands over its one row of cells at once instead:
+    # one pooling update per step, not one per block, and the same bits (`heads.update`).
+    with_cells = [(r, item) for r, item in zip(rows, items, strict=True)
+                  if item.cells is not None]
+    streams = [(r, item.cells) for r, item in with_cells
+               if item.cells.streaming and len(item.tokens) > 1]
+    held = [(r, item.cells) for r, item in with_cells
+            if not (item.cells.streaming and len(item.tokens) > 1)]
     cells = None
     if held or collect is not None:
         cells = np.empty((first, len(weights.layers) + 1, cfg.d_model), F32)
