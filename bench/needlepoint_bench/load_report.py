@@ -181,6 +181,9 @@ def summary(results: list[dict[str, Any]]) -> str:
 
 def write_report(paths: list[Path], out: Path) -> None:
     results = [json.loads(p.read_text()) for p in paths]
+    for path, result in zip(paths, results, strict=True):
+        if path.stem.endswith("-before"):  # an earlier run kept for a before/after reading
+            result["label"] += " (before)"
     # the toy model first; batched before not; speculation on before off
     results.sort(key=lambda r: (r["label"].split("-")[0] != "toy", not r.get("batching"),
                                 not r.get("speculate", True), r["label"]))
