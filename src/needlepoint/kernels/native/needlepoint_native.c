@@ -184,7 +184,7 @@ int np_cq_matmul_threads(const int32_t *v, const float *scale, int64_t T, int64_
     for (int64_t p = 0; p < n_parts; p++) total += parts[p].rows;
     if (r_last > total) r_last = total;
     int64_t rows = r_last - r_first;
-    if (threads <= 1 || rows < 2 * threads || T * rows * in_pad < (1 << 20))
+    if (threads <= 1 || rows < 2 * threads || T * rows * in_pad < NP_POOL_MIN_WORK)
         return np_cq_matmul(v, scale, T, in_pad, storage_bits, codebook, codebook_len, parts,
                             n_parts, out, out_stride, r_first, r_last);
     np_cq_job job = {v, scale, T, in_pad, storage_bits, codebook, codebook_len, parts, n_parts,

@@ -107,7 +107,7 @@ int i8_matmul(const int8_t *codes, const float *xscale, const int32_t *xsums, in
               const void *woffset, int half, int64_t groups, int64_t n_out, const float *bias,
               float *out, int64_t out_stride, int threads) {
     if ((bits != 8 && bits != 4) || n_out > groups * 8) return I8_BADARG;
-    if (T * groups * 8 * nb * 32 < (1 << 20)) threads = 1;
+    if (T * groups * 8 * nb * 32 < NP_POOL_MIN_WORK) threads = 1;
     i8_job job = {codes, xscale, xsums, T, nb, bits, wdata, wscale, woffset, half,
                   0, groups, n_out, bias, out, out_stride};
     np_pool_run(i8_groups, &job, groups, threads);

@@ -20,6 +20,16 @@
 #include <unistd.h>
 
 #define NP_POOL_MAX 16
+/* The least work (multiply-adds) a weight product splits between threads. Waking a parked
+ * worker and waiting for it costs tens of microseconds on a VM (an idle vCPU must be woken
+ * by the host), so a split pays only on a product that takes a thread a few hundred:
+ * measured on the shipped geometry (docs/benchmarks_pool.md), with 1 << 20 a 2-thread
+ * decode step took 7.2 ms against 5.1 ms at 1 thread (each block's 1.2 M-weight q|k|v|gate
+ * product split at one row); with 1 << 22 only the LM head's one-row product splits. Prefill
+ * chunks and many sessions' steps are far above it. (Attention and MLP rows keep their own
+ * thresholds, np_v3_block.h / np_v3_rows.h.) The count never changes the bits: every output
+ * is computed whole by one thread. */
+#define NP_POOL_MIN_WORK (1 << 22)
 
 typedef void (*np_pool_fn)(void *ctx, int64_t lo, int64_t hi, int64_t share);
 
