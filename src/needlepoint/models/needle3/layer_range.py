@@ -229,6 +229,8 @@ class V3Part(NeedleArchiveText):
             lanes = np.array(lanes, F32, order="C")
         sites = {}
         for block, kv in sides[0].items():
+            if not first <= block < end:  # the head's side inputs of blocks run elsewhere
+                continue
             site = self.weights.layers[block].engram_site
             sites[site] = kv if len(xs) == 1 else \
                 tuple(np.concatenate([side[block][j] for side in sides]) for j in range(2))
