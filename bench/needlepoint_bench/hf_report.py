@@ -23,10 +23,12 @@ NOTES = """\
   burst is slower; the best of the rounds is kept for every engine alike, and every round
   (with its medians) is in `bench/results/hf.json`. The 2-thread numbers are the least
   reliable: with another process on one of the two cores, any engine's second thread waits.
-* Threads: llama.cpp keeps a thread pool; needlepoint int8 starts threads per product of more
-  than about a million multiply-adds and joins them before returning, so at one position only
-  the LM head and gate | up are split (decode gains little from a second thread); prefill
-  products are all split. Same bits at any thread count.
+* Threads: llama.cpp keeps a thread pool, and so does needlepoint since issue 26: the
+  native library's one pool of parked workers (`np_pool.h`; no thread created per call, no
+  spinning). A product is split only from 4 M multiply-adds (`NP_POOL_MIN_WORK`): waking a
+  parked worker costs tens of microseconds on this VM, so at one position only the LM head
+  is split and 2-thread decode matches 1 thread; prefill products are all split. Same bits
+  at any thread count.
 * int8 products (issue 19): the SIMD tile (`kernels/native/np_i8_tile.h`) multiplies up to 8
   activation rows (AVX-512 VNNI; 4 on AVX2) by each group of 8 outputs, unpacking the group's
   4-bit weights once per block for all of them; the block dots are exact int32 vpdpbusd

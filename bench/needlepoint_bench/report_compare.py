@@ -108,7 +108,7 @@ def hf_before_after(after: dict, before: dict | None) -> list[str]:
     llama.cpp in the same run, and the int8 decode step's profile, before and after."""
     if not before:
         return []
-    lines = ["## Before and after", "",
+    lines = ["", "## Before and after", "",
              f"*Before*: {before.get('started')} (git {before.get('machine', {}).get('git')}). "
              f"*After*: {after.get('started')} (git {after.get('machine', {}).get('git')}). "
              "Each ratio is to llama.cpp in the same run.", ""]
