@@ -188,3 +188,5 @@ def test_float_numerics_forward_prefill_and_steps_are_bit_identical():
         single.prefill(ids[:150])
         for token in ids[150:160]:
             assert_bits(session.step(int(token)), single.step(int(token)), "float step")
+        # a step's confidence cells reach each stage's pool at the cell rows of its blocks
+        assert session.confidence_logit() == single.confidence_logit()

@@ -115,6 +115,21 @@ def readout(model: BlockModel, lanes: np.ndarray) -> np.ndarray:
     return num.lm_head(hidden, weights.lm_head)
 
 
+def cell_handover(parts: Sequence[tuple[slice, Any]]
+                  ) -> tuple[list[tuple[slice, Any]], list[tuple[slice, Any]]]:
+    """(streamed, held) of the (rows, cell state) pairs that have a cell state: a streaming
+    state takes a chunk's cells block by block (no [C, L+1, d] array); a one-position chunk
+    (a decode step), and every state that does not stream, gets its cells at once after the
+    blocks: one pooling update per step, not one per block, and the same bits
+    (`heads.update`)."""
+    streamed, held = [], []
+    for rows, cells in parts:
+        if cells is not None:
+            one_row = rows.stop - rows.start == 1
+            (streamed if cells.streaming and not one_row else held).append((rows, cells))
+    return streamed, held
+
+
 def forward(model: BlockModel, items: Sequence[Item], collect: Collect | None = None
             ) -> list[np.ndarray | None]:
     """Logits per item (every row of its chunk for "all", its last row for "last", None for
@@ -131,15 +146,7 @@ def forward(model: BlockModel, items: Sequence[Item], collect: Collect | None = 
         first += len(item.tokens)
     x0 = embedded.x0
     lanes = np.repeat(x0[:, None, :], cfg.mhc_lanes, axis=1)
-    # A streaming cell state takes a chunk's cells block by block (no [C, L+1, d] array);
-    # a one-position chunk (a decode step) hands over its one row of cells at once instead:
-    # one pooling update per step, not one per block, and the same bits (`heads.update`).
-    with_cells = [(r, item) for r, item in zip(rows, items, strict=True)
-                  if item.cells is not None]
-    streams = [(r, item.cells) for r, item in with_cells
-               if item.cells.streaming and len(item.tokens) > 1]
-    held = [(r, item.cells) for r, item in with_cells
-            if not (item.cells.streaming and len(item.tokens) > 1)]
+    streams, held = cell_handover([(r, item.cells) for r, item in zip(rows, items, strict=True)])
     cells = None
     if held or collect is not None:
         cells = np.empty((first, len(weights.layers) + 1, cfg.d_model), F32)

@@ -32,7 +32,7 @@ from ..wrapping import NeedleArchiveText
 from .block import run_blocks
 from .cache import bounded_window, new_caches
 from .exact_attention import MAX_REWIND
-from .forward import Item, embed, record_engrams
+from .forward import Item, cell_handover, embed, record_engrams
 from .norms import zc_norm
 from .numerics import numerics as make_numerics
 from .parts import head_weights, layer_bytes, rung, stage_weights
@@ -234,10 +234,7 @@ class V3Part(NeedleArchiveText):
             site = self.weights.layers[block].engram_site
             sites[site] = kv if len(xs) == 1 else \
                 tuple(np.concatenate([side[block][j] for side in sides]) for j in range(2))
-        held = [(r, s.cells) for r, s in zip(rows, states, strict=True)
-                if s.cells is not None and not s.cells.streaming]
-        streams = [(r, s.cells) for r, s in zip(rows, states, strict=True)
-                   if s.cells is not None and s.cells.streaming]
+        streams, held = cell_handover([(r, s.cells) for r, s in zip(rows, states, strict=True)])
         cells = np.empty((at, end - first, lanes.shape[-1]), F32) if held else None
         parts = [(r, state.caches, start) for r, state, start in zip(rows, states, starts,
                                                                      strict=True)]
@@ -247,8 +244,8 @@ class V3Part(NeedleArchiveText):
                                    index - first, streams)
             except NonFiniteActivationError as error:
                 raise type(error)(f"layer {index}: {error}") from None
-        for r, state in held:
-            state.add(0, cells[r])
+        for r, state in held:  # column c is block first + c's output: cell row first + c + 1
+            state.add(first + 1, cells[r])
         return [lanes[r] for r in rows]
 
     def final_rows(self, x: np.ndarray, want: str) -> np.ndarray:
