@@ -24,6 +24,18 @@ def _run_line(results: dict) -> str:
             f"{load[0]:.2f}" if load else f"git {m.get('git')}, {results.get('started')}")
 
 
+def _side_by_side(profiles: list[list[tuple[str, float]]]) -> list[str]:
+    """The top PROFILE_ROWS (function, ms) of a before and an after profile as one table."""
+    rows = []
+    for index in range(PROFILE_ROWS):
+        cells = []
+        for top in profiles:
+            cells += [f"`{top[index][0]}`", f"{top[index][1]:.2f}"] if index < len(top) \
+                else ["", ""]
+        rows.append(cells)
+    return markdown_table(["before: function", "ms", "after: function", "ms"], rows)
+
+
 def _figures(before: dict, after: dict, engine: str) -> list[list[str]]:
     old = {(row["figure"], row["threads"]): row for row in headline_rows(before, engine)}
     rows = []
@@ -51,15 +63,8 @@ def _profiles(before: dict, after: dict, engine: str) -> list[str]:
         L.append(f"**{LABEL.get(engine, engine)}, {threads} thread(s), decode step profile** "
                  f"(cProfile, own ms per token; {pair[0]['calls_per_token']:.0f} → "
                  f"{pair[1]['calls_per_token']:.0f} interpreter calls per token):\n")
-        rows = []
-        for index in range(PROFILE_ROWS):
-            cells = []
-            for prof in pair:
-                top = prof["top"]
-                cells += ([f"`{top[index]['function']}`", f"{top[index]['own_ms_per_token']:.2f}"]
-                          if index < len(top) else ["", ""])
-            rows.append(cells)
-        L += markdown_table(["before: function", "ms", "after: function", "ms"], rows)
+        L += _side_by_side([[(row["function"], row["own_ms_per_token"]) for row in prof["top"]]
+                            for prof in pair])
         L.append("")
     return L
 
@@ -132,12 +137,5 @@ def hf_before_after(after: dict, before: dict | None) -> list[str]:
         lines += ["", f"int8 decode step, 1 thread, without a profiler: {pair[0][0]:.2f} ms "
                   f"before, {pair[1][0]:.2f} ms after; own time under cProfile, ms per step:",
                   ""]
-        table = []
-        for index in range(PROFILE_ROWS):
-            cells = []
-            for _, functions in pair:
-                cells += ([f"`{functions[index][0]}`", f"{functions[index][1]:.2f}"]
-                          if index < len(functions) else ["", ""])
-            table.append(cells)
-        lines += markdown_table(["before: function", "ms", "after: function", "ms"], table)
+        lines += _side_by_side([functions for _, functions in pair])
     return lines + [""]
