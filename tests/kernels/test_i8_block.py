@@ -45,10 +45,31 @@ def test_a8_codes_equal_the_exact_reference(lib) -> None:
         i8_rows.a8_codes(x)
 
 
+def test_a16_codes_equal_the_exact_reference(lib) -> None:
+    rng = np.random.default_rng(11)
+    x = (rng.standard_normal((33, 64)) * rng.uniform(1e-3, 50, (33, 1))).astype(F32)
+    x[4] = 0.0
+    x[5, :3] = [32767.0, 0.5, -1.5]
+    x[6, :2] = [-3e4, 1e-3]  # a large channel beside small ones (Qwen's keys)
+    codes, scale = exact.a16_codes_reference(x)
+    assert codes.dtype == np.int16 and codes[6, 0] == -32767 and codes[4].max() == 0
+    assert scale[4] == 1.0 and scale[6] == np.float32(np.float32(3e4) / np.float32(32767))
+    for variant in (2, 1, 0):
+        lib.np_force_variant(variant)
+        for a, b in zip(exact.a16_codes(x), (codes, scale), strict=True):
+            np.testing.assert_array_equal(a, b)
+    x[7, 3] = np.nan
+    with pytest.raises(NonFiniteActivationError):
+        exact.a16_codes(x)
+
+
 def _cache(rng, capacity, kv_heads, hd):
-    codes = lambda: rng.integers(-128, 128, (capacity, kv_heads, hd)).astype(np.int8)  # noqa: E731
+    keys = rng.integers(-32768, 32768, (capacity, kv_heads, hd)).astype(np.int16)
+    keys[0] = -32768  # the extremes: every partial sum of the vector dots near int32's
+    keys[1] = 32767
+    values = rng.integers(-128, 128, (capacity, kv_heads, hd)).astype(np.int8)
     scales = lambda: rng.uniform(0.001, 0.2, (capacity, kv_heads)).astype(F32)  # noqa: E731
-    return codes(), scales(), codes(), scales()
+    return keys, scales(), values, scales()
 
 
 # head sizes: one 16-code chunk; not a multiple of 16 (the AVX2 scalar dots, 8-wide values);
@@ -57,13 +78,14 @@ def _cache(rng, capacity, kv_heads, hd):
 # several 16-key blocks of the VNNI scores with a partial last one
 @pytest.mark.parametrize(("hd", "start", "count"), [(16, 9, 5), (24, 9, 5), (64, 0, 11),
                                                     (80, 6, 9), (18, 3, 4), (64, 20, 17),
-                                                    (64, 30, 3)])
+                                                    (64, 30, 3), (256, 5, 6), (256, 7, 1)])
 def test_causal_attention_equals_the_pinned_reference(lib, hd, start, count) -> None:
     rng = np.random.default_rng(2 + hd)
     heads, kv_heads = 6, 2
     capacity = start + count + 3
     kcode, kscale, vcode, vscale = _cache(rng, capacity, kv_heads, hd)
     qcode = rng.integers(-128, 128, (count * heads, hd)).astype(np.int8)
+    qcode[0] = -128
     qscale = rng.uniform(0.01, 0.5, count * heads).astype(F32)
     # the reference: every query row's key slots listed by hand
     slots = np.zeros((count * heads, start + count), np.int64)
@@ -88,3 +110,24 @@ def test_causal_attention_equals_the_pinned_reference(lib, hd, start, count) -> 
     last = i8_rows.attend_causal(qcode[-heads:], qscale[-heads:], start + count - 1, heads,
                                  kcode, kscale, vcode, vscale)
     np.testing.assert_array_equal(last[0], ref[-1])
+
+
+@pytest.mark.parametrize("hd", [16, 24, 64, 256])
+def test_listed_slots_with_int16_keys_equal_the_reference(lib, hd) -> None:
+    """`pinned.attend` (the sliding-window caches' path) over int16 keys: native == numpy."""
+    rng = np.random.default_rng(40 + hd)
+    keys, kscale, values, vscale = _cache(rng, 12, 1, hd)
+    keys, values = keys.reshape(12, hd), values.reshape(12, hd)
+    kscale, vscale = kscale.reshape(12), vscale.reshape(12)
+    qcode = rng.integers(-128, 128, (5, hd)).astype(np.int8)
+    qscale = rng.uniform(0.01, 0.5, 5).astype(F32)
+    slots = np.stack([rng.permutation(12)[:9] for _ in range(5)]).astype(np.int64)
+    seen = np.array([9, 1, 4, 7, 5], np.int64)
+    ref = pinned.attend_reference(qcode, qscale, keys, kscale, values, vscale, slots, seen)
+    # a row that sees one key gets that value exactly (its probability is 1)
+    single = np.float32(vscale[slots[1, 0]]) * values[slots[1, 0]].astype(F32)
+    np.testing.assert_array_equal(ref[1], single)  # one key: probability exactly 1
+    for variant in (2, 1, 0):
+        lib.np_force_variant(variant)
+        np.testing.assert_array_equal(
+            pinned.attend(qcode, qscale, keys, kscale, values, vscale, slots, seen), ref)

@@ -165,6 +165,36 @@ def a8_codes(x: np.ndarray, use_native: bool | None = None) -> tuple[np.ndarray,
     return codes, scale
 
 
+LEVEL16 = F32(32767.0)
+
+
+def a16_codes_reference(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(codes int16 [T, cols], scale [T]): A8's rule with 32767 levels, `s = max|x| / 32767`
+    (a float32 division; 1 for an all-zero row), `clip(rint(x / s), -32768, 32767)`: the
+    transformer int8 numerics' cached keys (docs/numerics.md "int8 attention")."""
+    x = np.asarray(x, F32)
+    peak = np.max(np.abs(x), axis=-1)
+    if not np.all(np.isfinite(peak)):
+        raise NonFiniteActivationError("non-finite activation entering an A16 key")
+    scale = np.where(peak > 0, peak / LEVEL16, F32(1.0)).astype(F32)
+    codes = np.clip(np.rint(x / scale[:, None]), -32768, 32767).astype(np.int16)
+    return codes, scale
+
+
+def a16_codes(x: np.ndarray, use_native: bool | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """`a16_codes_reference` of x [T, cols], by the native kernel when it is built."""
+    lib = native.library(use_native)
+    if lib is None:
+        return a16_codes_reference(x)
+    x = np.ascontiguousarray(x, F32)
+    rows, cols = x.shape
+    codes = np.empty((rows, cols), np.int16)
+    scale = np.empty(rows, F32)
+    if lib.np_a16_codes(x.ctypes.data, rows, cols, codes.ctypes.data, scale.ctypes.data):
+        raise NonFiniteActivationError("non-finite activation entering an A16 key")
+    return codes, scale
+
+
 def a8_rotate_reference(x: np.ndarray, in_pad: int) -> tuple[np.ndarray, np.ndarray]:
     """(v int32 [T, in_pad], scale [T]): A8 codes zero-padded to `in_pad`, each 128-group
     rotated by the unnormalised Walsh-Hadamard transform (exact in int32)."""

@@ -118,7 +118,8 @@ def attend_reference(
     vcode: np.ndarray, vscale: np.ndarray, slots: np.ndarray, count: np.ndarray,
 ) -> np.ndarray:
     """Query rows qcode [Q, qk] int8 (scales [Q]) over the key/value slots `slots[i, :count[i]]`
-    of kcode [S, qk] / vcode [S, vd] int8 (scales [S]) -> [Q, vd] float32, as `np_attend`:
+    of kcode [S, qk] (int8, or int16 keys) / vcode [S, vd] int8 (scales [S]) -> [Q, vd]
+    float32, as `np_attend`:
     score_j = float32(((dot_j * sq) * sk_j) / sqrt(qk)); softmax with the pinned exp and a
     float32 sum in slot-list order; out = sum_j p_j * (vcode_j * sv_j) in that order."""
     rows, qk = qcode.shape
@@ -166,8 +167,11 @@ def attend(
     count = np.ascontiguousarray(count, np.int64)
     out = np.empty((rows, vd), F32)
     work = np.empty(max(1, slots.shape[1]), F32)
+    key16 = kcode.dtype == np.int16
+    kcode = np.ascontiguousarray(kcode, np.int16 if key16 else np.int8)
     lib.np_attend(
-        qcode.ctypes.data, qscale.ctypes.data, rows, qk, kcode.ctypes.data, kscale.ctypes.data,
+        qcode.ctypes.data, qscale.ctypes.data, rows, qk, kcode.ctypes.data, int(key16),
+        kscale.ctypes.data,
         vcode.ctypes.data, vscale.ctypes.data, vd, slots.ctypes.data, count.ctypes.data,
         slots.shape[1], 1.0 / np.sqrt(float(qk)), out.ctypes.data, work.ctypes.data,
     )

@@ -16,7 +16,7 @@ import os
 import warnings
 from pathlib import Path
 
-ABI_VERSION = 11
+ABI_VERSION = 12
 HERE = Path(__file__).resolve().parent
 
 c_int64_p = ctypes.POINTER(ctypes.c_int64)
@@ -138,7 +138,7 @@ def _signatures(lib: ctypes.CDLL) -> None:
     lib.np_matmul_seq.restype = None
     lib.np_exp32.argtypes = [f32]
     lib.np_exp32.restype = f32
-    lib.np_attend.argtypes = [p, p, i64, i64, p, p, p, p, i64, p, p, i64, f64, p, p]
+    lib.np_attend.argtypes = [p, p, i64, i64, p, i32, p, p, p, i64, p, p, i64, f64, p, p]
     lib.np_attend.restype = None
     lib.np_exp32_array.argtypes = [p, i64, p]
     lib.np_exp32_array.restype = None
@@ -146,6 +146,8 @@ def _signatures(lib: ctypes.CDLL) -> None:
     lib.np_exp64_array.restype = None
     lib.np_a8_codes.argtypes = [p, i64, i64, p, p]
     lib.np_a8_codes.restype = i32
+    lib.np_a16_codes.argtypes = [p, i64, i64, p, p]
+    lib.np_a16_codes.restype = i32
     lib.np_hadamard_mlp.argtypes = [p, i64, i64, i64, i64, i64, p, p, p, p, i64, p, p, p]
     lib.np_hadamard_mlp.restype = i32
     lib.np_sinkhorn.argtypes = [p, i64, i64, i32, p]

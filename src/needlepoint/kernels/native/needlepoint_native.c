@@ -123,7 +123,7 @@ int np_force_variant(int v) {
 #define NP_DISPATCH(name, ...) name##_base(__VA_ARGS__)
 #endif
 
-int np_abi_version(void) { return 11; }
+int np_abi_version(void) { return 12; }
 
 /* 2 when the AVX-512 VNNI variant runs, 1 for AVX2 + FMA, 0 for the baseline one. */
 int np_simd_variant(void) { return np_pick(); }
@@ -203,11 +203,11 @@ void np_matmul_seq(const float *x, int64_t T, int64_t K, int64_t x_stride, const
 float np_exp32(float x) { return NP_DISPATCH(np_exp32, x); }
 
 void np_attend(const int8_t *qcode, const float *qscale, int64_t Q, int64_t qk,
-               const int8_t *kcode, const float *kscale, const int8_t *vcode,
+               const void *kcode, int key16, const float *kscale, const int8_t *vcode,
                const float *vscale, int64_t vd, const int64_t *slots, const int64_t *count,
                int64_t slots_stride, double inv_sqrt_qk, float *out, float *work) {
-    NP_DISPATCH(np_attend, qcode, qscale, Q, qk, kcode, kscale, vcode, vscale, vd, slots, count,
-                slots_stride, inv_sqrt_qk, out, work);
+    NP_DISPATCH(np_attend, qcode, qscale, Q, qk, kcode, key16, kscale, vcode, vscale, vd, slots,
+                count, slots_stride, inv_sqrt_qk, out, work);
 }
 
 void np_exp32_array(const float *x, int64_t n, float *out) {
@@ -220,6 +220,10 @@ void np_exp64_array(const double *x, int64_t n, double *out) {
 
 int np_a8_codes(const float *x, int64_t T, int64_t cols, int8_t *codes, float *scale) {
     return NP_DISPATCH(np_a8_codes, x, T, cols, codes, scale);
+}
+
+int np_a16_codes(const float *x, int64_t T, int64_t cols, int16_t *codes, float *scale) {
+    return NP_DISPATCH(np_a16_codes, x, T, cols, codes, scale);
 }
 
 int np_hadamard_mlp(const float *x, int64_t T, int64_t d, int64_t n, int64_t ba, int64_t bb,

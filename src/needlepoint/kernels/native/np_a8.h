@@ -109,3 +109,23 @@ static int NP_NAME(np_a8_codes)(const float *x, int64_t T, int64_t cols, int8_t 
     }
     return NP_OK;
 }
+
+/* A16 codes of each row of x [T, cols] as int16 plus one float32 scale: np_a8_codes with
+ * 32767 levels (the transformer int8 numerics' cached keys). */
+static int NP_NAME(np_a16_codes)(const float *x, int64_t T, int64_t cols, int16_t *codes,
+                                 float *scale) {
+    for (int64_t t = 0; t < T; t++) {
+        const float *row = x + t * cols;
+        float peak;
+        if (!NP_NAME(np_absmax)(row, cols, &peak)) return NP_NONFINITE;
+        float s = peak > 0.0f ? peak / 32767.0f : 1.0f;
+        scale[t] = s;
+        for (int64_t c = 0; c < cols; c++) {
+            float q = nearbyintf(row[c] / s);
+            if (q > 32767.0f) q = 32767.0f;
+            if (q < -32768.0f) q = -32768.0f;
+            codes[t * cols + c] = (int16_t)q;
+        }
+    }
+    return NP_OK;
+}

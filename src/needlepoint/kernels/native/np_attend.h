@@ -25,6 +25,10 @@ typedef struct {
     int64_t k_step, v_step, s_step;
     int64_t first, wrap;
     const int64_t *slots;
+    /* Where set, the keys are int16 codes at k16 + s_j * k_step (k unused): the transformer
+     * int8 numerics keep keys at 16 bits, since a few large key channels (Qwen's k bias)
+     * leave the rest of an 8-bit row with too few levels (docs/numerics.md). */
+    const int16_t *k16;
 } np_kv_view;
 
 static inline int64_t np_kv_slot(const np_kv_view *kv, int64_t j) {
@@ -56,10 +60,76 @@ static inline __m128i NP_NAME(np_att_dot4)(const __m256i *q16, int64_t chunks, c
 }
 #endif
 
+#if defined(NP_SIMD_AVX2)
+/* dot_j for 4 int16 keys at once (qk a multiple of 16, at most 512: every partial sum of
+ * 128 * 32768 * 512 fits in int32) */
+static inline __m128i NP_NAME(np_att_dot4_16)(const __m256i *q16, int64_t chunks,
+                                              const int16_t *k0, const int16_t *k1,
+                                              const int16_t *k2, const int16_t *k3) {
+    __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
+#define NP_ATT_MADD16(acc, k)                                                                   \
+    acc = _mm256_add_epi32(acc, _mm256_madd_epi16(q, _mm256_loadu_si256((const __m256i *)((k) + 16 * c))))
+    for (int64_t c = 0; c < chunks; c++) {
+        __m256i q = q16[c];
+        NP_ATT_MADD16(a0, k0);
+        NP_ATT_MADD16(a1, k1);
+        NP_ATT_MADD16(a2, k2);
+        NP_ATT_MADD16(a3, k3);
+    }
+#undef NP_ATT_MADD16
+    __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(a0, a1), _mm256_hadd_epi32(a2, a3));
+    return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+}
+#endif
+
+/* np_att_scores over int16 keys (kv->k16): the same scale chain, the dot exact in int64. */
+static void NP_NAME(np_att_scores16)(const int8_t *q, float qscale, int64_t qk,
+                                     const np_kv_view *kv, int64_t n, double inv_sqrt_qk,
+                                     float *work) {
+    const double sq = (double)qscale;
+    const float *ks = kv->ks;
+    const int64_t ss = kv->s_step;
+    int64_t j = 0;
+#if defined(NP_SIMD_AVX2)
+    if (qk % 16 == 0 && qk <= 512) {
+        __m256i q16[32];
+        for (int64_t ch = 0; ch < qk / 16; ch++)
+            q16[ch] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(q + 16 * ch)));
+        const __m256d vsq = _mm256_set1_pd(sq), vinv = _mm256_set1_pd(inv_sqrt_qk);
+        for (; j + 4 <= n; j += 4) {
+            int64_t s0 = np_kv_slot(kv, j), s1 = np_kv_slot(kv, j + 1);
+            int64_t s2 = np_kv_slot(kv, j + 2), s3 = np_kv_slot(kv, j + 3);
+            __m128i dot = NP_NAME(np_att_dot4_16)(
+                q16, qk / 16, kv->k16 + s0 * kv->k_step, kv->k16 + s1 * kv->k_step,
+                kv->k16 + s2 * kv->k_step, kv->k16 + s3 * kv->k_step);
+            __m256d t = _mm256_mul_pd(_mm256_cvtepi32_pd(dot), vsq);
+            t = _mm256_mul_pd(t, _mm256_set_pd((double)ks[s3 * ss], (double)ks[s2 * ss],
+                                               (double)ks[s1 * ss], (double)ks[s0 * ss]));
+            t = _mm256_mul_pd(t, vinv);
+            _mm_storeu_ps(work + j, _mm256_cvtpd_ps(t));
+        }
+    }
+#endif
+    for (; j < n; j++) {
+        int64_t s = np_kv_slot(kv, j);
+        const int16_t *restrict k = kv->k16 + s * kv->k_step;
+        int64_t dot = 0;
+        for (int64_t e = 0; e < qk; e++) dot += (int64_t)q[e] * (int64_t)k[e];
+        double t = (double)dot * sq;
+        t = t * (double)ks[s * ss];
+        t = t * inv_sqrt_qk;
+        work[j] = (float)t;
+    }
+}
+
 /* work[j] = score_j for j < n */
 static void NP_NAME(np_att_scores)(const int8_t *q, float qscale, int64_t qk,
                                    const np_kv_view *kv, int64_t n, double inv_sqrt_qk,
                                    float *work) {
+    if (kv->k16) {
+        NP_NAME(np_att_scores16)(q, qscale, qk, kv, n, inv_sqrt_qk, work);
+        return;
+    }
     const double sq = (double)qscale;
     int64_t j = 0;
 #if defined(NP_SIMD_AVX2)
@@ -186,14 +256,17 @@ static void NP_NAME(np_att_row)(const int8_t *q, float qscale, int64_t qk, int64
 }
 
 /* Q query rows, row i against the count[i] slots listed at slots + i * slots_stride of kcode
- * [S, qk] / vcode [S, vd] (scales [S]) -> out [Q, vd] (kernels/pinned.py attend). */
+ * [S, qk] (int8, or int16 where key16) / vcode [S, vd] (scales [S]) -> out [Q, vd]
+ * (kernels/pinned.py attend). */
 static void NP_NAME(np_attend)(const int8_t *qcode, const float *qscale, int64_t Q, int64_t qk,
-                               const int8_t *kcode, const float *kscale, const int8_t *vcode,
-                               const float *vscale, int64_t vd, const int64_t *slots,
-                               const int64_t *count, int64_t slots_stride, double inv_sqrt_qk,
-                               float *out, float *work) {
+                               const void *kcode, int key16, const float *kscale,
+                               const int8_t *vcode, const float *vscale, int64_t vd,
+                               const int64_t *slots, const int64_t *count, int64_t slots_stride,
+                               double inv_sqrt_qk, float *out, float *work) {
     for (int64_t i = 0; i < Q; i++) {
-        np_kv_view kv = {kcode, vcode, kscale, vscale, qk, vd, 1, 0, 0, slots + i * slots_stride};
+        np_kv_view kv = {key16 ? NULL : (const int8_t *)kcode, vcode, kscale, vscale, qk, vd,
+                         1, 0, 0, slots + i * slots_stride,
+                         key16 ? (const int16_t *)kcode : NULL};
         NP_NAME(np_att_row)(qcode + i * qk, qscale[i], qk, vd, &kv, count[i], inv_sqrt_qk,
                             out + i * vd, work);
     }

@@ -2,7 +2,7 @@
  *
  * The same operations, in the same order, as the Python block over the kernels one at a time
  * (models/transformer/block.py with int8 weights: norm, int8 q|k|v product, RoPE, int8 KV
- * rows, pinned attention, int8 o product, residual, norm, int8 gate|up product, pinned
+ * rows (keys at 16 bits), pinned attention, int8 o product, residual, norm, int8 gate|up product, pinned
  * activation, int8 down product, residual); every float operation is one IEEE operation, so
  * both give the same bits (tests/models/transformer/test_transformer_int8_fused.py). It only
  * saves the interpreter's work between the kernels, which dominates a decode step. */
@@ -51,7 +51,7 @@ static inline float i8_act_arg(float x, int gelu) {
 /* h [T, d] (positions start ..) -> the block's output, in place; appends the chunk's keys
  * and values at rows (start + t) * kv_heads + g of the int8 cache (capacity >= start + T). */
 int i8_block(const i8_layer *L, float *h, int64_t T, int64_t start, const float *cos,
-             const float *sin, int8_t *kcode, float *kscale, int8_t *vcode, float *vscale) {
+             const float *sin, int16_t *kcode, float *kscale, int8_t *vcode, float *vscale) {
     int64_t d = L->d, H = L->heads, G = L->kv_heads, hd = L->head_dim;
     int64_t nq = H * hd, nkv = G * hd;
     int64_t kmax = I8_MAX(I8_MAX(L->qkv.k_pad, L->o.k_pad), I8_MAX(L->up.k_pad, L->down.k_pad));
@@ -90,7 +90,7 @@ int i8_block(const i8_layer *L, float *h, int64_t T, int64_t start, const float 
                 i8_rope_row(k, cs, sn, hd, rowbuf);
                 k = rowbuf;
             }
-            st = NP_DISPATCH(np_a8_codes, k, 1, hd, kcode + row * hd, kscale + row);
+            st = NP_DISPATCH(np_a16_codes, k, 1, hd, kcode + row * hd, kscale + row);
             if (st) goto done;
             st = NP_DISPATCH(np_a8_codes, yr + nq + nkv + g * hd, 1, hd, vcode + row * hd,
                              vscale + row);

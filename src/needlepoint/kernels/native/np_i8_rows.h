@@ -89,11 +89,11 @@ static inline void NP_NAME(i8_weighted)(const float *prob, const float *vf, int6
 
 /* The cache rows p * stride + g (p = 0 .. n-1) of kv head g as the one attention row's view
  * (np_attend.h). */
-static inline np_kv_view NP_NAME(i8_view)(const int8_t *kcode, const float *kscale,
+static inline np_kv_view NP_NAME(i8_view)(const int16_t *kcode, const float *kscale,
                                          const int8_t *vcode, const float *vscale,
                                          int64_t stride, int64_t g, int64_t hd) {
-    np_kv_view kv = {kcode + g * hd, vcode + g * hd, kscale + g, vscale + g, stride * hd,
-                     stride * hd, stride, 0, 0, NULL};
+    np_kv_view kv = {NULL, vcode + g * hd, kscale + g, vscale + g, stride * hd,
+                     stride * hd, stride, 0, 0, NULL, kcode + g * hd};
     return kv;
 }
 
@@ -104,28 +104,28 @@ static inline np_kv_view NP_NAME(i8_view)(const int8_t *kcode, const float *ksca
  * (i8_values, i8_weighted): the same operations, the same bits. work: R * n floats. */
 static inline void NP_NAME(i8_attend_vf)(const int8_t *q0, const float *sq, const int R,
                                          int64_t n, const np_kv_view *kv, int64_t hd,
-                                         const float *vf, const int8_t *kt,
-                                         const int32_t *ksum, const double *ksc,
+                                         const float *vf, const int16_t *kt,
+                                         const double *ksc,
                                          double inv_sqrt, float *out, float *work) {
     for (int r = 0; r < R; r++) {
         float *w = work + r * n;
 #if defined(NP_SIMD_AVX512)
         if (kt)
-            NP_NAME(i8_scores_t)(q0 + r * hd, sq[r], n, hd, kt, ksum, ksc, inv_sqrt, w);
+            NP_NAME(i8_scores_t)(q0 + r * hd, sq[r], n, hd, kt, ksc, inv_sqrt, w);
         else
 #endif
             NP_NAME(np_att_scores)(q0 + r * hd, sq[r], hd, kv, n, inv_sqrt, w);
         NP_NAME(np_att_exp)(w, n);
         NP_NAME(np_att_normalise)(w, n);
     }
-    (void)kt, (void)ksum, (void)ksc;
+    (void)kt, (void)ksc;
     NP_NAME(i8_weighted)(work, vf, n, hd, R, out, hd);
 }
 
 #define I8_ATTEND_CASE(c)                                                                  \
     case c:                                                                                \
         NP_NAME(i8_attend_vf)(qcode + row * hd, qscale + row, c, start + t + 1, &kv, hd, vf, \
-                              kt, ksum, ksc, inv_sqrt, out + row * hd, wk);                \
+                              kt, ksc, inv_sqrt, out + row * hd, wk);                \
         break;
 
 /* Causal attention of T positions start .. start+T-1: query rows (t, h) of qcode [T*H, hd]
@@ -134,25 +134,23 @@ static inline void NP_NAME(i8_attend_vf)(const int8_t *q0, const float *sq, cons
  * row by row (np_att_row): the same bits either way. */
 static void NP_NAME(i8_attend_causal)(const int8_t *qcode, const float *qscale, int64_t T,
                                       int64_t start, int64_t heads, int64_t kv_heads,
-                                      int64_t hd, const int8_t *kcode, const float *kscale,
+                                      int64_t hd, const int16_t *kcode, const float *kscale,
                                       const int8_t *vcode, const float *vscale, float *out,
                                       float *work) {
     int64_t group = heads / kv_heads, n = start + T, n16 = (n + 15) / 16 * 16;
     double inv_sqrt = 1.0 / sqrt((double)hd);
     float *vf = (float *)malloc(sizeof(float) * (size_t)(n * hd + 4 * n));
     float *wk = vf ? vf + n * hd : NULL; /* 4 rows' softmax weights */
-    int8_t *kt = NULL;
-    int32_t *ksum = NULL;
+    int16_t *kt = NULL;
     double *ksc = NULL;
 #if defined(NP_SIMD_AVX512)
     /* the vector scores (np_i8_keys.h), worth rearranging the keys for from a few rows up */
     if (hd % 4 == 0 && hd <= 256 && T >= 4) {
-        kt = (int8_t *)malloc((size_t)(n16 * hd));
-        ksum = (int32_t *)malloc(sizeof(int32_t) * (size_t)n16);
+        kt = (int16_t *)malloc(sizeof(int16_t) * (size_t)(n16 * hd));
         ksc = (double *)malloc(sizeof(double) * (size_t)n16);
-        if (!kt || !ksum || !ksc) {
-            free(kt), free(ksum), free(ksc);
-            kt = NULL, ksum = NULL, ksc = NULL;
+        if (!kt || !ksc) {
+            free(kt), free(ksc);
+            kt = NULL, ksc = NULL;
         }
     }
 #endif
@@ -161,7 +159,7 @@ static void NP_NAME(i8_attend_causal)(const int8_t *qcode, const float *qscale, 
         NP_NAME(i8_values)(vcode, vscale, n, kv_heads, g, hd, vf);
         np_kv_view kv = NP_NAME(i8_view)(kcode, kscale, vcode, vscale, kv_heads, g, hd);
 #if defined(NP_SIMD_AVX512)
-        if (kt) NP_NAME(i8_keys_t)(kcode, kscale, n, kv_heads, g, hd, kt, ksum, ksc);
+        if (kt) NP_NAME(i8_keys_t)(kcode, kscale, n, kv_heads, g, hd, kt, ksc);
 #endif
         for (int64_t t = 0; t < T; t++)
             for (int64_t h = g * group; h < (g + 1) * group; h += 4) {
@@ -175,7 +173,6 @@ static void NP_NAME(i8_attend_causal)(const int8_t *qcode, const float *qscale, 
             }
     }
     free(kt);
-    free(ksum);
     free(ksc);
     if (vf) {
         free(vf);

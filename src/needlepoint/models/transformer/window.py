@@ -7,8 +7,8 @@ the last `window - 1 + RESERVE` positions between calls (bounded memory however 
 conversation); a chunk's own keys join them for its attention. `RESERVE` extra positions are
 kept so that a short rewind (a rejected speculative draft) is exact in place; a longer one is
 refused by `can_rewind_to` and the session replays its tokens instead (`session.py`).
-Float: `attention.causal_attention` with the window mask. int8: the keys and values are A8 rows
-as in `int8.Int8KVCache`, and each query row attends its window in ascending position order
+Float: `attention.causal_attention` with the window mask. int8: the keys are A16 and the values
+A8 rows as in `int8.Int8KVCache`, and each query row attends its window in ascending position order
 through `kernels.pinned.attend` (`attend_reference`'s definition, the same as the full
 layers' causal kernel), so a position's bits do not depend on the chunking.
 """
@@ -105,28 +105,28 @@ class WindowKVCache(_Window):
 
 
 class Int8WindowCache(_Window):
-    """int8 keys and values `[positions, kv_heads, head_dim]` (A8 scales
+    """int16 keys and int8 values `[positions, kv_heads, head_dim]` (scales
     `[positions, kv_heads]`) of a sliding-window layer."""
 
     NAMES = ("kcode", "kscale", "vcode", "vscale")
 
     def __init__(self, kv_heads: int, head_dim: int, window: int) -> None:
-        codes = np.zeros((0, kv_heads, head_dim), np.int8)
         scales = np.zeros((0, kv_heads), F32)
-        super().__init__(window, {"kcode": codes, "kscale": scales, "vcode": codes.copy(),
+        super().__init__(window, {"kcode": np.zeros((0, kv_heads, head_dim), np.int16),
+                                  "kscale": scales,
+                                  "vcode": np.zeros((0, kv_heads, head_dim), np.int8),
                                   "vscale": scales.copy()})
 
     def attend(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, start: int,
                scale: float) -> np.ndarray:
-        """Append k, v (A8 per row of head_dim); q [T, H, hd] at positions start.. attends
+        """Append k (A16), v (A8) per row of head_dim; q [T, H, hd] at positions start.. attends
         its window -> [T, H*hd]. Query scale as `Int8KVCache.attend`."""
         self._check(start)
         count, heads, head_dim = q.shape
         kv_heads = k.shape[1]
         new = {}
-        for name, src in (("k", k), ("v", v)):
-            c, s = exact.a8_codes(np.ascontiguousarray(src, F32).reshape(count * kv_heads,
-                                                                         head_dim))
+        for name, src, rule in (("k", k, exact.a16_codes), ("v", v, exact.a8_codes)):
+            c, s = rule(np.ascontiguousarray(src, F32).reshape(count * kv_heads, head_dim))
             new[name + "code"] = c.reshape(count, kv_heads, head_dim)
             new[name + "scale"] = s.reshape(count, kv_heads)
         joined = self._joined(new)
