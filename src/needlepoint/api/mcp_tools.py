@@ -23,12 +23,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import io
 import json
+import sys
 import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from ..errors import McpConfigError, McpServerError, NeedlepointError, ToolSchemaError
 from .mcp_config import ServerConfig, load_config
@@ -287,9 +289,11 @@ async def _target(server: ServerConfig, stack: contextlib.AsyncExitStack) -> Any
     """What `mcp.Client` connects to: stdio parameters, or an HTTP transport with headers."""
     if server.command is not None:
         from mcp import StdioServerParameters
+        from mcp.client.stdio import stdio_client
 
-        return StdioServerParameters(command=server.command, args=list(server.args),
-                                     env=dict(server.env) or None, cwd=server.cwd)
+        params = StdioServerParameters(command=server.command, args=list(server.args),
+                                       env=dict(server.env) or None, cwd=server.cwd)
+        return stdio_client(params, errlog=_server_errlog())
     assert server.url is not None
     if not server.headers:
         return server.url
@@ -298,6 +302,16 @@ async def _target(server: ServerConfig, stack: contextlib.AsyncExitStack) -> Any
 
     http = await stack.enter_async_context(create_mcp_http_client(headers=dict(server.headers)))
     return streamable_http_client(server.url, http_client=http)
+
+
+def _server_errlog() -> TextIO:
+    """Where a stdio server's stderr goes: ours, or the process's own stderr when ours has no
+    file descriptor for the child to inherit (a notebook's or a test's captured stream)."""
+    try:
+        sys.stderr.fileno()
+    except (AttributeError, OSError, io.UnsupportedOperation):
+        return sys.__stderr__
+    return sys.stderr
 
 
 def _named(listed: Mapping[str, list[Any]], reserved: set[str]) -> list[McpTool]:
