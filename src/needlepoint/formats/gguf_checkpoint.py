@@ -29,7 +29,12 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import CheckpointError, MissingTensorError, UnsupportedArchitectureError
+from ..errors import (
+    CheckpointError,
+    GGUFFormatError,
+    MissingTensorError,
+    UnsupportedArchitectureError,
+)
 from .gguf_arch import ARCHITECTURES, GPT2_CONV1D, REQUIRED, GGUFArch
 from .gguf_quants import dequantize, integer_blocks
 from .gguf_reader import GGUFFile
@@ -240,6 +245,8 @@ def open_gguf(path: str | os.PathLike[str]) -> GGUFCheckpoint:
     _gguf()
     try:
         reader = GGUFFile(file)
+    except GGUFFormatError:
+        raise
     except (ValueError, OSError, IndexError, KeyError) as error:
         raise CheckpointError(f"{file}: not a valid GGUF file: {error}") from None
     return GGUFCheckpoint(file, reader)
