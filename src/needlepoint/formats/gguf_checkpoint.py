@@ -35,9 +35,9 @@ from ..errors import (
     MissingTensorError,
     UnsupportedArchitectureError,
 )
-from .gguf_arch import ARCHITECTURES, GPT2_CONV1D, REQUIRED, GGUFArch
 from ..kernels.blockweight import BlockWeight
 from ..kernels.wtypes import TYPES
+from .gguf_arch import ARCHITECTURES, GPT2_CONV1D, REQUIRED, GGUFArch
 from .gguf_quants import dequantize
 from .gguf_reader import GGUFFile
 from .hf_extra import hf_extra

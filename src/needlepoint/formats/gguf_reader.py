@@ -188,7 +188,8 @@ class GGUFFile:
     def _check_overlaps(self, start: int, directory: list) -> None:
         spans = sorted((start + entry[3], tensor.data.nbytes, tensor.name, tensor)
                        for entry, tensor in zip(directory, self.tensors, strict=True))
-        for (first, size, name, tensor), (next_first, _, next_name, _) in zip(spans, spans[1:]):
+        for (first, size, name, tensor), (next_first, _, next_name, _) in zip(spans, spans[1:],
+                                                                          strict=False):
             if first + size > next_first:
                 kind = tensor.tensor_type.name
                 dims = tensor.shape.tolist()

@@ -16,7 +16,7 @@ import os
 import warnings
 from pathlib import Path
 
-ABI_VERSION = 12
+ABI_VERSION = 13
 HERE = Path(__file__).resolve().parent
 
 c_int64_p = ctypes.POINTER(ctypes.c_int64)

@@ -6,8 +6,9 @@ an `[out, in]` torch weight costs nothing, and keeps a memory-mapped tensor mapp
 projection, the LM head included. `Int8Linear` is the int8 numerics' product with the same
 `__call__` (`kernels.i8`: weights as block-scaled integer codes, quantised once at load or taken
 as GGUF stores them; activations quantised per row and block at each call; exact integer dots,
-pinned float64 epilogue); `make_int8_linear` / `int8_from_blocks` build it, `fuse` joins
-projections that read the same input (q | k | v, gate | up) so the input is quantised once.
+pinned float64 epilogue); `make_int8_linear` builds it from a float weight,
+`Int8Linear([BlockWeight])` takes a weight as its file stores it, and `fuse` joins projections
+that read the same input (q | k | v, gate | up) so the input is quantised once.
 Fusing does not change any output's bits: each output column is computed on its own.
 """
 
@@ -107,18 +108,6 @@ def make_int8_linear(weight: np.ndarray, bias: np.ndarray | None, *, in_out: boo
     w = w.T if in_out else w
     codes, scale = i8.quantize_weight(w)
     part = i8.pack_weight(codes, scale, n_out=w.shape[0], k_in=w.shape[1], threads=threads)
-    return Int8Linear([part], bias)
-
-
-def int8_from_blocks(blocks: tuple[np.ndarray, np.ndarray, np.ndarray | None],
-                     bias: np.ndarray | None, *, threads: int = 1) -> Int8Linear | None:
-    """An int8 projection from stored integer blocks (codes [out, in], scale, offset): the
-    weight as stored, no re-quantisation; None when the codes do not fit the kernel."""
-    codes, scale, offset = blocks
-    low, high = int(codes.min(initial=0)), int(codes.max(initial=0))
-    if low < -127 or high > 127 or codes.shape[1] % i8.BLOCK:
-        return None
-    part = i8.pack_weight(codes, scale, offset, threads=threads)
     return Int8Linear([part], bias)
 
 

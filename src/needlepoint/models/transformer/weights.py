@@ -4,7 +4,8 @@
 (`names.py`), checks each shape against the config before reading it (a `MissingTensorError` or
 `TensorShapeError` names the tensor), and builds the norms (`layers.Norm`) and projections
 (`linear.make_linear`). The checkpoint is anything with `names()`, `shape(name)` and
-`tensor(name)` (float32), and optionally `stored_weight(name, threads)` (its own blocks): `formats.hf_checkpoint.HFCheckpoint` or
+`tensor(name)` (float32), and optionally `stored_weight(name, threads)` (its own blocks):
+`formats.hf_checkpoint.HFCheckpoint` or
 `formats.gguf_checkpoint.GGUFCheckpoint`. Tensors the block does not use (GPT-2's `attn.bias`
 mask buffers, cached `rotary_emb.inv_freq`) are ignored.
 
