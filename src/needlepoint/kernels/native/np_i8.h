@@ -45,6 +45,8 @@ static inline float i8_half(uint16_t h) {
     return out;
 }
 
+#include "np_wt_types.h"
+
 typedef struct {
     const i8_part *parts;
     int64_t n_parts, k_in, k_pad, n_total;
