@@ -49,6 +49,20 @@ class UnsupportedTensorTypeError(CheckpointError):
     decoded (the message names the tensor and the type)."""
 
 
+class GGUFFormatError(CheckpointError):
+    """A GGUF file is malformed: a bad header, a truncated directory or payload, a tensor of an
+    unknown ggml type, whose shape does not divide into its type's blocks, or whose bytes
+    (implied by its type and shape) overlap the next tensor or run past the end of the file.
+    The message names the file, the tensor and the byte offset; `tensor` and `offset` hold
+    them (None where the fault is in the header)."""
+
+    def __init__(self, message: str, tensor: str | None = None,
+                 offset: int | None = None) -> None:
+        super().__init__(message)
+        self.tensor = tensor
+        self.offset = offset
+
+
 class NonFiniteActivationError(NeedlepointError, ArithmeticError):
     """The model computed NaN or infinite values (logits or activations): almost always
     corrupted weight bytes inside an otherwise well-formed archive

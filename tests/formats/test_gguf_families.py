@@ -92,10 +92,10 @@ def test_quantised_family_gguf_keeps_its_blocks(tmp_path) -> None:
     stored = quants.quantize(hf.tensor(name), gguf.GGMLQuantizationType.Q8_0)
     expected = quants.dequantize(stored, gguf.GGMLQuantizationType.Q8_0)
     np.testing.assert_array_equal(gguf_file.tensor(name), expected)  # rows not permuted
-    codes, scale, offset = gguf_file.blocks(name)
-    assert offset is None and codes.shape == (64, 96)
-    np.testing.assert_array_equal((scale[:, :, None] * codes.reshape(64, 3, 32)).reshape(64, 96),
-                                  expected)
+    weight = gguf_file.stored_weight(name)
+    assert weight.wtype.name == "Q8_0" and (weight.n_out, weight.k_in) == (64, 96)
+    assert weight.data.tobytes() == stored.tobytes()  # the file's own bytes, as written
+    np.testing.assert_array_equal(weight.dequantize(), expected)
 
 
 def test_gemma3_layer_pattern_and_rope_metadata(tmp_path) -> None:
@@ -135,8 +135,8 @@ def test_the_gguf_chat_template_gives_the_same_syntax_and_prompt(files, name) ->
 
 def test_a_q4_k_m_style_file_keeps_its_k_quants(tmp_path) -> None:
     """A Q4_K_M-style gemma3-tiny: `ffn_down` Q4_K / Q6_K by layer, the rest Q8_0. Every
-    tensor decodes to what gguf's own decoder reads from the file; Q4_K is handed to the int8
-    numerics as stored 4-bit blocks, Q6_K is not (quantised at load)."""
+    tensor decodes to what gguf's own decoder reads from the file, and every quantised one is
+    handed to the int8 numerics as stored (its own bytes, dequantising to the same values)."""
     import gguf
     from gguf.quants import dequantize as gguf_dequantize
 
@@ -154,9 +154,8 @@ def test_a_q4_k_m_style_file_keeps_its_k_quants(tmp_path) -> None:
                                    gguf.GGMLQuantizationType[kind]).reshape(
             gguf_file.shape(name))
         np.testing.assert_array_equal(gguf_file.tensor(name), expected, name)
-        blocks = gguf_file.blocks(name)
-        assert (blocks is None) == (kind == "Q6_K"), name
-        if kind == "Q4_K":
-            codes, scale, offset = blocks
-            assert codes.min() >= 0 and codes.max() <= 15 and offset is not None
+        weight = gguf_file.stored_weight(name)
+        assert weight.wtype.name == kind, name
+        assert weight.data.tobytes() == np.asarray(stored.data).tobytes(), name
+        np.testing.assert_array_equal(weight.dequantize(), expected, name)
     assert seen == {"F32", "Q8_0", "Q4_K", "Q6_K"}

@@ -371,6 +371,25 @@ def test_qwen_and_gemma_across_two_nodes(cluster):
                             f"{name} {cuts} steps")
 
 
+def test_gguf_weights_in_place_across_two_nodes(cluster, tmp_path):
+    """Q4_K_M-style GGUF copies of the Qwen2 and Gemma 3 fixtures (Q4_K / Q6_K / Q8_0 blocks
+    multiplied where they lie in each stage's own mapping of the file) in int8 on two nodes:
+    forward and a prefilled then stepped session bit-identical to one process."""
+    from gguf_family_helpers import write_family_gguf
+
+    for name, cuts in (("qwen2-tiny", [0, 2]), ("gemma3-tiny", [0, 3])):
+        path = write_family_gguf(name, tmp_path / f"{name}.gguf", "Q4_K_M")
+        reference = needlepoint.load(path, numerics="int8")
+        ids = np.random.default_rng(4).integers(3, reference.config.vocab, 64)
+        expected = reference.forward(ids)
+        with _ray(path, cuts, _alternate(len(cuts)), numerics="int8") as staged:
+            assert_bits(staged.forward(ids), expected, f"{name} gguf")
+            session = staged.session(chunk=16)
+            assert_bits(session.prefill(ids[:56]), expected[55], f"{name} gguf prefill")
+            assert_bits(np.stack([session.step(int(t)) for t in ids[56:]]), expected[56:],
+                        f"{name} gguf steps")
+
+
 def test_rewind_across_nodes(cluster):
     reference = model("tiny")
     ids = long_prompt("tiny", 120)

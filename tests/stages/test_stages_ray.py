@@ -39,6 +39,7 @@ CASES = [
     "test_placement_that_cannot_fit_fails_fast_and_stage_cpus_shares",
     "test_transformers_across_two_nodes",
     "test_qwen_and_gemma_across_two_nodes",
+    "test_gguf_weights_in_place_across_two_nodes",
     "test_rewind_across_nodes",
 ]
 TIMEOUT_S = 900

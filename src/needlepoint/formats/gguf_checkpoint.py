@@ -29,9 +29,16 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import CheckpointError, MissingTensorError, UnsupportedArchitectureError
+from ..errors import (
+    CheckpointError,
+    GGUFFormatError,
+    MissingTensorError,
+    UnsupportedArchitectureError,
+)
+from ..kernels.blockweight import BlockWeight
+from ..kernels.wtypes import TYPES
 from .gguf_arch import ARCHITECTURES, GPT2_CONV1D, REQUIRED, GGUFArch
-from .gguf_quants import dequantize, integer_blocks
+from .gguf_quants import dequantize
 from .gguf_reader import GGUFFile
 from .hf_extra import hf_extra
 from .hf_tokenizer import HFTokenizer
@@ -180,25 +187,30 @@ class GGUFCheckpoint:
         if transform == "norm_shift":  # Gemma 3: llama.cpp stores 1 + w (gguf_arch doc)
             return values - np.float32(self.arch.norm_shift)
         if transform in ("attn_q", "attn_k"):
-            key = "attention.head_count" if transform == "attn_q" else "attention.head_count_kv"
-            heads = int(self._arch(key, self._arch("attention.head_count")))
-            values = unpermute_rope_rows(values, heads)
+            values = unpermute_rope_rows(values, self._rope_heads(transform))
         return values
 
-    def blocks(self, name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray | None] | None:
-        """A 2-D tensor's stored integer blocks (`gguf_quants.integer_blocks`) in the stored
-        `[out, in]` orientation, blocks of 32 along `in` (q/k rows un-permuted, as `tensor`);
-        None when its type is not one of the integer block types."""
+    def stored_weight(self, name: str, threads: int = 1) -> BlockWeight | None:
+        """A 2-D weight as the file stores it, `[out, in]` rows of its own ggml blocks (a
+        zero-copy view of the mapped file; `kernels.blockweight`), for the int8 numerics'
+        products and embedding rows; q/k rows un-permuted as `tensor` does (llama only: a
+        copy of those rows). None for a float type or a type without an integer product
+        (the numerics then quantise the float tensor)."""
         tensor, transform = self._entry(name)
         stored = tuple(int(n) for n in reversed(tensor.shape.tolist()))
-        if len(stored) != 2:
+        wtype = TYPES.get(tensor.tensor_type.name)
+        if len(stored) != 2 or wtype is None or wtype.unpack is None:
             return None
-        found = integer_blocks(tensor.data, tensor.tensor_type.name, *stored)
-        if found is None or transform not in ("attn_q", "attn_k"):
-            return found
+        rows, cols = stored
+        weight = BlockWeight(wtype, tensor.data.reshape(rows, -1), rows, cols, threads)
+        if transform in ("attn_q", "attn_k"):
+            order = unpermute_rope_rows(np.arange(rows), self._rope_heads(transform))
+            weight = weight.select_rows(order)
+        return weight
+
+    def _rope_heads(self, transform: str) -> int:
         key = "attention.head_count" if transform == "attn_q" else "attention.head_count_kv"
-        heads = int(self._arch(key, self._arch("attention.head_count")))
-        return tuple(None if a is None else unpermute_rope_rows(a, heads) for a in found)
+        return int(self._arch(key, self._arch("attention.head_count")))
 
     def release_pages(self) -> None:
         """Drop this process's resident pages of the file mapping (they are read again from
@@ -240,6 +252,8 @@ def open_gguf(path: str | os.PathLike[str]) -> GGUFCheckpoint:
     _gguf()
     try:
         reader = GGUFFile(file)
+    except GGUFFormatError:
+        raise
     except (ValueError, OSError, IndexError, KeyError) as error:
         raise CheckpointError(f"{file}: not a valid GGUF file: {error}") from None
     return GGUFCheckpoint(file, reader)

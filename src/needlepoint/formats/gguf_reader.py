@@ -10,7 +10,8 @@ count u64; each kv: key (u64 length + UTF-8), value type u32, value (arrays: ele
 count u64, elements; strings: u64 length + bytes); each tensor: name, n_dims u32, dims u64
 (ggml order, ne0 first), type u32, offset u64; the data at the next multiple of
 `general.alignment` (32 by default) after the directory, each tensor at its offset.
-Big-endian files are refused (`ValueError`, as every other malformation).
+Big-endian files are refused (`GGUFFormatError`, a `ValueError`, as every other
+malformation).
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from ..errors import GGUFFormatError
 
 MAGIC = b"GGUF"
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
@@ -94,16 +97,32 @@ class _Cursor:
 
 
 class GGUFFile:
-    """`values` (key -> str / int / float / bool / list), `tensors`, the memory map `data`."""
+    """`values` (key -> str / int / float / bool / list), `tensors`, the memory map `data`.
+
+    Every tensor is checked before any of its bytes is read, so a malformed file is a
+    `GGUFFormatError` naming the tensor and the byte offset, never a fault inside a read of
+    the map: a known ggml type, a shape of whole blocks, an aligned offset, bytes inside the
+    file, and no overlap with the next tensor (a byte size that disagrees with the type and
+    shape shows as one)."""
 
     def __init__(self, path: str | Path) -> None:
         import gguf
 
+        self.path = Path(path)
         self.data = np.memmap(path, mode="r")
         try:
             self._read(gguf, _Cursor(memoryview(self.data)))
-        except struct.error as error:
-            raise ValueError(f"truncated GGUF file: {error}") from None
+        except struct.error:
+            raise self._error("truncated GGUF file: the header or tensor directory runs past "
+                              f"the end of the file ({self.data.size} bytes)") from None
+        except ValueError as error:
+            if isinstance(error, GGUFFormatError):
+                raise
+            raise self._error(str(error)) from None
+
+    def _error(self, message: str, tensor: str | None = None,
+               offset: int | None = None) -> GGUFFormatError:
+        return GGUFFormatError(f"{self.path}: {message}", tensor, offset)
 
     def _read(self, gguf: Any, cursor: _Cursor) -> None:
         if bytes(self.data[:4]) != MAGIC:
@@ -121,24 +140,43 @@ class GGUFFile:
             self.values[key] = cursor.value(cursor.take("<I"))
         directory = []
         for _ in range(n_tensors):
+            entry_at = cursor.at
             name = cursor.string()
-            dims = [cursor.take("<Q") for _ in range(cursor.take("<I"))]
-            directory.append((name, dims, cursor.take("<I"), cursor.take("<Q")))
+            n_dims = cursor.take("<I")
+            if not 1 <= n_dims <= 4:
+                raise self._error(f"tensor {name!r} (directory entry at byte {entry_at}) has "
+                                  f"{n_dims} dimensions (1 to 4)", name, entry_at)
+            dims = [cursor.take("<Q") for _ in range(n_dims)]
+            directory.append((name, dims, cursor.take("<I"), cursor.take("<Q"), entry_at))
         alignment = int(self.values.get("general.alignment", 32))
+        if alignment <= 0 or alignment & (alignment - 1):
+            raise ValueError(f"general.alignment {alignment} is not a power of two")
         start = -(-cursor.at // alignment) * alignment
-        self.tensors = [self._tensor(gguf, start, *entry) for entry in directory]
+        self.tensors = [self._tensor(gguf, start, alignment, *entry) for entry in directory]
+        self._check_overlaps(start, directory)
 
-    def _tensor(self, gguf: Any, start: int, name: str, dims: list[int], kind: int,
-                offset: int) -> GGUFTensor:
-        qtype = gguf.GGMLQuantizationType(kind)
-        block, size = gguf.GGML_QUANT_SIZES[qtype]
-        count = int(np.prod(dims, dtype=np.int64)) if dims else 1
-        if count % block or (dims and dims[0] % block):
-            raise ValueError(f"tensor {name!r}: {dims} is not whole {qtype.name} blocks")
-        nbytes = count // block * size
+    def _tensor(self, gguf: Any, start: int, alignment: int, name: str, dims: list[int],
+                kind: int, offset: int, entry_at: int) -> GGUFTensor:
+        try:
+            qtype = gguf.GGMLQuantizationType(kind)
+            block, size = gguf.GGML_QUANT_SIZES[qtype]
+        except (ValueError, KeyError):
+            raise self._error(f"tensor {name!r} (directory entry at byte {entry_at}) has "
+                              f"unknown ggml type {kind}", name, entry_at) from None
         first = start + offset
+        count = int(np.prod(dims, dtype=np.int64)) if dims else 1
+        if count <= 0 or count % block or (dims and dims[0] % block):
+            raise self._error(f"tensor {name!r} at byte {first}: shape {dims} does not divide "
+                              f"into whole {qtype.name} blocks of {block} values along its "
+                              f"rows", name, first)
+        if offset % alignment:
+            raise self._error(f"tensor {name!r}: data offset {offset} is not a multiple of "
+                              f"the alignment {alignment}", name, first)
+        nbytes = count // block * size
         if first + nbytes > self.data.size:
-            raise ValueError(f"tensor {name!r} runs past the end of the file")
+            raise self._error(f"tensor {name!r} ({qtype.name} {dims}) needs {nbytes} bytes at "
+                              f"byte {first}, past the end of the file ({self.data.size} "
+                              f"bytes): truncated?", name, first)
         raw = self.data[first : first + nbytes]
         shape = tuple(reversed(dims))
         if qtype.name in _FLOAT_TYPES:
@@ -146,3 +184,16 @@ class GGUFFile:
         else:
             data = raw.reshape(*shape[:-1], dims[0] // block * size)
         return GGUFTensor(name, np.array(dims, np.uint64), qtype, data)
+
+    def _check_overlaps(self, start: int, directory: list) -> None:
+        spans = sorted((start + entry[3], tensor.data.nbytes, tensor.name, tensor)
+                       for entry, tensor in zip(directory, self.tensors, strict=True))
+        for (first, size, name, tensor), (next_first, _, next_name, _) in zip(spans, spans[1:],
+                                                                          strict=False):
+            if first + size > next_first:
+                kind = tensor.tensor_type.name
+                dims = tensor.shape.tolist()
+                raise self._error(
+                    f"tensor {name!r} ({kind} {dims}) needs {size} bytes at byte {first}, but "
+                    f"tensor {next_name!r} starts at byte {next_first}: its byte size "
+                    f"disagrees with its type and shape", name, first)

@@ -230,7 +230,11 @@ def matmul(codes: np.ndarray, xscale: np.ndarray, xsums: np.ndarray, w: I8Weight
            use_native: bool | None = None) -> np.ndarray:
     """`matmul_reference`, by the native kernel when it is built (same bits). `out`, if given,
     is a float32 [T, >= n_out] array whose first n_out columns receive the result (its rows
-    may be strided: a column slice of a wider output)."""
+    may be strided: a column slice of a wider output). A part that is not an `I8Weight` (a
+    `kernels.blockweight.BlockWeight`: a weight as its file stores it) runs its own product,
+    `w.product`, with the same arguments."""
+    if not isinstance(w, I8Weight):
+        return w.product(codes, xscale, xsums, bias, out, use_native)
     lib = native.library(use_native)
     rows = codes.shape[0]
     if lib is None:

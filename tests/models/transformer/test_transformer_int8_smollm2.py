@@ -1,6 +1,6 @@
 """SmolLM2-135M-Instruct (Q4_1 GGUF) in int8 numerics against llama.cpp's recorded output
 (`smollm2_llamacpp.json`, made by `bench/record_llamacpp.py`): the Q4_1 matrices and the Q8_0
-embedding run as stored (4-bit / 8-bit codes), and with llama.cpp's tokens fed back our argmax
+embedding run as the file stores them, and with llama.cpp's tokens fed back our argmax
 is llama.cpp's wherever its margin is clear; prefill and steps give the same bits."""
 
 from __future__ import annotations
@@ -25,15 +25,18 @@ def model(reference):
 
 def test_weights_run_as_stored(model) -> None:
     layer = model.weights.layers[0]
-    assert [p.bits for p in layer.qkv.parts] == [4] and layer.qkv.out_features == 960
-    assert [p.bits for p in layer.gate_up.parts] == [4] and layer.down.parts[0].bits == 4
+    assert [p.wtype.name for p in layer.qkv.parts] == ["Q4_1"] * 3
+    assert layer.qkv.out_features == 960
+    assert [p.wtype.name for p in layer.gate_up.parts] == ["Q4_1"] * 2
+    assert layer.down.parts[0].wtype.name == "Q4_1"
     head = model.weights.lm_head.parts[0]
-    assert head.bits == 8 and head.offset is None and head.n_out == 49152
-    # the tied embedding is read back from the LM head's Q8_0 codes: the float path's values
+    assert head.wtype.name == "Q8_0" and head.n_out == 49152
+    # the tied embedding is read from the LM head's own Q8_0 blocks: the float path's values
     rows = model.weights.embed[np.array([0, 7, 12345, 49151])]
     stored = model.checkpoint.tensor("model.embed_tokens.weight")[[0, 7, 12345, 49151]]
     np.testing.assert_array_equal(rows, stored)
-    assert model.weights.nbytes < 120e6  # 4-bit codes + scales/offsets, 8-bit head
+    assert model.weights.embed.weight is head  # one table for both
+    assert model.weights.nbytes < 120e6  # the file's Q4_1 and Q8_0 blocks
 
 
 def test_teacher_forced_steps_agree_with_llama_cpp(model, reference) -> None:

@@ -16,7 +16,7 @@ import os
 import warnings
 from pathlib import Path
 
-ABI_VERSION = 12
+ABI_VERSION = 13
 HERE = Path(__file__).resolve().parent
 
 c_int64_p = ctypes.POINTER(ctypes.c_int64)
@@ -97,11 +97,13 @@ class V3Part(ctypes.Structure):
 
 
 class I8Part(ctypes.Structure):
-    """`i8_part` of np_i8.h: one packed weight (`kernels.i8.I8Weight`)."""
+    """`i8_part` of np_i8.h: one packed weight (`kernels.i8.I8Weight`, wtype 0) or a weight
+    as its file stores it (`kernels.blockweight.BlockWeight`: wtype its type's native id,
+    data its rows, row_bytes apart)."""
 
     _fields_ = [("n_out", _I64), ("groups", _I64), ("nb", _I64), ("bits", _I32),
-                ("threads", _I32), ("half", _I32), ("unused", _I32), ("data", _P),
-                ("scale", _P), ("offset", _P)]
+                ("threads", _I32), ("half", _I32), ("wtype", _I32), ("data", _P),
+                ("scale", _P), ("offset", _P), ("row_bytes", _I64)]
 
 
 class I8Lin(ctypes.Structure):
@@ -176,6 +178,8 @@ def _i8_signatures(lib: ctypes.CDLL) -> None:
     lib.i8_matmul.restype = i32
     lib.i8_attend_causal.argtypes = [p, p, i64, i64, i64, i64, i64, p, p, p, p, p, p]
     lib.i8_attend_causal.restype = None
+    lib.wt_matmul.argtypes = [p, p, p, i64, i64, i32, p, i64, i64, p, p, i64, i32]
+    lib.wt_matmul.restype = i32
     lib.i8_block.argtypes = [ctypes.POINTER(I8Layer), p, i64, i64, p, p, p, p, p, p]
     lib.i8_block.restype = i32
 

@@ -20,9 +20,11 @@
  * outputs side by side (models/transformer/linear.py Int8Linear). */
 typedef struct {
     int64_t n_out, groups, nb;
-    int32_t bits, threads, half, unused;
-    const uint8_t *data;
+    int32_t bits, threads, half;
+    int32_t wtype;              /* 0: the packed I8Weight; else a GGUF block type (np_wt.h) */
+    const uint8_t *data;        /* wtype: the weight's rows as stored, row_bytes apart */
     const void *scale, *offset; /* float32, or float16 when half */
+    int64_t row_bytes;
 } i8_part;
 
 /* float16 bits -> float32, exactly (normal, subnormal, zero, inf, NaN). */
@@ -42,6 +44,8 @@ static inline float i8_half(uint16_t h) {
     memcpy(&out, &bits, 4);
     return out;
 }
+
+#include "np_wt_types.h"
 
 typedef struct {
     const i8_part *parts;
@@ -120,6 +124,66 @@ void i8_attend_causal(const int8_t *qcode, const float *qscale, int64_t T, int64
                       float *out, float *work) {
     NP_DISPATCH(i8_attend_causal, qcode, qscale, T, start, heads, kv_heads, hd, kcode, kscale,
                 vcode, vscale, out, work);
+}
+
+/* -- products over GGUF blocks as stored (np_wt.h) ---------------------------------------- */
+typedef struct {
+    const int8_t *codes;
+    const double *xs;
+    const int32_t *xh;
+    int64_t T, nb;
+    int wtype;
+    const uint8_t *data;
+    int64_t row_bytes, n_out;
+    const float *bias;
+    float *out;
+    int64_t out_stride;
+    int status[NP_POOL_MAX];
+} wt_job;
+
+static void wt_tiles(void *arg, int64_t lo, int64_t hi, int64_t share) {
+    wt_job *j = (wt_job *)arg;
+    j->status[share] = NP_DISPATCH(wt_matmul_tiles, j->codes, j->xs, j->xh, j->T, j->nb,
+                                   j->wtype, j->data, j->row_bytes, j->n_out, j->bias, j->out,
+                                   j->out_stride, lo, hi);
+}
+
+/* y [T, n_out] (row stride out_stride) of quantised rows times a weight of GGUF type `wtype`
+ * (np_wt.h) whose row n starts at data + n * row_bytes (kernels/blockweight.py). Tiles of 4
+ * outputs are split into `threads` ranges on the worker pool; every output is computed whole
+ * by one thread, so the bits do not depend on the thread count. `xsums` is unused: the
+ * half-block sums are taken from the codes. */
+int wt_matmul(const int8_t *codes, const float *xscale, const int32_t *xsums, int64_t T,
+              int64_t nb, int wtype, const uint8_t *data, int64_t row_bytes, int64_t n_out,
+              const float *bias, float *out, int64_t out_stride, int threads) {
+    (void)xsums;
+    if (wtype < 1 || wtype > WT_LAST || T < 0 || n_out < 0 || nb < 0) return I8_BADARG;
+    if (wtype >= WT_Q2_K && nb % 8) return I8_BADARG;
+    size_t n = (size_t)(T * nb);
+    double *xs = (double *)malloc(sizeof(double) * (n ? n : 1));
+    int32_t *xh = (int32_t *)malloc(sizeof(int32_t) * 2 * (n ? n : 1));
+    int st = I8_NOMEM;
+    if (xs && xh) {
+        for (size_t i = 0; i < n; i++) {
+            const int8_t *x = codes + i * 32;
+            int32_t h0 = 0, h1 = 0;
+            for (int k = 0; k < 16; k++) h0 += x[k];
+            for (int k = 16; k < 32; k++) h1 += x[k];
+            xs[i] = (double)xscale[i];
+            xh[2 * i] = h0;
+            xh[2 * i + 1] = h1;
+        }
+        if (T * n_out * nb * 32 < NP_POOL_MIN_WORK) threads = 1;
+        wt_job job = {codes, xs, xh, T, nb, wtype, data, row_bytes, n_out, bias, out,
+                      out_stride, {0}};
+        np_pool_run(wt_tiles, &job, (n_out + WT_R - 1) / WT_R, threads);
+        st = I8_OK;
+        for (int i = 0; i < NP_POOL_MAX; i++)
+            if (job.status[i]) st = job.status[i];
+    }
+    free(xs);
+    free(xh);
+    return st;
 }
 
 #include "np_i8_block.h"

@@ -14,9 +14,14 @@ static int i8_apply(const i8_lin *L, const float *x, int64_t T, float *y, int8_t
     int64_t col = 0;
     for (int64_t i = 0; i < L->n_parts; i++) {
         const i8_part *p = &L->parts[i];
-        st = i8_matmul(codes, xs, sums, T, p->nb, p->bits, p->data, p->scale, p->offset,
-                       p->half, p->groups, p->n_out, L->bias ? L->bias + col : NULL, y + col,
-                       L->n_total, p->threads);
+        const float *bias = L->bias ? L->bias + col : NULL;
+        if (p->wtype)
+            st = wt_matmul(codes, xs, sums, T, p->nb, p->wtype, p->data, p->row_bytes,
+                           p->n_out, bias, y + col, L->n_total, p->threads);
+        else
+            st = i8_matmul(codes, xs, sums, T, p->nb, p->bits, p->data, p->scale, p->offset,
+                           p->half, p->groups, p->n_out, bias, y + col, L->n_total,
+                           p->threads);
         if (st) return st;
         col += p->n_out;
     }

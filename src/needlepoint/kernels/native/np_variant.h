@@ -9,3 +9,4 @@
 #include "np_v3_block.h" /* the Needle 3 step */
 #include "np_i8_body.h"  /* the transformer int8 kernels */
 #include "np_i8_rows.h"
+#include "np_wt.h"      /* products over GGUF weight blocks as stored */

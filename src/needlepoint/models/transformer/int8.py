@@ -29,7 +29,7 @@ import math
 import numpy as np
 
 from ...kernels import exact, i8_ops, i8_rows, pinned
-from ...kernels.i8 import I8Weight
+from ...kernels.blockweight import BlockWeight
 from .attention import KeepsEveryPosition
 
 F32 = np.float32
@@ -176,25 +176,14 @@ class Int8KVCache(KeepsEveryPosition):
         return other
 
 
-class QuantEmbedding:
-    """Embedding rows read from a packed int8 weight (a GGUF Q8_0 / Q4_x table, shared with a
-    tied LM head): `scale * code (+ offset)` in float32, the float path's dequantised values."""
+class BlockEmbedding:
+    """Embedding rows read from a weight in its file's own blocks (`kernels.blockweight`;
+    a GGUF Q8_0 / Q5_0 / K-quant table, shared with a tied LM head): each row dequantised as
+    the float path dequantises it, only the rows asked for."""
 
-    def __init__(self, weight: I8Weight) -> None:
+    def __init__(self, weight: BlockWeight) -> None:
         self.weight = weight
         self.shape = (weight.n_out, weight.k_in)
 
     def __getitem__(self, tokens: np.ndarray) -> np.ndarray:
-        w = self.weight
-        tokens = np.asarray(tokens, np.int64)
-        groups, lanes = tokens // 8, tokens % 8
-        if w.bits == 8:
-            codes = w.data[groups, :, :, lanes, :].view(np.int8)  # [T, nb, 8, 4]
-        else:
-            packed = w.data[groups, :, :, lanes, :]  # [T, nb, 4, 4]
-            codes = np.concatenate([packed & 0x0F, packed >> 4], axis=2).view(np.int8)
-        values = codes.reshape(len(tokens), w.blocks, 32).astype(F32)
-        values *= w.scale[groups, :, lanes][:, :, None]
-        if w.offset is not None:
-            values += w.offset[groups, :, lanes][:, :, None]
-        return values.reshape(len(tokens), w.k_pad)[:, : w.k_in]
+        return self.weight.rows(np.asarray(tokens, np.int64).reshape(-1))

@@ -2,12 +2,12 @@
 
 `block.block_forward` with int8 weights calls a dozen kernels and numpy operations per block;
 at one position (a decode step) the interpreter's work between them costs as much as the
-products. `FusedBlock` describes one block to the C kernel once (geometry, the packed weights,
-norm weights, biases: `kernels.i8_native.Layer`) and runs the same operations in the same order
-in C, so the bits are those of `block_forward` (tests/models/transformer/
-test_transformer_int8_fused.py). `fused_blocks` builds them for a model whose every block is
-int8 when the native library is built, else returns None (the model then runs
-`block_forward`).
+products. `FusedBlock` describes one block to the C kernel once (geometry, the weights:
+packed `I8Weight`s or `BlockWeight`s read as their file stores them, norm weights, biases:
+`kernels.i8_native.Layer`) and runs the same operations in the same order in C, so the bits
+are those of `block_forward` (tests/models/transformer/test_transformer_int8_fused.py).
+`fused_blocks` builds them for a model whose every block is int8 when the native library is
+built, else returns None (the model then runs `block_forward`).
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ import numpy as np
 
 from ...errors import NonFiniteActivationError
 from ...kernels import i8_native, native
+from ...kernels.blockweight import BlockWeight
+from ...kernels.i8 import I8Weight
 from .int8 import Int8KVCache, PinnedNorm
 from .linear import Int8Linear
 from .spec import BlockSpec
@@ -58,12 +60,7 @@ class FusedBlock:
         self.pointer = ctypes.pointer(self.layer)
 
     def _lin(self, linear: Int8Linear) -> i8_native.Lin:
-        parts = (i8_native.Part * len(linear.parts))(*[
-            i8_native.Part(n_out=p.n_out, groups=p.groups, nb=p.blocks, bits=p.bits,
-                           threads=p.threads, half=int(p.half), data=address(p.data),
-                           scale=address(p.scale),
-                           offset=address(p.offset))
-            for p in linear.parts])
+        parts = (i8_native.Part * len(linear.parts))(*[_part(p) for p in linear.parts])
         self._keep += [linear, parts]
         return i8_native.Lin(parts=parts, n_parts=len(linear.parts), k_in=linear.in_features,
                              k_pad=linear.k_pad, n_total=linear.out_features,
@@ -94,6 +91,18 @@ class FusedBlock:
             raise MemoryError(f"i8_block failed ({status})")
         cache.length = start + count
         return h
+
+
+def _part(p: I8Weight | BlockWeight) -> i8_native.Part:
+    """The C kernel's `i8_part` of one weight part: packed (wtype 0) or as its file stores it
+    (the type's native id, the rows' address and stride)."""
+    if isinstance(p, BlockWeight):
+        return i8_native.Part(n_out=p.n_out, nb=p.blocks, threads=p.threads,
+                              wtype=p.wtype.native_id, data=address(p.data),
+                              row_bytes=p.row_stride)
+    return i8_native.Part(n_out=p.n_out, groups=p.groups, nb=p.blocks, bits=p.bits,
+                          threads=p.threads, half=int(p.half), data=address(p.data),
+                          scale=address(p.scale), offset=address(p.offset))
 
 
 def rope_arrays(rope: tuple[np.ndarray, np.ndarray] | None

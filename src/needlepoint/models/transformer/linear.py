@@ -6,8 +6,9 @@ an `[out, in]` torch weight costs nothing, and keeps a memory-mapped tensor mapp
 projection, the LM head included. `Int8Linear` is the int8 numerics' product with the same
 `__call__` (`kernels.i8`: weights as block-scaled integer codes, quantised once at load or taken
 as GGUF stores them; activations quantised per row and block at each call; exact integer dots,
-pinned float64 epilogue); `make_int8_linear` / `int8_from_blocks` build it, `fuse` joins
-projections that read the same input (q | k | v, gate | up) so the input is quantised once.
+pinned float64 epilogue); `make_int8_linear` builds it from a float weight,
+`Int8Linear([BlockWeight])` takes a weight as its file stores it, and `fuse` joins projections
+that read the same input (q | k | v, gate | up) so the input is quantised once.
 Fusing does not change any output's bits: each output column is computed on its own.
 """
 
@@ -18,6 +19,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ...kernels import i8
+from ...kernels.blockweight import BlockWeight
 
 F32 = np.float32
 
@@ -57,12 +59,13 @@ def make_linear(weight: np.ndarray, bias: np.ndarray | None, *, in_out: bool) ->
 
 
 class Int8Linear:
-    """`y = int8(x) W (+ bias)`: weight parts (`i8.I8Weight`, outputs side by side) reading
-    one input of `in_features`; bias [out] float32 or None."""
+    """`y = int8(x) W (+ bias)`: weight parts (`i8.I8Weight`, or `BlockWeight`: a weight as
+    its file stores it; outputs side by side) reading one input of `in_features`; bias [out]
+    float32 or None."""
 
     __slots__ = ("parts", "bias", "in_features", "out_features", "k_pad")
 
-    def __init__(self, parts: Sequence[i8.I8Weight], bias: np.ndarray | None) -> None:
+    def __init__(self, parts: Sequence[i8.I8Weight | BlockWeight], bias: np.ndarray | None) -> None:
         self.parts = tuple(parts)
         self.in_features = self.parts[0].k_in
         self.k_pad = self.parts[0].k_pad
@@ -91,9 +94,10 @@ class Int8Linear:
         return y.reshape(*lead, self.out_features)
 
     def __repr__(self) -> str:
-        bits = "/".join(str(p.bits) for p in self.parts)
+        kinds = "/".join(p.wtype.name if isinstance(p, BlockWeight) else f"{p.bits}-bit"
+                         for p in self.parts)
         bias = ", bias" if self.bias is not None else ""
-        return f"Int8Linear({self.in_features} -> {self.out_features}, {bits}-bit{bias})"
+        return f"Int8Linear({self.in_features} -> {self.out_features}, {kinds}{bias})"
 
 
 def make_int8_linear(weight: np.ndarray, bias: np.ndarray | None, *, in_out: bool,
@@ -107,25 +111,15 @@ def make_int8_linear(weight: np.ndarray, bias: np.ndarray | None, *, in_out: boo
     return Int8Linear([part], bias)
 
 
-def int8_from_blocks(blocks: tuple[np.ndarray, np.ndarray, np.ndarray | None],
-                     bias: np.ndarray | None, *, threads: int = 1) -> Int8Linear | None:
-    """An int8 projection from stored integer blocks (codes [out, in], scale, offset): the
-    weight as stored, no re-quantisation; None when the codes do not fit the kernel."""
-    codes, scale, offset = blocks
-    low, high = int(codes.min(initial=0)), int(codes.max(initial=0))
-    if low < -127 or high > 127 or codes.shape[1] % i8.BLOCK:
-        return None
-    part = i8.pack_weight(codes, scale, offset, threads=threads)
-    return Int8Linear([part], bias)
-
-
-def _merge(parts: Sequence[i8.I8Weight]) -> list[i8.I8Weight]:
-    """Adjacent parts of one storage kind whose outputs fill whole groups of 8 become one
-    part (one kernel call; every output still its own sum)."""
-    merged: list[i8.I8Weight] = []
+def _merge(parts: Sequence[i8.I8Weight | BlockWeight]) -> list[i8.I8Weight | BlockWeight]:
+    """Adjacent packed parts of one storage kind whose outputs fill whole groups of 8 become
+    one part (one kernel call; every output still its own sum). A BlockWeight stays a part
+    of its own: its bytes are the file's, never copied into a joined array."""
+    merged: list[i8.I8Weight | BlockWeight] = []
     for part in parts:
         last = merged[-1] if merged else None
-        if (last is not None and last.n_out % i8.LANES == 0 and last.bits == part.bits
+        if (isinstance(last, i8.I8Weight) and isinstance(part, i8.I8Weight)
+                and last.n_out % i8.LANES == 0 and last.bits == part.bits
                 and (last.offset is None) == (part.offset is None)
                 and last.blocks == part.blocks and last.half == part.half):
             offset = None if part.offset is None else np.concatenate([last.offset, part.offset])

@@ -21,14 +21,14 @@ import numpy as np
 from ..numerics import transformer_kind
 from .attention import KVCache
 from .int8 import ACTIVATIONS as INT8_ACTIVATIONS
-from .int8 import Int8KVCache, PinnedNorm, QuantEmbedding, RopeTable
+from .int8 import BlockEmbedding, Int8KVCache, PinnedNorm, RopeTable
 from .int8_fused import fused_blocks
 from .layers import ACTIVATIONS, Norm, RopeAngles
-from .linear import Int8Linear, Linear, fuse, int8_from_blocks, make_int8_linear, make_linear
+from .linear import Int8Linear, Linear, fuse, make_int8_linear, make_linear
 from .spec import BlockSpec
 from .window import Int8WindowCache, WindowKVCache
 
-Blocks = Callable[[], Any]  # the stored integer blocks of a weight, or None
+Blocks = Callable[[], Any]  # a weight as the file stores it (`BlockWeight`), or None
 
 
 def layer_cache(spec: BlockSpec, layer: int, full: Callable[[int, int, int], Any],
@@ -102,9 +102,10 @@ class TransformerInt8:
         return make_int8_linear(weight, bias, in_out=in_out, threads=self.threads)
 
     def stored(self, blocks: Blocks, bias: np.ndarray | None) -> Int8Linear | None:
-        """GGUF Q8_0 / Q4_x / Q5_x blocks as stored (None: not integer blocks)."""
+        """A weight the file stores in an integer ggml type, multiplied as stored (None:
+        a float weight)."""
         found = blocks()
-        return None if found is None else int8_from_blocks(found, bias, threads=self.threads)
+        return None if found is None else Int8Linear([found], bias)
 
     def join(self, linears: Sequence[Int8Linear]) -> Int8Linear:
         return fuse(linears)  # one activation quantisation for q | k | v, gate | up
@@ -119,23 +120,19 @@ class TransformerInt8:
         return layer_cache(spec, layer, Int8KVCache, Int8WindowCache)
 
     def embedding_and_head(self, fetch: Any, spec: BlockSpec) -> tuple[Any, Int8Linear]:
-        """A tied embedding stored as integer blocks is read back from the LM head's codes
-        (`QuantEmbedding`), so the float table is never built."""
+        """An embedding the file stores in an integer type is read row by row from its own
+        blocks (`BlockEmbedding`), and a tied LM head multiplies those same blocks: the float
+        table is never built."""
         names, d, vocab = fetch.names, spec.d_model, spec.vocab
+        stored = fetch.stored(names.embed, d, vocab)
+        embed = None if stored is None else BlockEmbedding(stored)
         if spec.tied_embeddings:
-            blocks = fetch.blocks(names.embed, d, vocab)
-            head = None if blocks is None else int8_from_blocks(blocks, None,
-                                                                threads=self.threads)
-            if head is not None:
-                return QuantEmbedding(head.parts[0]), head
-            embed = fetch.get(names.embed, (vocab, d))
-            return embed, make_int8_linear(embed, None, in_out=False, threads=self.threads)
+            if stored is not None:
+                return embed, Int8Linear([stored], None)
+            table = fetch.get(names.embed, (vocab, d))
+            return table, make_int8_linear(table, None, in_out=False, threads=self.threads)
         head = fetch.linear(names.lm_head, d, vocab, False, prefixed=False)
-        blocks = fetch.blocks(names.embed, d, vocab)
-        table = None if blocks is None else int8_from_blocks(blocks, None)
-        if table is not None:
-            return QuantEmbedding(table.parts[0]), head
-        return fetch.get(names.embed, (vocab, d)), head
+        return (fetch.get(names.embed, (vocab, d)) if embed is None else embed), head
 
     def fused_blocks(self, spec: BlockSpec, weights: Any) -> list | None:
         """Each block as one native call (`int8_fused.py`), or None."""

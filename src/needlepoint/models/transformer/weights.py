@@ -4,14 +4,16 @@
 (`names.py`), checks each shape against the config before reading it (a `MissingTensorError` or
 `TensorShapeError` names the tensor), and builds the norms (`layers.Norm`) and projections
 (`linear.make_linear`). The checkpoint is anything with `names()`, `shape(name)` and
-`tensor(name)` (float32): `formats.hf_checkpoint.HFCheckpoint` or
+`tensor(name)` (float32), and optionally `stored_weight(name, threads)` (its own blocks):
+`formats.hf_checkpoint.HFCheckpoint` or
 `formats.gguf_checkpoint.GGUFCheckpoint`. Tensors the block does not use (GPT-2's `attn.bias`
 mask buffers, cached `rotary_emb.inv_freq`) are ignored.
 
 What each object is comes from the numerics strategy (`numerics.py`): int8 builds
 `PinnedNorm`s and `Int8Linear`s (`int8.py`, `linear.py`): a checkpoint with `blocks(name)`
-(GGUF) hands over Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 weights as stored integer blocks; every
-other weight (float, F16, K-quants) is quantised to int8 per block of 32 inputs at load.
+(GGUF) hands over every weight of an integer ggml type (`kernels.wtypes`) as the file stores
+it, multiplied in place (`kernels.blockweight`); every float weight (safetensors, GGUF
+F16 / BF16 / F32) is quantised to int8 per block of 32 inputs at load.
 q | k | v and gate | up are joined (one input quantisation each). Norm weights applied as
 `1 + w` (Gemma, `spec.norm_offset`) are added here, once, in float32.
 """
@@ -24,7 +26,8 @@ from typing import Any
 import numpy as np
 
 from ...errors import MissingTensorError, TensorShapeError
-from .int8 import PinnedNorm, QuantEmbedding
+from ...kernels.blockweight import BlockWeight
+from .int8 import BlockEmbedding, PinnedNorm
 from .layers import Norm
 from .linear import Int8Linear, Linear
 from .names import NAMES, TensorNames, bias_name
@@ -55,7 +58,7 @@ class LayerWeights:
 
 @dataclass
 class TransformerWeights:
-    embed: np.ndarray | QuantEmbedding | None  # [vocab, d] (None: a part without the head)
+    embed: np.ndarray | BlockEmbedding | None  # [vocab, d] (None: a part without the head)
     positions: np.ndarray | None  # [max_seq_len, d] learned positions
     layers: list[LayerWeights | None]  # None: a block another part holds (layer_range.py)
     final_norm: Norm | PinnedNorm | None
@@ -105,22 +108,24 @@ class _Fetcher:
                                    f"shape {list(stored)}, the config needs {list(shape)}")
         return self.checkpoint.tensor(full)
 
-    def blocks(self, name: str, n_in: int, n_out: int, *, prefixed: bool = True):
-        """The stored integer blocks `[n_out, n_in]` of a weight, or None (float, other
-        types, or a checkpoint without blocks)."""
+    def stored(self, name: str, n_in: int, n_out: int, *, prefixed: bool = True
+               ) -> BlockWeight | None:
+        """The weight `[n_out, n_in]` as the file stores it (`GGUFCheckpoint.stored_weight`:
+        its own blocks, in place), or None (a float or non-integer type, a checkpoint that
+        stores none, or another shape: the float tensor then goes through `get`)."""
         full = self.prefix + name if prefixed else name
-        source = getattr(self.checkpoint, "blocks", None)
+        source = getattr(self.checkpoint, "stored_weight", None)
         if source is None or full not in self.present:
             return None
-        found = source(full)
-        if found is None or found[0].shape != (n_out, n_in):
+        found = source(full, self.numerics.threads)
+        if found is None or (found.n_out, found.k_in) != (n_out, n_in):
             return None
         return found
 
     def linear(self, name: str, n_in: int, n_out: int, bias: bool,
                prefixed: bool = True) -> Linear | Int8Linear:
         b = self.get(bias_name(name), (n_out,), prefixed=prefixed) if bias else None
-        found = self.numerics.stored(lambda: self.blocks(name, n_in, n_out, prefixed=prefixed),
+        found = self.numerics.stored(lambda: self.stored(name, n_in, n_out, prefixed=prefixed),
                                      b)
         if found is not None:
             return found

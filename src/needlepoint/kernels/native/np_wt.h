@@ -1,0 +1,340 @@
+/* Exact integer products over GGUF weight blocks as stored (kernels/blockweight.py is the
+ * contract and the numpy reference; both give the same bits, tests/kernels/test_wtypes_native.py).
+ * Included once per instruction-set variant (np_variant.h); every name through NP_NAME(); the
+ * types and shared helpers are np_wt_types.h.
+ *
+ * Per output and activation row, over the blocks in order: P = s0 * dot(x[0:16], q[0:16]) +
+ * s1 * dot(x[16:32], q[16:32]) (exact int32, any order), M = u0 * sum(x[0:16]) +
+ * u1 * sum(x[16:32]) (exact), inner = a * P (+ m * M for the types with an offset; the
+ * others add +0 in the reference, and no sign of zero survives: acc starts at +0),
+ * term = inner * xs, acc = acc + term, all float64 with no FMA (-ffp-contract=off);
+ * y = float32(acc) (+ bias). Work is cut in tiles of WT_R = 4 outputs.
+ *
+ * SIMD variants: per tile and block, the 4 rows' codes are unpacked straight into registers
+ * (byte shifts and masks of the stored bytes) and dotted against every activation row's
+ * block before the next block is read, so each weight byte is read once per call whatever T
+ * is; the dots use the sign trick (|q| unsigned times x with q's sign: vpmaddubsw + vpmaddwd
+ * on AVX2, vpdpbusd on AVX-512 VNNI), and the 4 outputs' epilogue runs in one float64 vector
+ * (the same IEEE operations per output, in the same order). Each type gets its own copy of
+ * the tile loop (a constant type folds every per-type branch). The baseline variant unpacks
+ * a tile into a small buffer (np_wt_types.h wt_tile) and runs plain loops. */
+
+WT_INLINE float NP_NAME(wt_f16)(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+#if defined(NP_SIMD_AVX2)
+    return _cvtsh_ss(h);
+#else
+    return i8_half(h);
+#endif
+}
+
+/* Block b of a row: the scalars of its generic form. */
+WT_INLINE wt_sc NP_NAME(wt_scal)(const int t, const uint8_t *row, int64_t b) {
+    const uint8_t *k = row + (b / 8) * wt_block_bytes(t), *blk = row + b * wt_block_bytes(t);
+    int j = (int)(b % 8);
+    wt_sc o = {1, 1, 0, 0, 0.0f, 0.0f};
+    switch (t) {
+    case WT_Q8_0: case WT_Q4_0: case WT_Q5_0: case WT_IQ4_NL:
+        o.a = NP_NAME(wt_f16)(blk);
+        break;
+    case WT_Q4_1: case WT_Q5_1:
+        o.a = NP_NAME(wt_f16)(blk);
+        o.m = NP_NAME(wt_f16)(blk + 2);
+        o.u0 = o.u1 = 1;
+        break;
+    case WT_Q2_K:
+        o.s0 = k[2 * j] & 15, o.s1 = k[2 * j + 1] & 15;
+        o.u0 = k[2 * j] >> 4, o.u1 = k[2 * j + 1] >> 4;
+        o.a = NP_NAME(wt_f16)(k + 80);
+        o.m = -NP_NAME(wt_f16)(k + 82);
+        break;
+    case WT_Q3_K:
+        o.s0 = wt_q3_scale(k + 96, 2 * j), o.s1 = wt_q3_scale(k + 96, 2 * j + 1);
+        o.a = NP_NAME(wt_f16)(k + 108);
+        break;
+    case WT_Q4_K: case WT_Q5_K:
+        wt_k4(k + 4, j, &o.s0, &o.u0);
+        o.s1 = o.s0, o.u1 = o.u0;
+        o.a = NP_NAME(wt_f16)(k);
+        o.m = -NP_NAME(wt_f16)(k + 2);
+        break;
+    default: /* WT_Q6_K */
+        o.s0 = (int8_t)k[192 + 2 * j], o.s1 = (int8_t)k[192 + 2 * j + 1];
+        o.a = NP_NAME(wt_f16)(k + 208);
+    }
+    return o;
+}
+
+#if defined(NP_SIMD_AVX2)
+/* Block b's 32 codes in one vector: whole-byte shifts and masks of 32 stored bytes. */
+WT_INLINE __m256i NP_NAME(wt_codes)(int t, const uint8_t *row, int64_t b) {
+    const uint8_t *blk = row + b * wt_block_bytes(t), *k = row + (b / 8) * wt_block_bytes(t);
+    int j = (int)(b % 8), n = j / 4, jj = j % 4, g = j / 2, h = j % 2;
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(3), m1 = _mm256_set1_epi8(1);
+    if (t == WT_Q8_0) return _mm256_loadu_si256((const __m256i *)(blk + 2));
+    if (t <= WT_IQ4_NL) {
+        int at = t == WT_Q4_0 || t == WT_IQ4_NL ? 2 : t == WT_Q4_1 ? 4 : t == WT_Q5_0 ? 6 : 8;
+        __m128i qs = _mm_loadu_si128((const __m128i *)(blk + at));
+        __m256i v = _mm256_and_si256(
+            _mm256_set_m128i(_mm_srli_epi16(qs, 4), qs), m4);
+        if (t == WT_Q4_0) return _mm256_sub_epi8(v, _mm256_set1_epi8(8));
+        if (t == WT_IQ4_NL) {
+            __m128i table = _mm_loadu_si128((const __m128i *)wt_iq4nl);
+            return _mm256_shuffle_epi8(_mm256_set_m128i(table, table), v);
+        }
+        if (t == WT_Q4_1) return v;
+        uint32_t qh; /* Q5: bit i of qh -> byte i (ggml's bytes_from_bits_32) */
+        memcpy(&qh, blk + (t == WT_Q5_0 ? 2 : 4), 4);
+        __m256i bits = _mm256_shuffle_epi8(
+            _mm256_set1_epi32((int)qh),
+            _mm256_set_epi64x(0x0303030303030303LL, 0x0202020202020202LL, 0x0101010101010101LL,
+                              0));
+        bits = _mm256_cmpeq_epi8(_mm256_or_si256(bits, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfeLL)),
+                                 _mm256_set1_epi64x(-1));
+        v = _mm256_or_si256(v, _mm256_and_si256(bits, _mm256_set1_epi8(0x10)));
+        return t == WT_Q5_0 ? _mm256_sub_epi8(v, _mm256_set1_epi8(16)) : v;
+    }
+    __m128i sh;
+    switch (t) {
+    case WT_Q2_K: case WT_Q3_K: {
+        sh = _mm_cvtsi32_si128(2 * jj);
+        __m256i low = _mm256_and_si256(
+            _mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)(k + (t == WT_Q2_K ? 16 : 32) + 32 * n)), sh),
+            m2);
+        if (t == WT_Q2_K) return low;
+        __m256i high = _mm256_and_si256(
+            _mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)k), _mm_cvtsi32_si128(4 * n + jj)),
+            m1);
+        return _mm256_sub_epi8(low, _mm256_slli_epi16(_mm256_xor_si256(high, m1), 2));
+    }
+    case WT_Q4_K: case WT_Q5_K: {
+        sh = _mm_cvtsi32_si128(4 * h);
+        __m256i v = _mm256_and_si256(
+            _mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)(k + (t == WT_Q4_K ? 16 : 48) + 32 * g)), sh),
+            m4);
+        if (t == WT_Q4_K) return v;
+        __m256i fifth = _mm256_and_si256(
+            _mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)(k + 16)), _mm_cvtsi32_si128(2 * g + h)),
+            m1);
+        return _mm256_or_si256(v, _mm256_slli_epi16(fifth, 4));
+    }
+    default: { /* WT_Q6_K */
+        __m256i low = _mm256_and_si256(
+            _mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)(k + 64 * n + 32 * (jj % 2))),
+                             _mm_cvtsi32_si128(4 * (jj / 2))),
+            m4);
+        __m256i high = _mm256_and_si256(
+            _mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)(k + 128 + 32 * n)),
+                             _mm_cvtsi32_si128(2 * jj)),
+            m2);
+        return _mm256_sub_epi8(_mm256_or_si256(low, _mm256_slli_epi16(high, 4)),
+                               _mm256_set1_epi8(32));
+    }
+    }
+}
+
+/* One tile (outputs n0 .. n0 + nr - 1, rows row_bytes apart from row0) against every
+ * activation row; acc [T][WT_R] float64 work space. `t` is a constant at every call. */
+WT_INLINE void NP_NAME(wt_tile_simd)(const int t, const uint8_t *row0, int64_t row_bytes,
+                                     int nr, int64_t nb, const int8_t *codes,
+                                     const double *xs, const int32_t *xh, int64_t T,
+                                     double *acc) {
+    const int per_half = t == WT_Q2_K || t == WT_Q3_K || t == WT_Q6_K; /* s0 != s1 */
+    const int unit = t <= WT_IQ4_NL;                                   /* s0 = s1 = 1 */
+    const int off = wt_has_offset(t);
+    int64_t k_pad = nb * 32;
+    for (int64_t i = 0; i < T * WT_R; i++) acc[i] = 0.0;
+    const int64_t span = WT_R * row_bytes;
+    const uint8_t *ahead = row0 + 2 * span;
+    for (int64_t b = 0; b < nb; b++) {
+        __m256i w[WT_R], aw[WT_R], sv[WT_R];
+        wt_sc c[WT_R];
+        /* The tile after next, in address order, its share per block: the 4 rows are read
+         * side by side in short runs the hardware prefetcher does not follow, and a decode
+         * step is bound by this memory traffic. Prefetches never fault. */
+        for (int64_t at = b * span / nb; at < (b + 1) * span / nb; at += 64)
+            _mm_prefetch((const char *)(ahead + at), _MM_HINT_T0);
+        for (int r = 0; r < WT_R; r++) {
+            const uint8_t *row = row0 + r * row_bytes;
+            if (r < nr) {
+                w[r] = NP_NAME(wt_codes)(t, row, b);
+                c[r] = NP_NAME(wt_scal)(t, row, b);
+            } else {
+                w[r] = _mm256_setzero_si256();
+                c[r] = (wt_sc){0, 0, 0, 0, 0.0f, 0.0f};
+            }
+            aw[r] = _mm256_sign_epi8(w[r], w[r]);
+#if defined(NP_SIMD_AVX512)
+            sv[r] = _mm256_set_m128i(_mm_set1_epi32(c[r].s1), _mm_set1_epi32(c[r].s0));
+#else
+            sv[r] = per_half ? _mm256_set_m128i(_mm_set1_epi16((short)c[r].s1),
+                                                _mm_set1_epi16((short)c[r].s0))
+                             : _mm256_set1_epi16(1);
+#endif
+        }
+        /* the tile's scalars as vectors, built from registers (no narrow stores read back
+         * wide, which would stall store forwarding) */
+        const __m256d ad = _mm256_cvtps_pd(_mm_setr_ps(c[0].a, c[1].a, c[2].a, c[3].a));
+        const __m256d md = _mm256_cvtps_pd(_mm_setr_ps(c[0].m, c[1].m, c[2].m, c[3].m));
+        const __m128i s4 = _mm_setr_epi32(c[0].s0, c[1].s0, c[2].s0, c[3].s0);
+        const __m128i u04 = _mm_setr_epi32(c[0].u0, c[1].u0, c[2].u0, c[3].u0);
+        const __m128i u14 = _mm_setr_epi32(c[0].u1, c[1].u1, c[2].u1, c[3].u1);
+        for (int64_t tt = 0; tt < T; tt++) {
+            __m256i xv = _mm256_loadu_si256((const __m256i *)(codes + tt * k_pad + b * 32));
+            __m256i p[WT_R];
+            for (int r = 0; r < WT_R; r++) {
+                __m256i sx = _mm256_sign_epi8(xv, w[r]);
+#if defined(NP_SIMD_AVX512)
+                p[r] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), aw[r], sx);
+                if (per_half) p[r] = _mm256_mullo_epi32(p[r], sv[r]);
+#else
+                p[r] = _mm256_madd_epi16(_mm256_maddubs_epi16(aw[r], sx), sv[r]);
+#endif
+            }
+            __m256i hsum = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]),
+                                             _mm256_hadd_epi32(p[2], p[3]));
+            __m128i P = _mm_add_epi32(_mm256_castsi256_si128(hsum),
+                                      _mm256_extracti128_si256(hsum, 1));
+            if (!unit && !per_half) P = _mm_mullo_epi32(P, s4);
+            __m256d inner = _mm256_mul_pd(ad, _mm256_cvtepi32_pd(P));
+            if (off) {
+                const int32_t *h = xh + (tt * nb + b) * 2;
+                __m128i M = _mm_add_epi32(_mm_mullo_epi32(u04, _mm_set1_epi32(h[0])),
+                                          _mm_mullo_epi32(u14, _mm_set1_epi32(h[1])));
+                __m256d mm = _mm256_mul_pd(md, _mm256_cvtepi32_pd(M));
+                inner = _mm256_add_pd(inner, mm);
+            }
+            __m256d term = _mm256_mul_pd(inner, _mm256_set1_pd(xs[tt * nb + b]));
+            _mm256_storeu_pd(acc + tt * WT_R, _mm256_add_pd(_mm256_loadu_pd(acc + tt * WT_R), term));
+        }
+    }
+}
+
+#define WT_CASE(T_) \
+    case T_: NP_NAME(wt_tile_simd)(T_, row0, row_bytes, nr, nb, codes, xs, xh, T, acc); break;
+
+static void NP_NAME(wt_tile_any)(int t, const uint8_t *row0, int64_t row_bytes, int nr,
+                                 int64_t nb, const int8_t *codes, const double *xs,
+                                 const int32_t *xh, int64_t T, double *acc) {
+    switch (t) {
+    WT_CASE(WT_Q8_0) WT_CASE(WT_Q4_0) WT_CASE(WT_Q4_1) WT_CASE(WT_Q5_0) WT_CASE(WT_Q5_1)
+    WT_CASE(WT_IQ4_NL) WT_CASE(WT_Q2_K) WT_CASE(WT_Q3_K) WT_CASE(WT_Q4_K) WT_CASE(WT_Q5_K)
+    default: NP_NAME(wt_tile_simd)(WT_Q6_K, row0, row_bytes, nr, nb, codes, xs, xh, T, acc);
+    }
+}
+#undef WT_CASE
+
+/* Outputs of tiles tile_lo .. tile_hi - 1, every activation row. */
+static int NP_NAME(wt_matmul_tiles)(const int8_t *codes, const double *xs, const int32_t *xh,
+                                    int64_t T, int64_t nb, int t, const uint8_t *data,
+                                    int64_t row_bytes, int64_t n_out, const float *bias,
+                                    float *out, int64_t out_stride, int64_t tile_lo,
+                                    int64_t tile_hi) {
+    double *acc = (double *)malloc(sizeof(double) * (size_t)(T * WT_R + 1));
+    if (!acc) return I8_NOMEM;
+    for (int64_t tile = tile_lo; tile < tile_hi; tile++) {
+        int64_t n0 = tile * WT_R;
+        int nr = n_out - n0 < WT_R ? (int)(n_out - n0) : WT_R;
+        NP_NAME(wt_tile_any)(t, data + n0 * row_bytes, row_bytes, nr, nb, codes, xs, xh, T,
+                             acc);
+        for (int64_t tt = 0; tt < T; tt++) {
+            float *o = out + tt * out_stride + n0;
+            for (int r = 0; r < nr; r++) {
+                float y = (float)acc[tt * WT_R + r];
+                if (bias) y = y + bias[n0 + r];
+                o[r] = y;
+            }
+        }
+    }
+    free(acc);
+    return I8_OK;
+}
+
+#else /* the portable kernel */
+
+/* Tile rows r < nr of weight rows row0.. into W (rows nr..WT_R-1: zero codes and scales). */
+static void NP_NAME(wt_unpack)(int t, const uint8_t *row0, int64_t row_bytes, int nr,
+                               int64_t nb, const wt_tile *W) {
+    for (int r = 0; r < WT_R; r++) {
+        const uint8_t *row = row0 + r * row_bytes;
+        for (int64_t b = 0; b < nb; b++) {
+            int64_t at = b * WT_R + r;
+            wt_sc c = {0, 0, 0, 0, 0.0f, 0.0f};
+            if (r < nr) {
+                c = NP_NAME(wt_scal)(t, row, b);
+                wt_codes_scalar(t, row, b, W->q + at * 32);
+            } else {
+                memset(W->q + at * 32, 0, 32);
+            }
+            W->s[at * 2] = c.s0, W->s[at * 2 + 1] = c.s1;
+            W->a[at] = c.a, W->m[at] = c.m, W->u0[at] = c.u0, W->u1[at] = c.u1;
+        }
+    }
+}
+
+/* Every activation row against one unpacked tile (outputs n0 .. n0 + nr - 1). */
+static void NP_NAME(wt_tile_rows)(const wt_tile *W, int64_t nb, int offset, const int8_t *codes,
+                                  const double *xs, const int32_t *xh, int64_t T, int nr,
+                                  int64_t n0, const float *bias, float *out,
+                                  int64_t out_stride) {
+    int64_t k_pad = nb * 32;
+    for (int64_t t = 0; t < T; t++) {
+        const int8_t *x = codes + t * k_pad;
+        double acc[WT_R] = {0.0, 0.0, 0.0, 0.0};
+        for (int64_t b = 0; b < nb; b++) {
+            const int8_t *xb = x + b * 32;
+            for (int r = 0; r < WT_R; r++) {
+                int64_t at = b * WT_R + r;
+                const int8_t *q = W->q + at * 32;
+                int32_t d0 = 0, d1 = 0;
+                for (int i = 0; i < 16; i++) d0 += (int32_t)xb[i] * q[i];
+                for (int i = 16; i < 32; i++) d1 += (int32_t)xb[i] * q[i];
+                int32_t P = W->s[at * 2] * d0 + W->s[at * 2 + 1] * d1;
+                double inner = (double)W->a[at] * (double)P;
+                if (offset) {
+                    const int32_t *h = xh + (t * nb + b) * 2;
+                    int32_t M = W->u0[at] * h[0] + W->u1[at] * h[1];
+                    double mm = (double)W->m[at] * (double)M;
+                    inner = inner + mm;
+                }
+                double term = inner * xs[t * nb + b];
+                acc[r] = acc[r] + term;
+            }
+        }
+        float *o = out + t * out_stride + n0;
+        for (int r = 0; r < nr; r++) {
+            float y = (float)acc[r];
+            if (bias) y = y + bias[n0 + r];
+            o[r] = y;
+        }
+    }
+}
+
+/* Outputs of tiles tile_lo .. tile_hi - 1 (4 weight rows each), every activation row. */
+static int NP_NAME(wt_matmul_tiles)(const int8_t *codes, const double *xs, const int32_t *xh,
+                                    int64_t T, int64_t nb, int t, const uint8_t *data,
+                                    int64_t row_bytes, int64_t n_out, const float *bias,
+                                    float *out, int64_t out_stride, int64_t tile_lo,
+                                    int64_t tile_hi) {
+    size_t per = (size_t)(nb * WT_R);
+    char *buf = (char *)malloc(per * (32 + 8 + 4 * 4) + 64);
+    if (!buf) return I8_NOMEM;
+    wt_tile W;
+    W.q = (int8_t *)buf;
+    W.s = (int32_t *)(buf + per * 32);
+    W.a = (float *)(buf + per * 40);
+    W.m = W.a + per;
+    W.u0 = (int32_t *)(W.m + per);
+    W.u1 = W.u0 + per;
+    for (int64_t tile = tile_lo; tile < tile_hi; tile++) {
+        int64_t n0 = tile * WT_R;
+        int nr = n_out - n0 < WT_R ? (int)(n_out - n0) : WT_R;
+        NP_NAME(wt_unpack)(t, data + n0 * row_bytes, row_bytes, nr, nb, &W);
+        NP_NAME(wt_tile_rows)(&W, nb, wt_has_offset(t), codes, xs, xh, T, nr, n0, bias, out,
+                              out_stride);
+    }
+    free(buf);
+    return I8_OK;
+}
+#endif
