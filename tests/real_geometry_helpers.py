@@ -7,9 +7,9 @@ The 2-D weights together hold every integer ggml type of `kernels.wtypes` and on
 matrix per model (quantised to int8 at load): the 32-value types (Q4_0, Q4_1, Q5_0, Q5_1,
 Q8_0, IQ4_NL) rotate over q / k / v / o / gate / up layer by layer, the K-quants (Q2_K ..
 Q6_K, 256-value blocks) take the matrices whose rows are multiples of 256 (`ffn_down`,
-Gemma's `attn_output`). Every block is random bytes whose float16 scales are rescaled so
-the matrix has a realistic spread (about 1 / sqrt(inputs) per value, measured with
-`gguf.quants.dequantize`, not with the code under test): a random network whose
+Gemma's `attn_output`). Every block is random bytes whose float16 scales are set so the
+matrix is centred and has a realistic spread (about 1 / sqrt(inputs) per value, measured
+with `gguf.quants.dequantize`, not with the code under test): a random network whose
 activations stay of order one, like a trained one's.
 """
 
@@ -57,23 +57,37 @@ def gemma_types(layer: int) -> dict[str, str]:
     return types
 
 
+# the mean code of the types whose second float16 is an offset, and the offset's sign:
+# Q4_1 / Q5_1 add `m`, the K-quants subtract `dmin` times a sub-block code
+OFFSET = {"Q4_1": (7.5, -1.0), "Q5_1": (15.5, -1.0), "Q2_K": (1.5, 1.0), "Q4_K": (7.5, 1.0),
+          "Q5_K": (15.5, 1.0)}
+
+
 def random_blocks(kind: str, rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
-    """uint8 [rows, row bytes] of random `kind` blocks whose float16 scales (d, dmin, as the
-    type has them) are rescaled so the dequantised values have a standard deviation of about
-    1 / sqrt(cols)."""
+    """uint8 [rows, row bytes] of random `kind` blocks: random codes and sub-block scales; d
+    of either sign, and an offset (m, dmin) that centres the values (a trained matrix's
+    values have mean ~0; uncentred ones would make some outputs cancel, which Gemma's
+    post-ffw norm then blows up), all rescaled so the dequantised values have a standard
+    deviation of about 1 / sqrt(cols)."""
     qtype = gguf.GGMLQuantizationType[kind]
     block_values, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
     data = rng.integers(0, 256, (rows, cols // block_values * block_bytes), dtype=np.uint8)
     blocks = data.reshape(-1, block_bytes)
-    halves = rng.uniform(0.5, 1.0, (blocks.shape[0], len(HALF_AT[kind]))).astype(np.float16)
-    for k, at in enumerate(HALF_AT[kind]):
-        blocks[:, at : at + 2] = halves[:, k : k + 1].view(np.uint8)
+    d = rng.uniform(0.5, 1.0, blocks.shape[0]) * rng.choice([-1.0, 1.0], blocks.shape[0])
+    halves = [d]
+    if kind in OFFSET:
+        mean_code, sign = OFFSET[kind]
+        halves.append(sign * mean_code * d)
+
+    def store(factor: float) -> None:
+        for at, value in zip(HALF_AT[kind], halves, strict=True):
+            half = (value * factor).astype(np.float16)
+            assert np.isfinite(half).all() and (half != 0).all()
+            blocks[:, at : at + 2] = half.reshape(-1, 1).view(np.uint8)
+
+    store(1.0)
     sample = gguf.quants.dequantize(data[:8], qtype)
-    factor = 1.0 / (np.sqrt(cols) * float(np.std(sample)))
-    halves = (halves.astype(np.float32) * factor).astype(np.float16)
-    assert np.isfinite(halves).all() and (halves != 0).all()
-    for k, at in enumerate(HALF_AT[kind]):
-        blocks[:, at : at + 2] = halves[:, k : k + 1].view(np.uint8)
+    store(1.0 / (np.sqrt(cols) * float(np.std(sample))))
     return data
 
 

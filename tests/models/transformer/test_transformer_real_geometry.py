@@ -81,9 +81,8 @@ def test_the_files_hold_every_integer_type_and_the_real_geometry(cases) -> None:
     every = {kind for case in cases.values() for kind in case.types.values()}
     assert every == set(INTEGER_TYPES) | {"F16"}
     assert set(INTEGER_TYPES) == {n for n, t in wtypes.TYPES.items() if t.unpack is not None}
-    for case in cases.values():
-        kinds = set(case.types.values())  # each file alone: every type but one K-quant at most
-        assert len(set(INTEGER_TYPES) - kinds) <= 1, kinds
+    for case in cases.values():  # each file alone holds every integer type
+        assert set(INTEGER_TYPES) <= set(case.types.values()), case.types
     qwen, gemma = cases["qwen2"].model.config, cases["gemma3"].model.config
     assert (qwen.d_model, qwen.num_heads, qwen.num_kv_heads, qwen.head_dim, qwen.d_ff) == \
         (896, 14, 2, 64, 4864)
@@ -152,27 +151,34 @@ def test_local_stages_give_the_same_bits(case, stages) -> None:
         np.testing.assert_array_equal(np.stack([session.step(t) for t in ids[25:]]), full[25:])
 
 
+def _prefill_and_steps(model, ids: list[int], chunk: int, steps: int) -> np.ndarray:
+    """Logits of every position of `ids`: the prompt in chunks of `chunk`, then `steps`
+    tokens one at a time."""
+    session = model.session(chunk=chunk)
+    head = session.run(ids[:-steps], "all")
+    return np.concatenate([head, np.stack([session.step(t) for t in ids[-steps:]])])
+
+
 def test_fused_native_block_equals_the_block_kernel_by_kernel(case) -> None:
-    model, ids = case.model, case.ids
+    model, ids, full = case.model, case.ids, case.full
     if case.geometry["arch"] == "gemma3":  # q/k and output norms, windows: kernel by kernel
         assert model.fused_blocks is None
         return
     assert model.fused_blocks is not None and len(model.fused_blocks) == QWEN["layers"]
-    for variant in (2, 1, 0):  # AVX-512 VNNI (or the best below it), AVX2, baseline
-        i8_native.LIBRARY.np_force_variant(variant)
-        try:
-            out = {}
-            for fused in (True, False):
-                model.fused = fused
-                session = model.session(chunk=7)
-                head = session.run(ids[:-5], "all")
-                out[fused] = (model.forward(ids), head, [session.step(t) for t in ids[-5:]])
-        finally:
-            model.fused = True
-            i8_native.LIBRARY.np_force_variant(2)
-        for fused, plain in zip(out[True], out[False], strict=True):
-            np.testing.assert_array_equal(fused, plain, err_msg=f"variant {variant}")
-    np.testing.assert_array_equal(out[False][0], case.full)
+    model.fused = False
+    try:
+        np.testing.assert_array_equal(model.forward(ids), full)
+        for variant in (2, 1, 0):  # AVX-512 VNNI (or the best below it), AVX2, baseline
+            i8_native.LIBRARY.np_force_variant(variant)
+            try:  # 12 positions (the baseline is slow at this width): a tile of 8 + 1, 1, steps
+                for fused in (True, False):
+                    model.fused = fused
+                    np.testing.assert_array_equal(_prefill_and_steps(model, ids[:12], 9, 2),
+                                                  full[:12], err_msg=f"{variant} {fused}")
+            finally:
+                i8_native.LIBRARY.np_force_variant(2)
+    finally:
+        model.fused = True
 
 
 SCRIPT = """
@@ -182,33 +188,36 @@ import needlepoint
 from needlepoint.kernels import i8_native
 model = needlepoint.load(sys.argv[1], numerics="int8")
 ids = [int(t) for t in sys.argv[3].split(",")]
-session = model.session(chunk=7)
+session = model.session(chunk=13)  # 13 rows: tiles of 8 and 4 and a remainder
 logits = [session.run(ids[:-3], "all")] + [session.step(t)[None] for t in ids[-3:]]
 np.save(sys.argv[2], np.concatenate(logits))
 print(i8_native.simd_variant())
 """
-
-
-def _fresh_process(case: Case, folder: Path, label: str, **env: str) -> tuple:
-    out = folder / f"{case.geometry['arch']}-{label}.npy"
-    full = dict(os.environ, **env)
-    src = str(REPO_ROOT / "src")
-    full["PYTHONPATH"] = os.pathsep.join([src] + ([full["PYTHONPATH"]] if full.get("PYTHONPATH")
-                                                  else []))
-    done = subprocess.run([sys.executable, "-c", SCRIPT, str(case.path), str(out),
-                           ",".join(map(str, case.ids))], check=True, env=full, cwd=REPO_ROOT,
-                          timeout=600, capture_output=True, text=True)
-    return np.load(out), done.stdout.strip()
+VARIANT_TOKENS = 16  # the numpy reference and the baseline take seconds per 16 positions
 
 
 def test_every_variant_and_the_numpy_reference_give_the_same_bits(case, tmp_path) -> None:
+    """Each in a fresh process (the variant is chosen when the library loads), all at once."""
     runs = {"best": {}, "avx2": {"NEEDLEPOINT_NATIVE_VARIANT": "1"},
             "baseline": {"NEEDLEPOINT_NATIVE_VARIANT": "0"}, "numpy": {"NEEDLEPOINT_NATIVE": "0"}}
+    src = str(REPO_ROOT / "src")
+    ids = ",".join(map(str, case.ids[:VARIANT_TOKENS]))
+    started = {}
+    for label, extra in runs.items():
+        env = dict(os.environ, **extra)
+        env["PYTHONPATH"] = os.pathsep.join([src] + ([env["PYTHONPATH"]]
+                                                     if env.get("PYTHONPATH") else []))
+        out = tmp_path / f"{label}.npy"
+        started[label] = out, subprocess.Popen(
+            [sys.executable, "-c", SCRIPT, str(case.path), str(out), ids], env=env,
+            cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     seen = set()
-    for label, env in runs.items():
-        logits, ran = _fresh_process(case, tmp_path, label, **env)
-        seen.add(ran)
-        np.testing.assert_array_equal(logits, case.full, err_msg=f"{label} ({ran})")
+    for label, (out, process) in started.items():
+        stdout, stderr = process.communicate(timeout=600)
+        assert process.returncode == 0, stderr
+        seen.add(stdout.strip())
+        np.testing.assert_array_equal(np.load(out), case.full[:VARIANT_TOKENS],
+                                      err_msg=f"{label} ({stdout.strip()})")
     assert {"baseline", "none"} <= seen  # the baseline C and the numpy reference did run
 
 
@@ -235,13 +244,13 @@ def test_int8_is_close_to_the_float_path_on_the_same_file(case) -> None:
             loaded = any(isinstance(p, i8.I8Weight) for p in fused.parts)
             bound = (1e-2 if loaded else 1e-6) * np.abs(expect).max()
             assert np.abs(fused(x) - expect).max() <= bound, (layer, field)
-    # the logits: int8 activations carry a rounding error of ~0.5% (rms) per product, and the
-    # ~20 products in a row add up to a few percent of the logits' spread at a typical
-    # position; a random network has positions where the float path itself moves by as much
-    # as the spread under 0.5% noise on its input, so the typical (median) position is
-    # bounded, at 5% of the spread of the float logits, and the top tokens mostly agree
+    # the logits: an int8 activation row (codes of 1/127 of its block's largest value, ~2.1
+    # standard deviations for 32 normal values) carries an rms rounding error of ~0.5% of its
+    # rms; the ~35 roundings in a row (per block: the q | k | v input, q and v codes, the o,
+    # gate | up and down inputs; the head's input) add up, if independent, to ~3% of the
+    # logits' spread at every position. Bounded at twice that; the top token then mostly agrees
     reference = flt.forward(case.ids)
     spread = np.sqrt(np.mean((reference - reference.mean(-1, keepdims=True)) ** 2, axis=-1))
     distance = np.sqrt(np.mean((case.full - reference) ** 2, axis=-1))
-    assert np.median(distance / spread) <= 0.05, distance / spread
+    assert (distance / spread).max() <= 0.06, distance / spread
     assert np.mean(case.full.argmax(-1) == reference.argmax(-1)) >= 0.8
