@@ -31,7 +31,8 @@ FAMILY_FIXTURES = {"qwen2-tiny": "qwen2", "qwen3-tiny": "qwen3", "gemma3-tiny": 
 gguf_tensor_name = write.gguf_tensor_name
 
 
-def _vocab(folder: Path, arch: str) -> write.GgufVocab:
+def fixture_vocab(folder: Path, arch: str) -> write.GgufVocab:
+    """The tokenizer of the fixture in `folder` as llama.cpp's converter writes it for `arch`."""
     spec, config, added, tokens, types = hf_token_table(folder)
     ids = {t["content"]: i for i, t in added.items()}
     template = config.get("chat_template")
@@ -72,4 +73,4 @@ def write_family_gguf(name: str, out: Path, qtype: str = "F32", *, extra=None) -
     kind = (lambda tensor, shape: q4_k_m_type(tensor, shape[1])) if qtype == "Q4_K_M" else qtype
     return write.write_gguf(out, arch, config,
                             load_file(str(folder / "model.safetensors")).items(),
-                            _vocab(folder, arch), kind, extra=extra)
+                            fixture_vocab(folder, arch), kind, extra=extra)
