@@ -69,10 +69,11 @@ class _TurnVocabCache:
 
     def get(self, chat_format: Any) -> Any:
         with self._lock:
-            vocab = self._vocabs.get(chat_format)
+            syntax = syntax_for(chat_format)
+            per_syntax = self._vocabs.setdefault(chat_format, {})
+            vocab = per_syntax.get(syntax.name)  # a syntax registered later has its own
             if vocab is None:
-                vocab = self._vocabs[chat_format] = answer_grammar.turn_vocab(
-                    chat_format, syntax_for(chat_format))
+                vocab = per_syntax[syntax.name] = answer_grammar.turn_vocab(chat_format, syntax)
             return vocab
 
 

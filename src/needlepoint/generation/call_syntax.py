@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
 from ..errors import ToolFormatError
-from ..formats.chat_format import TemplateFormat
+from ..formats.chat_format import HERMES, TemplateFormat
 from .grammar import ToolCallGrammar
 
 PROBE = ("zq_probe_a", "zq_probe_b")
@@ -191,7 +191,7 @@ def require_template_tools(name: str, fmt: TemplateFormat) -> None:
     """ToolFormatError unless the template renders tools (a syntax it writes itself)."""
     if not fmt.renders_tools:
         raise ToolFormatError(f"tool_format {name!r}: the chat template renders no tools (use "
-                              f"'hermes', needlepoint's own tool prompt)")
+                              f"{HERMES!r}, needlepoint's own tool prompt)")
 
 
 def marked_blocks(text: str, open_: str, close: str) -> list[str]:
