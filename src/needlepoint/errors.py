@@ -19,6 +19,18 @@ class ModelInputError(NeedlepointError, ValueError):
     """Bad model input: token id out of range, empty or over-long sequence, cache exhausted."""
 
 
+class ContextLengthError(ModelInputError):
+    """A turn's prompt (and the answer budget asked for) cannot fit the model's context:
+    `prompt_tokens`, `limit` (max_seq_len) and `max_new_tokens` (None: no budget was asked
+    for, the answer is only cut by the context) say by how much."""
+
+    def __init__(self, message: str, *, prompt_tokens: int, limit: int,
+                 max_new_tokens: int | None = None) -> None:
+        super().__init__(message)
+        self.prompt_tokens, self.limit = prompt_tokens, limit
+        self.max_new_tokens = max_new_tokens
+
+
 class ToolSchemaError(NeedlepointError, ValueError):
     """A tool definition cannot be turned into a JSON schema the model and grammar accept."""
 

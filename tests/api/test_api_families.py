@@ -132,7 +132,7 @@ def test_tool_format_is_checked_against_the_template(models) -> None:
                            cache=None, tool_format="functiongemma")
     hermes = needlepoint.Needle(tools=_tools("llama-tiny"), model=models["llama-tiny", "own"],
                                 cache=None, tool_format="hermes")
-    assert hermes.format.syntax == "hermes" and hermes.format.call_body == "list"
+    assert hermes.planner.syntax.name == "hermes" and hermes.planner.syntax.body == "list"
 
 
 @pytest.fixture(scope="module")
@@ -218,7 +218,7 @@ def test_server_multi_turn_with_tool_results(servers, models, name) -> None:
                  for c in envelope["function_calls"]]]
     ids = needle.format.conversation_ids(history, FINITE)
     assert reply.usage.prompt_tokens == len(ids)
-    past_call, result = RESULT_SYNTAX[needle.format.syntax]
+    past_call, result = RESULT_SYNTAX[needle.planner.syntax.name]
     rendered = needle.tokenizer.decode(ids)
     assert past_call in rendered and rendered.count(result) == len(calls)
     answer = reply.choices[0].message

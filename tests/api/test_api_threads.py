@@ -4,6 +4,7 @@ on the thread count."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from conftest import REPO_ROOT, toy_model_path
 from threadpoolctl import threadpool_info
@@ -23,7 +24,15 @@ def test_needle_threads_reach_the_model_and_cap_blas():
     assert one.model.threads == 1
     assert all(pool["num_threads"] == 1 for pool in threadpool_info())
     query = "wake me up at 06:45"
-    assert two.complete(query)["function_calls"] == one.complete(query)["function_calls"]
+    # the same bits, not merely the same calls: a reduction split over threads would change
+    # low bits long before it changed a call
+    ids = two.prompt_ids(query)
+    assert np.array_equal(two.model.forward(ids).view(np.uint32),
+                          one.model.forward(ids).view(np.uint32))
+    answers = [needle.complete(query) for needle in (two, one)]
+    assert answers[0]["function_calls"] == answers[1]["function_calls"]
+    assert np.float64(answers[0]["confidence"]).view(np.uint64) == \
+        np.float64(answers[1]["confidence"]).view(np.uint64)
 
 
 @pytest.mark.parametrize("bad", [0, -1, 1.5, "2", True])

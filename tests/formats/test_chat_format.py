@@ -73,7 +73,7 @@ def test_needle_format_is_the_wire_format() -> None:
 
 def test_smollm2_template_gets_the_hermes_tool_prompt(smollm2) -> None:
     fmt, tok = smollm2, smollm2.tokenizer
-    assert not fmt.renders_tools and not fmt.marker_tokens and fmt.call_body == "list"
+    assert not fmt.renders_tools and fmt.uses_tool_prompt
     assert fmt.end_ids == (tok.marker_id("<|im_end|>"),) == (tok.eos_id,)
     text = tok.decode(fmt.first_ids([WEATHER], "rain in Oslo?"))
     listed = json.dumps([{"type": "function", "function": WEATHER}])
@@ -107,7 +107,7 @@ def test_smollm2_history_with_a_tool_result(smollm2) -> None:
 def test_a_template_that_renders_tools_gets_them() -> None:
     tok = open_checkpoint(hf_fixture_dir("llama-tiny")).tokenizer
     fmt = TemplateFormat(tok)
-    assert fmt.renders_tools and fmt.call_body == "object"
+    assert fmt.renders_tools and not fmt.uses_tool_prompt
     text = tok.decode(fmt.first_ids([WEATHER], "rain in Oslo?"))
     assert "# Tools\n<tools>\n" + json.dumps({"type": "function", "function": WEATHER}) in text
     assert "You are a function calling" not in text

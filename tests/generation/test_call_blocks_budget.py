@@ -15,6 +15,7 @@ from hf_helpers import hf_reference
 from needlepoint.formats.chat_format import TemplateFormat
 from needlepoint.formats.hf_checkpoint import open_hf_directory
 from needlepoint.generation.answer_grammar import AnswerGrammar, token_vocab, turn_vocab
+from needlepoint.generation.syntaxes import syntax_for
 from needlepoint.generation.text_markers import CLOSE_RESERVE, end_when_short
 from needlepoint.generation.turn import run_turn
 from needlepoint.generation.turn_config import GenerationConfig
@@ -79,10 +80,11 @@ def test_end_when_short_keeps_only_the_end_once_a_block_would_not_fit() -> None:
 def test_a_looping_model_ends_with_complete_calls_at_every_budget(name, kwargs) -> None:
     tokenizer = open_hf_directory(hf_reference(name).folder).tokenizer
     fmt = TemplateFormat(tokenizer, template_kwargs=kwargs)
-    assert fmt.call_body == "object"
+    syntax = syntax_for(fmt)
+    assert syntax.body == "object"
     markers = tokenizer.markers
-    favoured = [markers[fmt.call_open], *tokenizer.encode(fmt.call_separator,
-                                                          add_special_tokens=False)]
+    separator = syntax.layout.separator if syntax.name == "qwen" else ""
+    favoured = [markers[syntax.open], *tokenizer.encode(separator, add_special_tokens=False)]
     vocab = turn_vocab(fmt)
     grammar = AnswerGrammar(token_vocab(fmt), fmt, TOOLS, text=False, require_call=True)
     prompt = fmt.first_ids(TOOLS, "Wake me at 6:45 tomorrow, then call Ana.")

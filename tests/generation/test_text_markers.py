@@ -16,6 +16,7 @@ from needlepoint.generation.answer_grammar import AnswerGrammar, token_vocab, tu
 from needlepoint.generation.events import TextDelta, ToolCallDelta
 from needlepoint.generation.grammar import GrammarError
 from needlepoint.generation.segments import MarkerIds
+from needlepoint.generation.syntaxes import syntax_for
 from needlepoint.generation.text_markers import TextMarkerParser, explicit_choice
 
 PIECES = [b"<", b"tool", b"_call", b">", b"[", b"{}", b"]", b"</", b"tool_call>", b"Hi", b" <",
@@ -166,7 +167,7 @@ def test_object_body_grammar_of_a_template_with_tools() -> None:
     from hf_helpers import hf_fixture_dir
 
     fmt = TemplateFormat(open_checkpoint(hf_fixture_dir("llama-tiny")).tokenizer)
-    assert fmt.call_body == "object"
+    assert syntax_for(fmt).body == "object"
     grammar = AnswerGrammar(token_vocab(fmt), fmt, TOOLS)
     tok = fmt.tokenizer
     done = accept(grammar, tok, '<tool_call>{"name": "get_weather", "arguments": {"city": "A"}}'

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -35,6 +36,7 @@ from server_helpers import (  # noqa: F401 (fixtures, requested by name)
 )
 
 import needlepoint
+from needlepoint.generation.events import TextDelta
 from needlepoint.server import create_app
 
 
@@ -56,6 +58,16 @@ def test_model_id_defaults_to_file_stem() -> None:
     assert app.state.engine.context_length == 512
 
 
+def wire_prompt_tokens(model: Any, tools: list[dict[str, Any]], query: str) -> int:
+    """The first prompt's length as the fixture README's wire format defines it, counted with
+    the tokenizer alone: `[BOS] + encode(<|im_start|>user\n<tools>JSON</tools>\nquery
+    <|im_end|>\n<|im_start|>assistant\n)` (no system turn)."""
+    tools_json = json.dumps(tools, separators=(",", ":"), ensure_ascii=False)
+    text = (f"<|im_start|>user\n<tools>{tools_json}</tools>\n{query}<|im_end|>\n"
+            "<|im_start|>assistant\n")
+    return 1 + len(model.tokenizer.encode(text))
+
+
 def test_chat_tool_calls_match_library(client: openai.OpenAI, model: Any,
                                        examples: list[dict[str, Any]]) -> None:
     for example in examples[:4]:
@@ -68,9 +80,30 @@ def test_chat_tool_calls_match_library(client: openai.OpenAI, model: Any,
         for call in choice.message.tool_calls or []:
             assert isinstance(call.function.arguments, str) and call.id.startswith("call_")
         assert out.model == MODEL_ID
-        assert out.usage.prompt_tokens == len(needle.prompt_ids(example["query"]))
+        assert out.usage.prompt_tokens == wire_prompt_tokens(model, example["tools"],
+                                                             example["query"])
         assert out.usage.completion_tokens == expected["timings"]["decode_tokens"]
         assert out.usage.total_tokens == out.usage.prompt_tokens + out.usage.completion_tokens
+
+
+def test_the_prompt_is_tokenized_once(model: Any, examples: list[dict[str, Any]]) -> None:
+    """The server checks the context with, reports and decodes the same prompt ids: one
+    tokenization per request (`Needle.prompt_ids` once, then `stream_ids`)."""
+    queries = []
+
+    class Counting(needlepoint.Needle):
+        def prompt_ids(self, query: str, specs: Any = None) -> list[int]:
+            queries.append(query)
+            return super().prompt_ids(query, specs)
+
+    app = create_app(model, workers=1, model_name=MODEL_ID, needle_factory=Counting)
+    with ServerThread(app) as server:
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="-", max_retries=0,
+                               timeout=120)
+        out = ask(client, examples[0])
+    assert queries == [examples[0]["query"]]
+    assert out.usage.prompt_tokens == wire_prompt_tokens(model, examples[0]["tools"],
+                                                         examples[0]["query"])
 
 
 def test_stream_equals_non_stream(client: openai.OpenAI, examples: list[dict[str, Any]]) -> None:
@@ -87,20 +120,36 @@ def test_stream_equals_non_stream(client: openai.OpenAI, examples: list[dict[str
             assert streamed["chunks"] > 4
 
 
-def test_stream_is_incremental(client: openai.OpenAI, examples: list[dict[str, Any]]) -> None:
-    """The first content arrives long before the last: streaming is not faked."""
-    start = time.perf_counter()
-    arrivals = []
-    stream = client.chat.completions.create(
-        model=MODEL_ID, messages=user(examples[0]["query"]), tool_choice="none",
-        max_tokens=150, stream=True,
-    )
-    for chunk in stream:
-        if chunk.choices and chunk.choices[0].delta.content:
-            arrivals.append(time.perf_counter() - start)
-    total = time.perf_counter() - start
-    assert len(arrivals) > 20
-    assert arrivals[0] < 0.5 * total
+def test_stream_is_incremental(model: Any, examples: list[dict[str, Any]]) -> None:
+    """The first content reaches the client while the turn is still being decoded, not after:
+    the model's generator is held after its first text delta until the client has read it (a
+    server that buffered the answer would never let it go on)."""
+    read = threading.Event()
+
+    class Held(needlepoint.Needle):
+        def stream_ids(self, ids: Any, query: str, **options: Any) -> Iterator[Any]:
+            events = super().stream_ids(ids, query, **options)
+            for event in events:
+                yield event
+                if isinstance(event, TextDelta) and event.text:
+                    break
+            if not read.wait(30):
+                raise RuntimeError("the client got nothing while the turn was held")
+            yield from events
+
+    app = create_app(model, workers=1, model_name=MODEL_ID, needle_factory=Held)
+    with ServerThread(app) as server:
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="-", max_retries=0,
+                               timeout=120)
+        stream = client.chat.completions.create(
+            model=MODEL_ID, messages=user(examples[0]["query"]), tool_choice="none",
+            max_tokens=150, stream=True)
+        pieces = []
+        for chunk in stream:
+            if chunk.choices and chunk.choices[0].delta.content:
+                read.set()  # the held generator may go on now
+                pieces.append(chunk.choices[0].delta.content)
+    assert read.is_set() and len(pieces) > 1
 
 
 def test_system_message_reaches_the_prompt(client: openai.OpenAI, model: Any,
@@ -238,18 +287,32 @@ def test_queue_full_gives_429(model: Any, examples: list[dict[str, Any]]) -> Non
         ).choices[0].finish_reason == "length"
 
 
-def test_disconnected_stream_frees_its_worker(server: ServerThread,
-                                              client: openai.OpenAI) -> None:
-    stream = client.chat.completions.create(
-        model=MODEL_ID, messages=user("hello"), tool_choice="none", max_tokens=400,
-        stream=True,
-    )
-    for n, _ in enumerate(stream):
-        if n == 3:
-            break
-    stream.close()
-    deadline = time.monotonic() + 0.5  # the whole turn (~260 tokens) takes about a second
-    while server.health()["in_flight"] and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert server.health()["in_flight"] == 0
+def test_disconnected_stream_frees_its_worker(model: Any) -> None:
+    """A client that goes away ends its turn: the turn below would never end by itself (text
+    forever), yet its generator is closed and the worker freed once the client disconnects."""
+    closed = threading.Event()
 
+    class Endless(needlepoint.Needle):
+        def stream_ids(self, ids: Any, query: str, **options: Any) -> Iterator[Any]:
+            try:
+                while True:
+                    time.sleep(0.01)
+                    yield TextDelta("x")
+            finally:
+                closed.set()
+
+    app = create_app(model, workers=1, model_name=MODEL_ID, needle_factory=Endless)
+    with ServerThread(app) as server:
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="-", max_retries=0,
+                               timeout=120)
+        stream = client.chat.completions.create(
+            model=MODEL_ID, messages=user("hello"), tool_choice="none", stream=True)
+        for n, _ in enumerate(stream):
+            if n == 3:
+                break
+        stream.close()
+        assert closed.wait(60), "the endless turn was not stopped"
+        deadline = time.monotonic() + 60  # a liveness bound, not a speed requirement
+        while server.health()["in_flight"] and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert server.health()["in_flight"] == 0

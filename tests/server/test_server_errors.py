@@ -109,8 +109,8 @@ def test_raw_bad_bodies(server: ServerThread, client: openai.OpenAI) -> None:
 class ExplodingNeedle(needlepoint.Needle):
     """A real Needle whose generation fails after its first delta (an engine bug)."""
 
-    def stream(self, text: str, **options: Any) -> Iterator[Any]:
-        events = super().stream(text, **options)
+    def stream_ids(self, ids: Any, query: str, **options: Any) -> Iterator[Any]:
+        events = super().stream_ids(ids, query, **options)
         yield next(events)
         raise RuntimeError("engine failure")
 

@@ -138,10 +138,10 @@ def gated_factory(gate: threading.Event, entered: threading.Semaphore) -> Any:
     class Gated(needlepoint.Needle):
         """A real Needle whose generation waits for the test (holding its session)."""
 
-        def stream(self, text: str, **options: Any) -> Iterator[Any]:
+        def stream_ids(self, ids: Any, query: str, **options: Any) -> Iterator[Any]:
             entered.release()
             assert gate.wait(60)
-            yield from super().stream(text, **options)
+            yield from super().stream_ids(ids, query, **options)
 
     return Gated
 
@@ -192,8 +192,8 @@ def test_live_gauges_while_requests_run(model: Any,  # noqa: F811
 class FailingNeedle(needlepoint.Needle):
     """A real Needle whose generation fails after its first delta (an engine bug)."""
 
-    def stream(self, text: str, **options: Any) -> Iterator[Any]:
-        events = super().stream(text, **options)
+    def stream_ids(self, ids: Any, query: str, **options: Any) -> Iterator[Any]:
+        events = super().stream_ids(ids, query, **options)
         yield next(events)
         raise RuntimeError("engine failure")
 
@@ -224,6 +224,8 @@ def test_failed_answers_are_counted(model: Any,  # noqa: F811
 
 
 class _Pool:
+    trimmer = None  # no heap trimming
+
     def stats(self) -> dict[str, int]:
         return {"workers": 3, "max_queue": 5, "in_flight": 7, "peak_in_flight": 7}
 

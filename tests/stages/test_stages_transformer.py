@@ -216,7 +216,7 @@ def test_staged_families_call_in_their_own_format(name, tool_format, kwargs):
     expected = alone.complete(query, require_call=True)
     with load_staged(path, 2, numerics="int8") as staged:
         needle = needlepoint.Needle(tools=tools, model=staged, **options)
-        assert needle.format.syntax == alone.format.syntax
+        assert needle.planner.syntax.name == alone.planner.syntax.name
         assert needle.prompt_ids(query) == hf_reference(name)["p2_ids"].tolist()
         answer = needle.complete(query, require_call=True)
     assert expected["type"] == "call" and expected["function_calls"]

@@ -13,7 +13,7 @@ the transcript sent to the endpoint records the answer that was returned. Stream
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from ..errors import McpServerError, NeedlepointError
@@ -34,6 +34,7 @@ class AgentMixin:
     handoff: Handoff | None
     max_rounds: int
     system: Any
+    system_text: Callable[[], str]
     format: Any
     whole_answer: bool
     planner: TurnPlanner
@@ -70,7 +71,7 @@ class AgentMixin:
                   options: Mapping[str, Any]) -> dict[str, Any]:
         """Record the turn in the transcript; hand it off when `handoff` says so."""
         if fresh and user is not None:
-            self._transcript.start(self.system, user)
+            self._transcript.start(self.system_text(), user)
         elif user is not None:
             self._transcript.user(user)
         if self.handoff is not None:

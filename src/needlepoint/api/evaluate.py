@@ -21,11 +21,11 @@ from ..errors import NeedlepointError
 from ..generation import answer_grammar
 from ..generation.draft_policy import policy_for
 from ..generation.grammar import TokenVocab, ToolCallGrammar
+from ..generation.syntaxes import syntax_for
 from ..generation.turn import run_turn
 from ..generation.turn_config import GenerationConfig, TurnVocab
 from ..models.protocol import ModelProtocol
 from .envelope import turn_envelope
-from .grammars import text_markers
 
 MODES = ("grammar", "free")
 
@@ -119,10 +119,11 @@ class Evaluator:
         tokenizer = model.tokenizer
         self.tokenizer = tokenizer
         self.format = model.chat_format
-        self.whole_answer = text_markers(self.format)  # a template model: answer_grammar.py
-        if self.whole_answer:
-            self.vocab = answer_grammar.turn_vocab(self.format)
-            self.grammar_vocab = answer_grammar.token_vocab(self.format)
+        self.syntax = syntax_for(self.format)  # a template model's (answer_grammar.py)
+        self.whole_answer = self.syntax is not None
+        if self.syntax is not None:
+            self.vocab = answer_grammar.turn_vocab(self.format, self.syntax)
+            self.grammar_vocab = answer_grammar.token_vocab(self.format, self.syntax)
         else:
             self.vocab = TurnVocab.from_tokenizer(tokenizer)
             self.grammar_vocab = TokenVocab.from_tokenizer(tokenizer) \
@@ -136,6 +137,8 @@ class Evaluator:
 
     def predict(self, example: dict[str, Any]) -> dict[str, dict[str, Any]]:
         """Each mode's envelope for one example."""
+        if self.syntax is not None:
+            self.syntax.check_tools(example["tools"])
         ids = self.format.first_ids(example["tools"], example["query"])
         base = self.model.session()
         can_fork = base.capabilities.fork
@@ -150,7 +153,7 @@ class Evaluator:
             grammar = content = None
             if mode == "grammar" and self.whole_answer:
                 content = answer_grammar.AnswerGrammar(self.grammar_vocab, self.format,
-                                                       example["tools"])
+                                                       example["tools"], syntax=self.syntax)
             elif mode == "grammar":
                 grammar = ToolCallGrammar(self.grammar_vocab, example["tools"])
             result = run_turn(session, self.vocab, feed, self.config, grammar,

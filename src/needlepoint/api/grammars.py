@@ -21,6 +21,7 @@ from ..generation import answer_grammar
 from ..generation.content import JSON_OBJECT, ContentGrammar, ContentSchemaError
 from ..generation.grammar import TokenVocab, ToolCallGrammar
 from ..generation.schema_checks import check_schema
+from ..generation.syntaxes import syntax_for
 from ..generation.tool_schema import bounded_schema
 
 # Compiled grammars kept per key: a few ms each to build, but a chat app asks the same kinds
@@ -42,14 +43,15 @@ class _TokenVocabCache:
 
     def get(self, tokenizer: Any, chat_format: Any = None) -> TokenVocab:
         """The vocab of `tokenizer` (Needle's markers), or of a template `chat_format`'s."""
+        syntax = syntax_for(chat_format) if chat_format is not None else None
         # one per call-marker pair: a template's call syntax decides which markers are text
-        key = (getattr(chat_format, "call_open", None), getattr(chat_format, "call_close", None))
+        key = (None, None) if syntax is None else (syntax.open, syntax.close)
         with self._lock:
             per_markers = self._vocabs.setdefault(tokenizer, {})
             vocab = per_markers.get(key)
             if vocab is None:
-                vocab = TokenVocab.from_tokenizer(tokenizer) if not text_markers(chat_format) \
-                    else answer_grammar.token_vocab(chat_format)
+                vocab = TokenVocab.from_tokenizer(tokenizer) if syntax is None \
+                    else answer_grammar.token_vocab(chat_format, syntax)
                 per_markers[key] = vocab
             return vocab
 
@@ -67,19 +69,15 @@ class _TurnVocabCache:
 
     def get(self, chat_format: Any) -> Any:
         with self._lock:
-            vocab = self._vocabs.get(chat_format)
+            syntax = syntax_for(chat_format)
+            per_syntax = self._vocabs.setdefault(chat_format, {})
+            vocab = per_syntax.get(syntax.name)  # a syntax registered later has its own
             if vocab is None:
-                vocab = self._vocabs[chat_format] = answer_grammar.turn_vocab(chat_format)
+                vocab = per_syntax[syntax.name] = answer_grammar.turn_vocab(chat_format, syntax)
             return vocab
 
 
 TURN_VOCABS = _TurnVocabCache()
-
-
-def text_markers(chat_format: Any) -> bool:
-    """Whether a chat format is a chat template's (whole-answer grammars with call markers
-    matched as text, `generation/answer_grammar.py`) rather than Needle's wire format."""
-    return chat_format is not None and chat_format.name == "template"
 
 
 def content_schema(response_format: Any) -> dict[str, Any] | None:
@@ -126,7 +124,9 @@ class GrammarCache:
                  chat_format: Any = None) -> None:
         self.tokenizer = tokenizer
         self.chat_format = chat_format
-        self.whole_answer = text_markers(chat_format)
+        # a template model's call syntax (whole-answer grammars); None: Needle's wire format
+        self.syntax = syntax_for(chat_format) if chat_format is not None else None
+        self.whole_answer = self.syntax is not None
         self.tool_grammar = tool_grammar
         self._calls = _Lru(CACHED_GRAMMARS)
         self._content = _Lru(CACHED_GRAMMARS)
@@ -144,7 +144,7 @@ class GrammarCache:
         if self.whole_answer:
             return answer_grammar.AnswerGrammar(
                 self.vocab, self.chat_format, schemas, text=not require_call,
-                require_call=require_call, parallel_calls=parallel_calls)
+                require_call=require_call, parallel_calls=parallel_calls, syntax=self.syntax)
         return ToolCallGrammar(self.vocab, schemas, require_call=require_call,
                                parallel_calls=parallel_calls)
 
@@ -171,7 +171,7 @@ class GrammarCache:
             return self._content.get((*key, names, parallel_calls),
                                      lambda: answer_grammar.AnswerGrammar(
                 self.vocab, self.chat_format, tools or [], call=allow_call and bool(tools),
-                parallel_calls=parallel_calls, schema=schema))
+                parallel_calls=parallel_calls, schema=schema, syntax=self.syntax))
         markers = self.tokenizer.marker_id
         return self._content.get(key, lambda: ContentGrammar(
             self.vocab, schema, im_end_id=markers("<|im_end|>"),

@@ -160,13 +160,13 @@ class Transcript:
         self.messages: list[dict[str, Any]] = []
         self._calls = 0
 
-    def start(self, system: Any, text: str) -> None:
+    def start(self, system_text: str, text: str) -> None:
+        """A new conversation: `system_text` is the system turn exactly as the local model
+        saw it (`Needle.system_text()`: facts rendered by `needle_wire.render_system`, the
+        date when `auto_date`), so both models answer the same conversation."""
         self.messages = []
-        if isinstance(system, str) and system:
-            self.messages.append({"role": "system", "content": system})
-        elif isinstance(system, Mapping) and system:
-            facts = "\n".join(f"{k}: {v}" for k, v in system.items())
-            self.messages.append({"role": "system", "content": facts})
+        if system_text:
+            self.messages.append({"role": "system", "content": system_text})
         self.user(text)
 
     def user(self, text: str) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from ..errors import ModelInputError
+from ..errors import ContextLengthError
 from ..formats.chat_format import NeedleFormat
 
 MIN_ANSWER_ROOM = 32  # context kept free for the answer: min(max_new_tokens, this or 1/8)
@@ -32,15 +32,22 @@ def answer_room(context: int, max_new_tokens: int) -> int:
     return min(max_new_tokens, max(MIN_ANSWER_ROOM, context // 8))
 
 
-def check_fits(tokens: int, limit: int | None, first_turn: bool) -> None:
-    """ModelInputError saying what to do when a turn's input (`tokens` in the conversation
-    once it is fed) cannot fit the model's context of `limit` tokens."""
-    if limit is None or tokens <= limit:
+def check_fits(tokens: int, limit: int | None, first_turn: bool,
+               max_new_tokens: int | None = None) -> None:
+    """The one context rule, of `Needle` and the server alike: a turn's input (`tokens` in
+    the conversation once it is fed) leaves room for at least one answer token in the
+    model's context of `limit` tokens, and for all of `max_new_tokens` when a caller asks for
+    that budget to fit (the server's explicit `max_tokens`); ContextLengthError saying what to
+    do otherwise."""
+    if limit is None or (tokens < limit and (max_new_tokens is None or
+                                             tokens + max_new_tokens <= limit)):
         return
     fix = ("shorten the query or the tool schemas (descriptions count), or offer fewer tools"
            if first_turn else "shorten the message, or start a new conversation (reset)")
-    raise ModelInputError(f"the prompt is {tokens} tokens but this model reads at most "
-                          f"{limit} in all (max_seq_len), the answer included: {fix}")
+    asked = "" if max_new_tokens is None else f" plus the {max_new_tokens} asked for"
+    raise ContextLengthError(f"the prompt is {tokens} tokens{asked} but this model reads at "
+                             f"most {limit} in all (max_seq_len), the answer included: {fix}",
+                             prompt_tokens=tokens, limit=limit, max_new_tokens=max_new_tokens)
 
 
 def replay_ids(first_prompt: Callable[[str], list[int]], chat_format: NeedleFormat,

@@ -18,9 +18,10 @@ from ..generation.answer_grammar import AUTO_CALL_THRESHOLD
 from ..generation.grammar import MAX_TOOLS, ToolCallGrammar
 from ..generation.retrieval import DEFAULT_RETRIEVE_K, ToolIndex
 from ..generation.sampling import SamplingConfig
+from ..generation.syntaxes import syntax_for
 from ..generation.turn_config import GenerationConfig, TurnVocab
 from ..models.protocol import ModelProtocol
-from .grammars import GRAMMAR_VOCABS, TURN_VOCABS, GrammarCache, content_schema, text_markers
+from .grammars import GRAMMAR_VOCABS, TURN_VOCABS, GrammarCache, content_schema
 from .plan import Plan
 from .tools import ToolSpec
 
@@ -40,7 +41,12 @@ class TurnPlanner:
                  chat_format: Any = None) -> None:
         # the model's chat format, or a variant of it (`tool_format`, `template_kwargs`)
         self.format = model.chat_format if chat_format is None else chat_format
-        self.whole_answer = text_markers(self.format)  # a template model (answer_grammar.py)
+        # a template model's call syntax, chosen once (generation/syntaxes.py): whole-answer
+        # grammars (answer_grammar.py); None for Needle's wire format
+        self.syntax = syntax_for(self.format)
+        self.whole_answer = self.syntax is not None
+        if self.syntax is not None:
+            self.syntax.check_tools([spec.schema() for spec in tools])
         self.tools = tools
         self.defaults = defaults
         self.config()  # validate the defaults now, not at the first query

@@ -50,9 +50,9 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
 def add_tool_format_argument(parser: argparse.ArgumentParser) -> None:
     """--tool-format and --chat-template-kwargs of run and chat (`Needle(tool_format=...,
     template_kwargs=...)`, issue 28 item 4); --tool-choice (OpenAI's, for one turn)."""
-    from ..formats.call_syntax import TOOL_FORMATS
+    from ..generation.syntaxes import tool_formats
 
-    parser.add_argument("--tool-format", choices=TOOL_FORMATS, default=None,
+    parser.add_argument("--tool-format", choices=tool_formats(), default=None,
                         help="a chat-template model's tool-call syntax (default auto: the one "
                         "its chat template uses)")
     parser.add_argument("--chat-template-kwargs", type=template_kwargs_argument, default=None,
@@ -63,8 +63,8 @@ def add_tool_format_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def template_kwargs_argument(text: str) -> dict[str, Any]:
-    """argparse's view of `call_syntax.parse_template_kwargs`."""
-    from ..formats.call_syntax import parse_template_kwargs
+    """argparse's view of `chat_format.parse_template_kwargs`."""
+    from ..formats.chat_format import parse_template_kwargs
 
     try:
         return parse_template_kwargs(text)

@@ -12,8 +12,8 @@ A model supplies its format (`model.chat_format`, `models/protocol.py`):
   `<tools></tools>`, calls as `<tool_call>[{"name": ..., "arguments": {...}}]</tool_call>`,
   results as `<tool_response>...</tool_response>` in a user turn. The call markers are
   matched as text when they are not single tokens (as vLLM's tool parsers do). The call
-  syntax (`hermes`, `qwen`, `functiongemma`) is the template's own (`call_syntax.py`, issue 28
-  item 4), or the one `tool_format` names; `template_kwargs` (Qwen3's `enable_thinking`) are
+  syntax (`hermes`, `qwen`, `functiongemma`, one class each in `generation/`) is chosen from
+  the template, or named by `tool_format`; `template_kwargs` (Qwen3's `enable_thinking`) are
   passed to the template. Tools go to the template as it reads them (OpenAI's
   `{"type": "function", "function": {...}}`, or the bare function dict when that is what it
   reads), past calls with their arguments as objects, tool results as the strings they are.
@@ -31,15 +31,6 @@ from typing import Any
 
 from ..errors import TokenizerError, ToolFormatError
 from . import needle_wire as wire
-from .call_syntax import (
-    FG_CLOSE,
-    FG_ESCAPE,
-    FG_OPEN,
-    FunctionGemmaToJson,
-    JsonBlocks,
-    check_tool_format,
-    detect,
-)
 from .chat_template import render_chat_template
 
 Message = Mapping[str, Any]
@@ -54,6 +45,8 @@ HERMES_SYSTEM = (
     '<tool_call>[{{"name": <function-name>, "arguments": <args-dict>}}]</tool_call>'
 )
 TOOL_RESPONSE_OPEN, TOOL_RESPONSE_CLOSE = "<tool_response>", "</tool_response>"
+# the `tool_format` name of the prompt above, and the markers its calls come between
+HERMES, HERMES_OPEN, HERMES_CLOSE = "hermes", "<tool_call>", "</tool_call>"
 
 
 def _call_list(calls: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -151,10 +144,15 @@ class NeedleFormat:
 
 
 class TemplateFormat:
-    """A Hugging Face chat template; a Hermes-style tool prompt when it renders no tools."""
+    """A Hugging Face chat template; a Hermes-style tool prompt when it renders no tools.
+
+    The call syntax a template model writes is chosen once from this format by
+    `generation/syntaxes.py` (`syntax_for`); what it reads here is the template (`template`,
+    `render`), whether it renders tools (`renders_tools`), the tokenizer's added tokens
+    (`markers`), the `tool_format` asked for ("auto" or a syntax's name) and whether the tools
+    go in needlepoint's own prompt (`uses_tool_prompt`)."""
 
     name = "template"
-    call_open, call_close = "<tool_call>", "</tool_call>"
     json_style = "spaced"  # calls as json.dumps writes them: `{"name": ..., "arguments": ...}`
 
     def __init__(self, tokenizer: Any, tool_format: str | None = None,
@@ -164,45 +162,23 @@ class TemplateFormat:
         self.tokenizer = tokenizer
         self.template = tokenizer.chat_template
         self.template_kwargs = dict(template_kwargs or {})
-        self.tool_format = check_tool_format(tool_format)
+        self.tool_format = "auto" if tool_format is None else str(tool_format)
         self._variants: dict[Any, TemplateFormat] = {}
+        self.markers: dict[str, int] = dict(getattr(tokenizer, "markers", {}))
+        self.special_tokens: dict[str, str] = dict(getattr(tokenizer, "special_tokens", {}))
         self.tools_shape = self._tools_shape()
         self.renders_tools = self.tools_shape is not None
-        self.blocks = JsonBlocks.probe(lambda m: self._render(m, None, False)) \
-            if self.renders_tools else None
-        detected = detect(self.template, self.renders_tools, self.blocks)
-        self.syntax = detected if self.tool_format == "auto" else self.tool_format
-        markers = getattr(tokenizer, "markers", {})
-        self._check_syntax(detected, markers)
-        if self.syntax == "functiongemma":
-            self.call_open, self.call_close = FG_OPEN, FG_CLOSE
-        # templates that render tools ask for one call object per marker pair (Hermes / Qwen
-        # style); the Hermes-style prompt of this module asks for one list
-        self.call_body = "list" if self.syntax == "hermes" else "object"
-        layout = self.blocks or JsonBlocks()
-        self.call_prefix, self.call_suffix = layout.prefix, layout.suffix
-        self.call_separator = "" if self.syntax == "functiongemma" else layout.separator
-        self.escape_id = markers.get(FG_ESCAPE)
-        self.think_ids = self._think_ids(markers)
+        # the Hermes-style prompt shows the tools when asked for, or when the template has no
+        # place for them
+        self.uses_tool_prompt = self.tool_format == HERMES or (
+            self.tool_format == "auto" and not self.renders_tools)
+        self.think_ids = self._think_ids(self.markers)
         self.thinking = self.think_ids is not None
-        self.marker_tokens = self.call_open in markers and self.call_close in markers
-        ends = [markers[m] for m in END_MARKERS if m in markers]
+        ends = [self.markers[m] for m in END_MARKERS if m in self.markers]
         eos = tokenizer.eos_id
         self._end_ids = tuple(dict.fromkeys([*ends[:1], *([eos] if eos is not None else [])]))
         if not self._end_ids:
             raise TokenizerError(f"{tokenizer!r}: no end-of-turn token (EOS or {END_MARKERS})")
-
-    def _check_syntax(self, detected: str | None, markers: Mapping[str, int]) -> None:
-        if self.syntax in ("qwen", "functiongemma") and not self.renders_tools:
-            raise ToolFormatError(f"tool_format {self.syntax!r}: the chat template renders no "
-                                  f"tools (use 'hermes', needlepoint's own tool prompt)")
-        if self.syntax == "functiongemma" and not all(m in markers for m in
-                                                      (FG_OPEN, FG_CLOSE, FG_ESCAPE)):
-            raise ToolFormatError("tool_format 'functiongemma': the tokenizer has no "
-                                  f"{FG_OPEN} / {FG_CLOSE} / {FG_ESCAPE} tokens")
-        if self.syntax == "qwen" and detected == "functiongemma":
-            raise ToolFormatError("tool_format 'qwen': the chat template writes FunctionGemma "
-                                  "calls")
 
     def _think_ids(self, markers: Mapping[str, int]) -> tuple[int, int] | None:
         """(`<think>`, `</think>`) ids when the model may reason before answering: its template
@@ -211,7 +187,7 @@ class TemplateFormat:
         if "<think>" not in self.template or "<think>" not in markers or \
                 "</think>" not in markers:
             return None
-        prompt = self._render([{"role": "user", "content": "hi"}])
+        prompt = self.render([{"role": "user", "content": "hi"}])
         if prompt.rstrip().endswith("</think>"):
             return None
         return markers["<think>"], markers["</think>"]
@@ -221,7 +197,7 @@ class TemplateFormat:
         """This format with another `tool_format` / `template_kwargs` (memoised: a server makes
         a `Needle` per request, and each format has its own turn vocabulary)."""
         kwargs = {**self.template_kwargs, **(template_kwargs or {})}
-        fmt = check_tool_format(tool_format) if tool_format is not None else self.tool_format
+        fmt = self.tool_format if tool_format is None else str(tool_format)
         if fmt == self.tool_format and kwargs == self.template_kwargs:
             return self
         key = (fmt, json.dumps(kwargs, sort_keys=True, default=str))
@@ -230,21 +206,15 @@ class TemplateFormat:
         return self._variants[key]
 
     @property
-    def call_translator(self) -> Any:
-        """A factory of streaming translators of one call body to JSON (FunctionGemma), or
-        None when the body is JSON already."""
-        return FunctionGemmaToJson if self.syntax == "functiongemma" else None
-
-    @property
     def end_ids(self) -> tuple[int, ...]:
         return self._end_ids
 
-    def _render(self, messages: Sequence[Message], tools: Any = None,
-                generation_prompt: bool = True) -> str:
+    def render(self, messages: Sequence[Message], tools: Any = None,
+               generation_prompt: bool = True) -> str:
+        """The template's text for `messages` (`tools`: the tools argument as it reads it)."""
         return render_chat_template(self.template, messages, tools=tools,
                                     add_generation_prompt=generation_prompt,
-                                    special_tokens=getattr(self.tokenizer, "special_tokens", {}),
-                                    **self.template_kwargs)
+                                    special_tokens=self.special_tokens, **self.template_kwargs)
 
     def _tools_shape(self) -> str | None:
         """How the template reads a tool: "openai" (`{"type": "function", "function": {...}}`,
@@ -255,7 +225,7 @@ class TemplateFormat:
         for shape, tool in (("plain", function),
                             ("openai", {"type": "function", "function": function})):
             try:
-                text = self._render([{"role": "user", "content": "hi"}], [tool])
+                text = self.render([{"role": "user", "content": "hi"}], [tool])
             except TokenizerError:
                 continue
             if "zq_probe_tool" in text:
@@ -265,11 +235,6 @@ class TemplateFormat:
         return "openai" if "openai" in seen else None
 
     def _tools_arg(self, tools: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-        if self.syntax is None:
-            raise ToolFormatError(
-                "the chat template renders tools in a call syntax needlepoint does not know "
-                "(known: <tool_call> JSON blocks, FunctionGemma's <start_function_call>); name "
-                "one with tool_format= / --tool-format (hermes, qwen, functiongemma)")
         if self.tools_shape == "plain":
             return [dict(t) for t in tools]
         return [{"type": "function", "function": dict(t)} for t in tools]
@@ -286,14 +251,14 @@ class TemplateFormat:
     def answer_text(self, text: str, calls: Sequence[Mapping[str, Any]] | None) -> str:
         if calls:
             body = json.dumps(_call_list(calls), ensure_ascii=False)
-            return f"{self.call_open}{body}{self.call_close}"
+            return f"{HERMES_OPEN}{body}{HERMES_CLOSE}"
         return text
 
     def messages(self, messages: Sequence[Message], tools: Sequence[Mapping[str, Any]]
                  ) -> tuple[list[dict[str, Any]], Any]:
         """The messages and tools argument the template renders."""
         system, rest = split_turns(messages)
-        if tools and self.syntax != "hermes":
+        if tools and not self.uses_tool_prompt:
             tools_arg = self._tools_arg(tools)
             out = [{"role": "system", "content": system}] if system else []
             for m in rest:
@@ -334,9 +299,8 @@ class TemplateFormat:
                          tools: Sequence[Mapping[str, Any]]) -> list[int]:
         """Every id up to the assistant turn to be generated."""
         rendered, tools_arg = self.messages(messages, tools)
-        text = self._render(rendered, tools_arg)
-        specials = getattr(self.tokenizer, "special_tokens", {})
-        bos = specials.get("bos_token")
+        text = self.render(rendered, tools_arg)
+        bos = self.special_tokens.get("bos_token")
         starts_with_bos = bool(bos) and text.startswith(bos)
         return list(self.tokenizer.encode(text, add_special_tokens=not starts_with_bos))
 
@@ -346,15 +310,28 @@ class TemplateFormat:
         return self.conversation_ids([*head, {"role": "user", "content": query}], tools)
 
 
-def with_call_options(chat_format: Any, tool_format: str | None,
-                      template_kwargs: Mapping[str, Any] | None) -> Any:
+def with_call_options(chat_format: NeedleFormat | TemplateFormat, tool_format: str | None,
+                      template_kwargs: Mapping[str, Any] | None) -> NeedleFormat | TemplateFormat:
     """`chat_format` with a `tool_format` / `template_kwargs` (`Needle(tool_format=,
     template_kwargs=)`, `--tool-format`, a request's `chat_template_kwargs`); Needle's wire
-    format has neither (ToolFormatError when one is asked of it)."""
+    format has neither (ToolFormatError when one is asked of it). Whether the named syntax
+    exists and fits the template is `generation/syntaxes.py`'s to say."""
     if tool_format in (None, "auto") and not template_kwargs:
         return chat_format
-    variant = getattr(chat_format, "variant", None)
-    if variant is None:
+    if not isinstance(chat_format, TemplateFormat):
         raise ToolFormatError(f"tool_format / template_kwargs apply to chat-template models; "
-                              f"this model speaks {getattr(chat_format, 'name', 'needle')!r}")
-    return variant(tool_format, template_kwargs)
+                              f"this model speaks {chat_format.name!r}")
+    return chat_format.variant(tool_format, template_kwargs)
+
+
+def parse_template_kwargs(text: str) -> dict:
+    """`--chat-template-kwargs` of run / chat / serve: a JSON object of chat-template
+    variables (`{"enable_thinking": false}`, as llama.cpp's server takes it); ValueError with
+    the reason otherwise."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"not JSON ({error}): {text!r}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"expected a JSON object of template variables, got {text!r}")
+    return value

@@ -7,12 +7,11 @@ The whole answer is one grammar, from its first token (the `content` constraint 
     start: "<tool_call>" calls "</tool_call>" <end>      a call (names limited to the
          | TEXT <end>                                   declared tools, arguments per schema)
 
-where `calls` is (list body) a JSON list of calls (`calls_lark`: one or several, a tool
-possibly more than once; `[]` only when a call is not required), or (object body) one call
-object per marker pair, at least one, laid out as the template lays them out (Qwen:
-`<tool_call>\n{...}\n</tool_call>`, blocks separated by a newline; `call_syntax.JsonBlocks`),
-or FunctionGemma's `call:NAME{...}` blocks (`functiongemma_grammar.py`). TEXT is
-any text that does not start with `<` or whitespace and never contains the call marker.
+where `calls` is the chat format's call syntax (`call_syntax.py`, one class per syntax, chosen
+once by `syntaxes.syntax_for`): a JSON list of calls (`hermes`), one JSON call object per
+marker pair laid out as the template lays them out (`qwen`), FunctionGemma's `call:NAME{...}`
+blocks (`functiongemma`), with the markers it names. TEXT is any text that does not start
+with `<` or whitespace and never contains the call marker.
 `<end>` is the format's end-of-turn token unless that is EOS (which the engine allows
 whenever the answer is complete). `required`
 and a named tool keep only the call; a `response_format` schema replaces TEXT with the JSON.
@@ -28,10 +27,12 @@ import llguidance
 import numpy as np
 
 from ..errors import ToolSchemaError
+from ..formats.chat_format import TemplateFormat
+from .call_syntax import CallSyntax
 from .content import _OPTIONS, ContentSchemaError
-from .functiongemma_grammar import functiongemma_calls_lark
-from .grammar import MAX_TOOLS, TokenVocab, ToolCallGrammar, ToolCallMatcher, tool_parts
+from .grammar import MAX_TOOLS, TokenVocab, ToolCallMatcher, tool_parts
 from .segments import MarkerIds
+from .syntaxes import syntax_for
 from .text_markers import call_start_mask, closing_mask
 from .turn_config import BYTE_TYPE, NORMAL_TYPE, TurnVocab
 
@@ -49,124 +50,92 @@ THINK_RULES = ('think_part: think_block THINK_SPACE?\n'
                'THINK_SPACE: /\\s+/\n')
 
 
-def marker_bytes(chat_format: Any) -> tuple[list[bytes], set[int]]:
+def marker_bytes(fmt: TemplateFormat, syntax: CallSyntax) -> tuple[list[bytes], set[int]]:
     """Every token's bytes, the call markers spelled out even when they are special added
     tokens (so they match as text), and the ids that stay special."""
-    tokenizer = chat_format.tokenizer
-    token_bytes = tokenizer.all_token_bytes()
-    types = np.asarray(tokenizer.types)
+    token_bytes = fmt.tokenizer.all_token_bytes()
+    types = np.asarray(fmt.tokenizer.types)
     special = set(np.flatnonzero((types == UNKNOWN) | (types == CONTROL)).tolist())
-    markers = getattr(tokenizer, "markers", {})
-    for text in (chat_format.call_open, chat_format.call_close):
-        if text in markers:
-            token_bytes[markers[text]] = text.encode("utf-8")
-            special.discard(markers[text])
+    for text in (syntax.open, syntax.close):
+        if text in fmt.markers:
+            token_bytes[fmt.markers[text]] = text.encode("utf-8")
+            special.discard(fmt.markers[text])
     return token_bytes, special
 
 
-def token_vocab(chat_format: Any) -> TokenVocab:
+def token_vocab(fmt: TemplateFormat, syntax: CallSyntax | None = None) -> TokenVocab:
     """The grammar engine's view of a template model's tokenizer: control tokens are
     special, the turn ends at the format's end ids; text is encoded as the tokenizer does."""
-    tokenizer = chat_format.tokenizer
-    token_bytes, special = marker_bytes(chat_format)
+    tokenizer = fmt.tokenizer
+    token_bytes, special = marker_bytes(fmt, syntax or _syntax(fmt))
 
     def encode(text: str) -> list[int]:
         return list(tokenizer.encode(text, add_special_tokens=False))
 
-    return TokenVocab(token_bytes, sorted(special), tokenizer.eos_id, chat_format.end_ids,
-                      encode)
+    return TokenVocab(token_bytes, sorted(special), tokenizer.eos_id, fmt.end_ids, encode)
 
 
-def turn_vocab(chat_format: Any) -> TurnVocab:
+def turn_vocab(fmt: TemplateFormat, syntax: CallSyntax | None = None) -> TurnVocab:
     """The turn loop's view of a template model: markers as text, the format's end ids."""
-    tokenizer = chat_format.tokenizer
-    ends = chat_format.end_ids
-    thinks = getattr(chat_format, "think_ids", None) or (-1, -1)
+    syntax = syntax or _syntax(fmt)
+    ends = fmt.end_ids
+    thinks = fmt.think_ids or (-1, -1)
     markers = MarkerIds(think_open=thinks[0], think_close=thinks[1], tool_call_open=-1,
                         tool_call_close=-1, im_end=ends[0], eos=ends[-1])
-    types = np.asarray(tokenizer.types)
-    token_bytes, special = marker_bytes(chat_format)
-    escape = getattr(chat_format, "escape_id", None)
-    if escape is not None and getattr(chat_format, "call_translator", None):
-        token_bytes[escape] = b"<escape>"  # FunctionGemma's string marker, read as text
+    types = np.asarray(fmt.tokenizer.types)
+    token_bytes, special = marker_bytes(fmt, syntax)
+    string = syntax.string_marker  # FunctionGemma's `<escape>`: read as text in a call
+    if string is not None and string in fmt.markers:
+        token_bytes[fmt.markers[string]] = string.encode("utf-8")
     free = (types == NORMAL_TYPE) | (types == BYTE_TYPE) | (types == USER_DEFINED)
-    for text in (chat_format.call_open, chat_format.call_close, "<escape>"):
-        marker = getattr(tokenizer, "markers", {}).get(text)
-        if marker is not None and (text != "<escape>" or chat_format.call_translator):
-            free[marker] = True  # a call marker that is one added token
+    for text in (syntax.open, syntax.close, *([string] if string else [])):
+        if text in fmt.markers:
+            free[fmt.markers[text]] = True  # a call marker that is one added token
     free[list(ends)] = True
     free[[t for t in thinks if t >= 0]] = True
     from .drafts import match_keys
 
     return TurnVocab(token_bytes=token_bytes, markers=markers, free_mask=free, call_prefix=(),
                      think_close_ids=(), match_keys=match_keys(token_bytes),
-                     text_markers=(chat_format.call_open, chat_format.call_close),
-                     call_start=call_start_mask(token_bytes, chat_format.call_open),
-                     call_body=chat_format.call_body, closing=_closing(chat_format, token_bytes),
-                     call_translator=getattr(chat_format, "call_translator", None))
+                     text_markers=(syntax.open, syntax.close),
+                     call_start=call_start_mask(token_bytes, syntax.open),
+                     call_body=syntax.body, closing=_closing(fmt, syntax, token_bytes),
+                     call_translator=syntax.translator())
 
 
-def _closing(chat_format: Any, token_bytes: list[bytes]) -> np.ndarray:
-    """`closing_mask` for this format: its closing marker's characters in the last tier, and
-    FunctionGemma's `<escape>` (which ends a string) in the first."""
-    marker = getattr(chat_format, "call_suffix", "") + chat_format.call_close
-    closing = closing_mask(token_bytes, marker)
-    escape = getattr(chat_format, "escape_id", None)
-    if escape is not None and getattr(chat_format, "call_translator", None):
-        closing[0, escape] = True
+def _syntax(fmt: TemplateFormat) -> CallSyntax:
+    syntax = syntax_for(fmt)
+    assert syntax is not None  # a TemplateFormat always has one
+    return syntax
+
+
+def _closing(fmt: TemplateFormat, syntax: CallSyntax, token_bytes: list[bytes]) -> np.ndarray:
+    """`closing_mask` for this syntax: its closing text's characters in the last tier, and
+    a string marker (FunctionGemma's `<escape>`, which ends a string) in the first."""
+    closing = closing_mask(token_bytes, syntax.closing())
+    string = syntax.string_marker
+    if string is not None and string in fmt.markers:
+        closing[0, fmt.markers[string]] = True
     return closing
-
-
-def calls_lark(parts: list[tuple[str, dict]], chat_format: Any, require: bool,
-               parallel: bool) -> str:
-    """`calls_list`: the calls between the markers. List body: `[call, call, ...]`; object
-    body: `call</tool_call>\n<tool_call>call...`. Unlike Needle's grammar a tool may be
-    called more than once (OpenAI parallel calls: the same function for two cities); one
-    call only without `parallel`; `[]` only when a call is not required (list body)."""
-    per_tool = [line for line in ToolCallGrammar._lark(parts, (), True, True).splitlines()
-                if line.startswith(("call", "args")) and not line.startswith("calls")]
-    choice = "call: " + " | ".join(f"call{i}" for i in range(len(parts)))
-    if chat_format.call_body == "object":
-        prefix = getattr(chat_format, "call_prefix", "")
-        suffix = getattr(chat_format, "call_suffix", "")
-        separator = getattr(chat_format, "call_separator", "\n")
-        quoted = [json.dumps(t) if t else "" for t in (prefix, suffix)]
-        block = " ".join(p for p in (quoted[0], "call", quoted[1]) if p)
-        between = json.dumps(f"{chat_format.call_close}{separator}{chat_format.call_open}")
-        head = f"calls_list: {block}" + (f" ({between} {block})*" if parallel else "")
-    else:
-        some = 'call ("," call)*' if parallel else "call"
-        head = f'calls_list: "[" {some} "]"' + ("" if require else ' | "[]"')
-    return "\n".join([head, choice, *per_tool]) + "\n"
-
-
-def spaced(lark: str) -> str:
-    """A call grammar's JSON with `", "` and `": "` separators (`json.dumps`' default, the
-    style chat templates render calls in and the Hermes-style prompt shows) instead of the
-    compact style of Needle's wire format."""
-    return (lark.replace('{\\"name\\":', '{\\"name\\": ')
-            .replace(',\\"arguments\\":', ', \\"arguments\\": ')
-            .replace('("," call)*', '(", " call)*')
-            .replace('"item_separator": ","', '"item_separator": ", "')
-            .replace('"key_separator": ":"', '"key_separator": ": "'))
 
 
 class AnswerGrammar:
     """The whole-answer grammar of one request; `start()` gives a fresh matcher."""
 
-    def __init__(self, vocab: TokenVocab, chat_format: Any, tools: Sequence[Mapping[str, Any]],
-                 *, call: bool = True, text: bool = True, require_call: bool = False,
-                 parallel_calls: bool = True, schema: Mapping[str, Any] | None = None,
-                 strict_formats: bool = False) -> None:
+    def __init__(self, vocab: TokenVocab, fmt: TemplateFormat,
+                 tools: Sequence[Mapping[str, Any]], *, call: bool = True, text: bool = True,
+                 require_call: bool = False, parallel_calls: bool = True,
+                 schema: Mapping[str, Any] | None = None, strict_formats: bool = False,
+                 syntax: CallSyntax | None = None) -> None:
         if len(tools) > MAX_TOOLS:
             raise ToolSchemaError(f"{len(tools)} tools: at most {MAX_TOOLS} are supported")
+        syntax = syntax or _syntax(fmt)
         self.vocab = vocab
         # EOS is never a grammar token: the engine allows it once the answer is complete
         ends = " ".join(f"<[{i}]>" for i in dict.fromkeys(vocab.end_ids) if i != vocab.eos_id)
         alternatives, rules = [], []
-        functiongemma = getattr(chat_format, "syntax", None) == "functiongemma"
-        if call and functiongemma and not tools and not require_call:
-            call = False  # no tool to call: FunctionGemma's names have no empty alternative
+        if call and syntax.needs_tools and not tools and not require_call:
+            call = False  # no tool to call, and the syntax has no empty call list
         if call:
             parts = [tool_parts(tool, i, strict_formats) for i, tool in enumerate(tools)]
             names = [name for name, _ in parts]
@@ -174,27 +143,21 @@ class AnswerGrammar:
                 raise ToolSchemaError("a tool name is declared twice")
             if require_call and not parts:
                 raise ToolSchemaError("a call is required, but no tools are declared")
-            alternatives.append(f"{json.dumps(chat_format.call_open)} calls_list "
-                                f"{json.dumps(chat_format.call_close)} {ends}")
-            if functiongemma:
-                body = functiongemma_calls_lark(parts, chat_format.escape_id, parallel_calls)
-            else:
-                body = calls_lark(parts, chat_format, require_call, parallel_calls)
-            if getattr(chat_format, "json_style", "compact") == "spaced" and not functiongemma:
-                body = spaced(body)
-            rules.append(body)
+            alternatives.append(f"{json.dumps(syntax.open)} calls_list "
+                                f"{json.dumps(syntax.close)} {ends}")
+            rules.append(syntax.calls_lark(parts, require_call, parallel_calls, fmt.json_style))
         if schema is not None:
             body_schema = json.loads(json.dumps(dict(schema), allow_nan=False))
             body_schema.setdefault("x-guidance", _OPTIONS)
             rules.append(f"content: %json {json.dumps(body_schema, ensure_ascii=False)}")
             alternatives.append(f"content {ends}")
         elif text:
-            rules.append(TEXT_RULE.replace("<tool_call>", chat_format.call_open))
+            rules.append(TEXT_RULE.replace("<tool_call>", syntax.open))
             alternatives.append(f"TEXT {ends}")
         if not alternatives:
             raise ToolSchemaError("an answer must allow a call or text")
         head = "start: " + "\n    | ".join(alternatives)
-        if getattr(chat_format, "thinking", False):  # Qwen3: `<think>...</think>` may come first
+        if fmt.thinking:  # Qwen3: `<think>...</think>` may come first
             head = ("start: think_part? answer\n" + THINK_RULES + "answer: "
                     + "\n    | ".join(alternatives))
         self.lark = head + "\n" + "\n".join(rules) + "\n"

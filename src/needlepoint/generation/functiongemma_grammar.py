@@ -1,7 +1,7 @@
-"""FunctionGemma's call syntax as a grammar over the declared tools (issue 28 item 4).
+"""FunctionGemma's call syntax as a grammar over the declared tools.
 
 A call is `call:NAME{key:value,...}` between `<start_function_call>` and `<end_function_call>`
-(`formats/call_syntax.py`); this module writes the `calls_list` rule of the whole-answer
+(`syntax_functiongemma.py`); this module writes the `calls_list` rule of the whole-answer
 grammar (`answer_grammar.AnswerGrammar`) from the tools' JSON schemas, in llguidance's lark:
 
 * names: only the declared tools (`call:set_alarm`, ...);
@@ -24,7 +24,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..errors import ToolSchemaError
-from ..formats.call_syntax import FG_CLOSE, FG_OPEN
 
 INT = r"/-?(0|[1-9][0-9]*)/"
 NUM = r"/-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?/"
@@ -125,9 +124,10 @@ class _Rules:
 
 
 def functiongemma_calls_lark(parts: Sequence[tuple[str, Mapping[str, Any]]], escape_id: int,
-                             parallel: bool) -> str:
+                             parallel: bool, between: str) -> str:
     """The `calls_list` rule (and its sub-rules) for tools given as (name, parameters schema),
-    `escape_id` the tokenizer's `<escape>` token."""
+    `escape_id` the tokenizer's `<escape>` token, `between` the text between two calls (the
+    closing marker, then the opening one)."""
     if not parts:
         raise ToolSchemaError("a FunctionGemma call grammar needs at least one tool")
     rules = _Rules(escape_id)
@@ -136,6 +136,5 @@ def functiongemma_calls_lark(parts: Sequence[tuple[str, Mapping[str, Any]]], esc
         arguments = rules.object(schema) if isinstance(schema, Mapping) else "fg_map"
         calls.append(rules.new(f'{json.dumps("call:" + name)} {arguments}'))
     choice = rules.new(" | ".join(calls))
-    between = json.dumps(FG_CLOSE + FG_OPEN)
-    head = f"calls_list: {choice}" + (f" ({between} {choice})*" if parallel else "")
+    head = f"calls_list: {choice}" + (f" ({json.dumps(between)} {choice})*" if parallel else "")
     return "\n".join([head, *rules.lines]) + "\n"

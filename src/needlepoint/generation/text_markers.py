@@ -115,7 +115,7 @@ class TextMarkerParser(SegmentParser):
     call_close: str = "</tool_call>"
     body: str = "list"
     # a factory of streaming translators of one call's text to its JSON object (FunctionGemma's
-    # `call:NAME{...}`, `formats/call_syntax.py`), None when the call text is JSON already
+    # `call:NAME{...}`, `syntax_functiongemma.py`), None when the call text is JSON already
     translator: Any = None
     _held: str = ""
     _translating: Any = None

@@ -106,7 +106,7 @@ class TurnVocab:
     call_body: str = "list"  # "object": one call per marker pair (`text_markers.py`)
     call_start: np.ndarray | None = None  # bool[vocab]: tokens that begin the text marker
     closing: np.ndarray | None = None  # bool[vocab]: tokens that close a call (text_markers)
-    call_translator: Any = None  # call text to JSON (FunctionGemma; formats/call_syntax.py)
+    call_translator: Any = None  # call text to JSON (FunctionGemma; call_syntax.py)
 
     def parser(self, stops: tuple[str, ...]) -> SegmentParser:
         """A fresh splitter of one answer's tokens."""

@@ -208,9 +208,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="CPU threads for the model (default: $NEEDLEPOINT_THREADS, else 1)")
     parser.add_argument("--no-speculate", dest="speculate", action="store_false",
                         help="decode one forward pass per token (no drafts; same tokens)")
-    from ..formats.call_syntax import TOOL_FORMATS
+    from ..generation.syntaxes import tool_formats
 
-    parser.add_argument("--tool-format", choices=TOOL_FORMATS, default=None,
+    parser.add_argument("--tool-format", choices=tool_formats(), default=None,
                         help="a chat-template model's tool-call syntax (default auto: the one "
                         "its chat template uses)")
     parser.add_argument("--chat-template-kwargs", type=_template_kwargs, default=None,
@@ -312,7 +312,7 @@ def _at_least(low: int) -> Any:
 
 
 def _template_kwargs(text: str) -> dict[str, Any]:
-    from ..formats.call_syntax import parse_template_kwargs
+    from ..formats.chat_format import parse_template_kwargs
 
     try:
         return parse_template_kwargs(text)

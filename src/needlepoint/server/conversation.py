@@ -1,17 +1,20 @@
-"""OpenAI chat messages -> a Needle conversation (system text, tools, turns, forcing).
+"""OpenAI chat messages -> the chat a client sent (`ClientChat`): system text, tools, the
+messages in the chat formats' shape (`formats/chat_format.py`), forcing.
 
-Needle's wire format has one system turn, a first user turn that carries the tools JSON, and
-(our multi-turn convention, `formats/needle_wire.py`) later user turns after each assistant answer;
-tool results go back as a user turn `<tool_result>[{"name", "result"}, ...]</tool_result>`.
-The mapping:
+The server is stateless: every request carries the whole history, which is checked here and
+kept as chat messages, the one form `Needle`'s chat formats render (`server/history.py`); there
+is no second, turn-shaped copy. The mapping:
 
 * `system`/`developer` messages (anywhere) -> the system text, joined by newlines.
-* the first user message -> the query of the first turn (consecutive user messages join).
-* an assistant message -> the model's earlier answer: its `tool_calls` (arguments parsed from
-  their JSON text) or, without calls, its text.
-* `tool` messages after an assistant message -> one user turn of tool results, in the order
-  the client sent them, each named after the call its `tool_call_id` answers.
-* the conversation must end on a user or tool turn: that is what the model answers.
+* user messages -> `{"role": "user", "content"}`; consecutive ones join (newline), and the
+  first is the query (what tool retrieval sees); empty ones are refused by the library's query
+  check (`api.needle.check_query`).
+* an assistant message -> `{"role": "assistant", "content", "tool_calls"}`: its calls
+  (`{"name", "arguments"}`, arguments parsed from their JSON text) or, without calls, its text.
+* `tool` messages after an assistant message -> `{"role": "tool", "name", "content"}`, in the
+  order the client sent them, each named after the call its `tool_call_id` answers, the
+  content parsed as JSON when it is JSON.
+* the conversation must end on a user or tool message: that is what the model answers.
 """
 
 from __future__ import annotations
@@ -20,43 +23,30 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..api.needle import check_query
+from ..errors import InvalidQueryError
 from .errors import bad_request
 from .schemas import AllowedToolChoice, ChatMessage, NamedToolChoice, ToolSpec
 
 
 @dataclass
-class AssistantTurn:
-    calls: list[dict[str, Any]] | None = None  # [{"name", "arguments": dict}], or
-    text: str = ""  # a plain answer when there are no calls
+class ClientChat:
+    """One request's chat: what the model is shown and must answer."""
 
-
-@dataclass
-class Turn:
-    """A user turn and the assistant's answer to it (None for the turn to be answered)."""
-
-    user: str = ""
-    tool_results: list[dict[str, Any]] | None = None  # set for a tool-result turn
-    answer: AssistantTurn | None = None
-
-
-@dataclass
-class Conversation:
     system: str
     tools: list[dict[str, Any]]
-    turns: list[Turn] = field(default_factory=list)
+    messages: list[dict[str, Any]] = field(default_factory=list)  # chat-format messages
     force: str | None = None  # None, "any" (a call is required) or the one required name
 
     @property
     def query(self) -> str:
-        return self.turns[0].user
+        """The first user message's text (what tool retrieval ranks the tools against)."""
+        return str(self.messages[0]["content"])
 
     @property
-    def history(self) -> list[Turn]:
-        return self.turns[:-1]
-
-    @property
-    def last(self) -> Turn:
-        return self.turns[-1]
+    def first_turn(self) -> bool:
+        """No earlier answer: the prompt is the first turn's (`Needle.prompt_ids`)."""
+        return not any(m["role"] == "assistant" for m in self.messages)
 
 
 def _tools(
@@ -126,6 +116,16 @@ def _tool_result(content: str) -> Any:
         return content
 
 
+def checked_query(text: str, param: str) -> str:
+    """`text`, or a 400 naming `param` when it is empty or blank: the library's own query
+    check (`api.needle.check_query`), the one rule for what can be answered."""
+    try:
+        return check_query(text)
+    except InvalidQueryError as error:
+        raise bad_request(f"Invalid '{param}': {error}", param=param,
+                          code="empty_query") from None
+
+
 def _text(message: ChatMessage, index: int) -> str:
     try:
         return message.text()
@@ -137,34 +137,29 @@ def from_messages(
     messages: list[ChatMessage],
     tools: list[ToolSpec] | None,
     tool_choice: str | NamedToolChoice | AllowedToolChoice | None,
-) -> Conversation:
+) -> ClientChat:
     tool_list, force = _tools(tools, tool_choice)
     system: list[str] = []
-    turns: list[Turn] = []
+    chat: list[dict[str, Any]] = []
     open_calls: dict[str, str] = {}  # tool_call_id -> name, for the latest assistant message
     for index, message in enumerate(messages):
         role = message.role
         if role in ("system", "developer"):
             system.append(_text(message, index))
         elif role == "user":
-            text = _text(message, index)
-            if not text.strip():
-                raise bad_request(
-                    f"messages.{index}: the user message is empty; there is nothing to answer",
-                    param=f"messages.{index}.content", code="empty_query")
+            text = checked_query(_text(message, index), f"messages.{index}.content")
             open_calls.clear()  # a user message closes the calls it follows
-            if turns and turns[-1].answer is None:  # consecutive user-side messages: one turn
-                last = turns[-1]
-                last.user = f"{last.user}\n{text}" if last.user else text
+            if chat and chat[-1]["role"] == "user":  # consecutive user messages: one turn
+                chat[-1]["content"] = f"{chat[-1]['content']}\n{text}"
             else:
-                turns.append(Turn(user=text))
+                chat.append({"role": "user", "content": text})
         elif role == "assistant":
-            if not turns or turns[-1].answer is not None:
+            if not chat or chat[-1]["role"] == "assistant":
                 raise bad_request(
                     f"messages.{index}: an assistant message must follow a user or tool message",
                     param=f"messages.{index}",
                 )
-            turns[-1].answer = _assistant(message, index, open_calls)
+            chat.append(_assistant(message, index, open_calls))
         else:  # tool
             name = open_calls.get(message.tool_call_id or "")
             if name is None:
@@ -177,25 +172,23 @@ def from_messages(
                 raise bad_request(
                     f"messages.{index}: name {message.name!r} is not the tool the call "
                     f"{message.tool_call_id!r} named ({name!r})", param=f"messages.{index}.name")
-            result = {"name": name, "result": _tool_result(_text(message, index))}
-            if turns[-1].answer is None and turns[-1].tool_results is not None:
-                turns[-1].tool_results.append(result)
-            else:
-                turns.append(Turn(tool_results=[result]))
-    if not turns or turns[0].tool_results is not None:
+            chat.append({"role": "tool", "name": name,
+                         "content": _tool_result(_text(message, index))})
+    if not chat or chat[0]["role"] != "user":
         raise bad_request("messages must contain a user message", param="messages")
-    if turns[-1].answer is not None:
+    if chat[-1]["role"] == "assistant":
         raise bad_request(
             "the last message must be a user or tool message: that is what the model answers",
             param="messages",
         )
-    return Conversation(system="\n".join(system), tools=tool_list, turns=turns, force=force)
+    return ClientChat(system="\n".join(system), tools=tool_list, messages=chat, force=force)
 
 
-def _assistant(message: ChatMessage, index: int, open_calls: dict[str, str]) -> AssistantTurn:
+def _assistant(message: ChatMessage, index: int, open_calls: dict[str, str]
+               ) -> dict[str, Any]:
     open_calls.clear()
     if not message.tool_calls:
-        return AssistantTurn(text=_text(message, index))
+        return {"role": "assistant", "content": _text(message, index), "tool_calls": None}
     calls = []
     for k, call in enumerate(message.tool_calls):
         where = f"messages.{index}.tool_calls.{k}"
@@ -207,4 +200,4 @@ def _assistant(message: ChatMessage, index: int, open_calls: dict[str, str]) -> 
         )
         if call.id:
             open_calls[call.id] = call.function.name
-    return AssistantTurn(calls=calls)
+    return {"role": "assistant", "content": "", "tool_calls": calls}

@@ -24,10 +24,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .conversation import Conversation, from_messages
+from ..api.history import check_fits
+from ..api.results import final
+from ..errors import ContextLengthError
+from ..generation.events import Done, LogprobDelta, ReasoningDelta, TextDelta, ToolCallDelta
+from .conversation import ClientChat, checked_query, from_messages
 from .errors import bad_request, context_exceeded, model_not_found, overloaded
 from .fields import REASONING_BUDGETS, check_fields
-from .history import history_ids, stream_ids
+from .history import history_ids
 from .schemas import (
     AssistantMessage,
     ChatCompletion,
@@ -133,16 +137,16 @@ class Engine:
         finally:
             lease.close()
 
-    def check_context(self, prompt_tokens: int, max_new_tokens: int | None) -> None:
+    def check_context(self, prompt_tokens: int, max_new_tokens: int | None,
+                      first_turn: bool = True) -> None:
         """Refuse prompts the context cannot hold (with room for at least one new token),
-        and explicit `max_tokens` that do not fit after the prompt, instead of truncating."""
-        ctx = self.context_length
-        if ctx is None:
-            return
-        if prompt_tokens >= ctx:
-            raise context_exceeded(ctx, prompt_tokens, None)
-        if max_new_tokens is not None and prompt_tokens + max_new_tokens > ctx:
-            raise context_exceeded(ctx, prompt_tokens, max_new_tokens)
+        and explicit `max_tokens` that do not fit after the prompt, instead of truncating:
+        the library's one context rule (`api.history.check_fits`) as the OpenAI error."""
+        try:
+            check_fits(prompt_tokens, self.context_length, first_turn, max_new_tokens)
+        except ContextLengthError as error:
+            raise context_exceeded(error.limit, error.prompt_tokens,
+                                   error.max_new_tokens) from None
 
     def check_model(self, name: str) -> None:
         if name != self.name:
@@ -170,11 +174,9 @@ class Engine:
         return job
 
     def native_job(self, req: NativeCompleteRequest) -> NativeJob:
-        if not req.text.strip():
-            raise bad_request("Invalid 'text': the query is empty; expected a non-empty "
-                              "string.", param="text", code="empty_query")
+        checked_query(req.text, "text")
         limit = self._max_new_tokens(req.max_new_tokens, "max_new_tokens")
-        conversation = Conversation(system=req.system or "", tools=req.tools)
+        conversation = ClientChat(system=req.system or "", tools=req.tools)
         return NativeJob(self, conversation, req.text, _options(req, limit), limit)
 
 
@@ -191,9 +193,10 @@ class Cancellable:
 
 
 class NativeJob(Cancellable):
-    """One `/v1/needlepoint/complete` request: the envelope of `Needle.complete`."""
+    """One `/v1/needlepoint/complete` request: the envelope `Needle.complete` would give,
+    decoded from the prompt ids it was checked with (`Needle.stream_ids`)."""
 
-    def __init__(self, engine: Engine, conversation: Conversation, text: str,
+    def __init__(self, engine: Engine, conversation: ClientChat, text: str,
                  options: dict[str, Any], limit: int | None) -> None:
         self.engine, self.conversation, self.text = engine, conversation, text
         self.options, self.limit = options, limit
@@ -202,8 +205,9 @@ class NativeJob(Cancellable):
         with self.engine.leased(self) as model:
             needle = self.engine.needle(self.conversation.tools, self.conversation.system,
                                         model)
-            self.engine.check_context(len(needle.prompt_ids(self.text)), self.limit)
-            return needle.complete(self.text, **self.options)
+            ids = needle.prompt_ids(self.text)  # tokenized once: checked, then decoded
+            self.engine.check_context(len(ids), self.limit)
+            return final(needle.stream_ids(ids, self.text, **self.options))
 
 
 def _options(req: SamplingOptions, max_new_tokens: int | None) -> dict[str, Any]:
@@ -249,7 +253,7 @@ class ChatJob(Cancellable):
     def __init__(
         self,
         engine: Engine,
-        conversation: Conversation,
+        conversation: ClientChat,
         options: dict[str, Any],
         max_new_tokens: int | None,
     ) -> None:
@@ -284,19 +288,16 @@ class ChatJob(Cancellable):
             options["require_call"] = True
         if not conv.tools:  # tool_choice "none", or no tools: the answer is text
             options["allow_call"] = False
-        if len(conv.turns) == 1:
-            ids = needle.prompt_ids(conv.query)
-            self.engine.check_context(len(ids), self.max_new_tokens)
-            events = needle.stream(conv.query, **options)
-        else:
-            ids = history_ids(needle, conv)
-            self.engine.check_context(len(ids), self.max_new_tokens)
-            events = stream_ids(needle, ids, options, conv.turns[0].user)
+        # the prompt is tokenized once: its length is checked against the context and
+        # reported as usage, and the same ids are decoded (`Needle.stream_ids`)
+        first = conv.first_turn
+        ids = needle.prompt_ids(conv.query) if first else history_ids(needle, conv)
+        self.engine.check_context(len(ids), self.max_new_tokens, first)
+        events = needle.stream_ids(ids, conv.query, **options)
         envelope: dict[str, Any] | None = None
         held: Delta | None = None  # a content delta, waiting for its token's logprob
         for event in events:
-            kind = getattr(event, "type", None)
-            if kind == "logprob":
+            if isinstance(event, LogprobDelta):
                 if held is not None:
                     held.logprobs = [event.entry]
                     yield held
@@ -307,16 +308,16 @@ class ChatJob(Cancellable):
             if held is not None:
                 yield held
                 held = None
-            if kind == "reasoning":
+            if isinstance(event, ReasoningDelta):
                 yield Delta(reasoning=event.text)
-            elif kind == "text":
+            elif isinstance(event, TextDelta):
                 if "logprobs" in options:
                     held = Delta(content=event.text)
                 else:
                     yield Delta(content=event.text)
-            elif kind == "tool_call":
+            elif isinstance(event, ToolCallDelta):
                 yield Delta(call_text=event.text)
-            elif kind == "done":
+            elif isinstance(event, Done):
                 envelope = event.envelope
         if held is not None:
             yield held

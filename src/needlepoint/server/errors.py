@@ -13,6 +13,7 @@ from typing import Any
 from fastapi.responses import JSONResponse
 
 from ..errors import (
+    ContextLengthError,
     InvalidOptionError,
     InvalidQueryError,
     ModelInputError,
@@ -127,6 +128,8 @@ def as_api_error(exc: BaseException) -> ApiError:
         return exc
     if isinstance(exc, ToolSchemaError):
         return bad_request(f"Invalid tool schema: {exc}", param="tools", code="invalid_tool")
+    if isinstance(exc, ContextLengthError):
+        return context_exceeded(exc.limit, exc.prompt_tokens, exc.max_new_tokens)
     if isinstance(exc, ModelInputError):
         return bad_request(str(exc), param="messages", code="invalid_model_input")
     if isinstance(exc, ContentSchemaError):

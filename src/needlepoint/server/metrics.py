@@ -23,6 +23,8 @@ from prometheus_client import generate_latest as _generate
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from ..stages.model import StagedModel
+from .concurrency import WorkerPool
 from .engine import ChatJob, ChatResult, Delta, NativeJob
 from .memory import heap_stats
 
@@ -184,8 +186,7 @@ class LiveCollector(Collector):
 
 def stage_health(model: Any) -> dict[str, Any] | None:
     """A staged model's losses and replays (`StagedModel.stage_health`), else None."""
-    report = getattr(model, "stage_health", None)
-    return report() if callable(report) else None
+    return model.stage_health() if isinstance(model, StagedModel) else None
 
 
 class StageCollector(Collector):
@@ -211,7 +212,7 @@ class StageCollector(Collector):
                      len(h.get("recovering", ())))
 
 
-def _heap(pool: Any) -> Iterator[Any]:
+def _heap(pool: WorkerPool) -> Iterator[Any]:
     """The C heap (glibc `mallinfo2`, `memory.py`): bytes in use vs held free, and trims."""
     heap = heap_stats()
     if heap is not None:
@@ -219,7 +220,7 @@ def _heap(pool: Any) -> Iterator[Any]:
                      heap["in_use"])
         yield _gauge("heap_free_bytes", "C heap bytes held free in the arenas (glibc "
                      "mallinfo2)", heap["free"])
-    trimmer = getattr(pool, "trimmer", None)
+    trimmer = pool.trimmer
     if trimmer is not None:
         yield _counter("heap_trims", "malloc_trim calls (one per TRIM_EVERY finished jobs)",
                        trimmer.trims)

@@ -1,8 +1,9 @@
-"""Tool-call syntaxes of chat templates (issue 28 item 4): the syntax is read off each fixture's
-template, the tool request renders to exactly the reference's prompt 2 ids and the whole
-`chat_example` to its ids (tools as the template reads them, past calls' arguments as objects,
-tool results as given, Gemma's `<bos>` from the template only, Qwen3's `enable_thinking`), and
-FunctionGemma's call text reads back as OpenAI tool calls, streamed in any cut."""
+"""Tool-call syntaxes of chat templates: the syntax is chosen once from each fixture's
+template (`syntaxes.syntax_for`) and reads the template's own calls back, the tool request
+renders to exactly the reference's prompt 2 ids and the whole `chat_example` to its ids
+(tools as the template reads them, past calls' arguments as objects, tool results as given,
+Gemma's `<bos>` from the template only, Qwen3's `enable_thinking`), and FunctionGemma's call
+text reads back as OpenAI tool calls, streamed in any cut."""
 
 from __future__ import annotations
 
@@ -12,9 +13,11 @@ import pytest
 from hf_helpers import hf_reference
 
 from needlepoint.errors import ToolFormatError
-from needlepoint.formats.call_syntax import FunctionGemmaToJson, JsonBlocks, functiongemma_calls
 from needlepoint.formats.chat_format import TemplateFormat
 from needlepoint.formats.hf_checkpoint import open_hf_directory
+from needlepoint.generation.call_syntax import JsonBlocks
+from needlepoint.generation.syntax_functiongemma import FunctionGemmaToJson, functiongemma_calls
+from needlepoint.generation.syntaxes import syntax_for
 
 FIXTURES = {"qwen2-tiny": "qwen", "qwen3-tiny": "qwen", "gemma3-tiny": "functiongemma"}
 
@@ -41,15 +44,23 @@ def _openai_messages(messages):
 def test_syntax_is_read_off_the_template(name) -> None:
     _, tokenizer, example = _fixture(name)
     fmt = TemplateFormat(tokenizer, template_kwargs=example["template_kwargs"])
-    assert fmt.syntax == FIXTURES[name]
-    assert fmt.call_body == "object"
+    syntax = syntax_for(fmt)
+    assert syntax.name == FIXTURES[name] and syntax_for(fmt) is syntax  # chosen once
+    assert syntax.body == "object"
     if name.startswith("qwen"):
-        assert fmt.blocks == JsonBlocks("\n", "\n", "\n")  # <tool_call>\n{...}\n</tool_call>\n
-        assert (fmt.call_open, fmt.call_close) == ("<tool_call>", "</tool_call>")
+        assert syntax.layout == JsonBlocks("\n", "\n", "\n")  # <tool_call>\n{...}\n</tool_call>\n
+        assert (syntax.open, syntax.close) == ("<tool_call>", "</tool_call>")
+        assert syntax.translator() is None
     else:
-        assert (fmt.call_open, fmt.call_close) == ("<start_function_call>",
-                                                   "<end_function_call>")
-        assert fmt.call_translator is FunctionGemmaToJson
+        assert (syntax.open, syntax.close) == ("<start_function_call>",
+                                               "<end_function_call>")
+        assert syntax.translator() is FunctionGemmaToJson
+    calls = [c["function"] for c in example["messages"][1]["tool_calls"]]
+    rendered = fmt.render([{"role": "user", "content": "hi"}, {
+        "role": "assistant", "content": "", "tool_calls": example["messages"][1]["tool_calls"]}],
+        None, False)
+    answer = rendered[rendered.index(syntax.open):]  # the template's own calls read back
+    assert syntax.parse(answer) == calls
 
 
 @pytest.mark.parametrize("name", list(FIXTURES))
@@ -80,13 +91,14 @@ def test_qwen3_enable_thinking_is_passed_to_the_template() -> None:
 def test_tool_format_names_and_errors() -> None:
     _, gemma, _ = _fixture("gemma3-tiny")
     _, qwen, _ = _fixture("qwen2-tiny")
-    with pytest.raises(ToolFormatError, match="'xml'.*hermes, qwen, functiongemma"):
-        TemplateFormat(qwen, tool_format="xml")
+    with pytest.raises(ToolFormatError, match="'xml'.*auto, hermes, functiongemma, qwen"):
+        syntax_for(TemplateFormat(qwen, tool_format="xml"))
     with pytest.raises(ToolFormatError, match="no <start_function_call>"):
-        TemplateFormat(qwen, tool_format="functiongemma")
-    with pytest.raises(ToolFormatError, match="FunctionGemma"):
-        TemplateFormat(gemma, tool_format="qwen")
-    assert TemplateFormat(qwen, tool_format="hermes").call_body == "list"
+        syntax_for(TemplateFormat(qwen, tool_format="functiongemma"))
+    with pytest.raises(ToolFormatError, match="'qwen': the chat template writes FunctionGemma"):
+        syntax_for(TemplateFormat(gemma, tool_format="qwen"))
+    hermes = syntax_for(TemplateFormat(qwen, tool_format="hermes"))
+    assert hermes.name == "hermes" and hermes.body == "list"
 
 
 def test_a_template_with_an_unknown_call_syntax_is_a_clear_error_once_tools_are_offered() -> None:
@@ -102,12 +114,14 @@ def test_a_template_with_an_unknown_call_syntax_is_a_clear_error_once_tools_are_
                          "tojson }}</call>{% endfor %}<|im_end|>\n{% endfor %}")
 
     fmt = TemplateFormat(Other())
-    assert fmt.renders_tools and fmt.syntax is None
+    syntax = syntax_for(fmt)
+    assert fmt.renders_tools and syntax.name == "unknown"
     assert fmt.conversation_ids([{"role": "user", "content": "hi"}], [])  # chat still works
+    syntax.check_tools([])
     with pytest.raises(ToolFormatError, match="call syntax needlepoint does not know.*"
                                               "--tool-format"):
-        fmt.conversation_ids([{"role": "user", "content": "hi"}], [{"name": "f"}])
-    assert TemplateFormat(Other(), tool_format="qwen").syntax == "qwen"
+        syntax.check_tools([{"name": "f"}])
+    assert syntax_for(TemplateFormat(Other(), tool_format="qwen")).name == "qwen"
 
 
 def test_functiongemma_calls_read_back_as_openai_calls() -> None:
