@@ -31,16 +31,16 @@ from ..errors import ToolSchemaError
 from .content import _OPTIONS, ContentSchemaError
 from .functiongemma_grammar import functiongemma_calls_lark
 from .grammar import MAX_TOOLS, TokenVocab, ToolCallGrammar, ToolCallMatcher, tool_parts
+from .route import fence_start_mask
 from .segments import MarkerIds
 from .text_markers import call_start_mask, closing_mask
 from .turn_config import BYTE_TYPE, NORMAL_TYPE, TurnVocab
 
 USER_DEFINED, CONTROL, UNKNOWN = 3, 2, 1
-# `tool_choice="auto"` on a template model: call when the call marker's first tokens get at
-# least this probability at the answer's first position (`text_markers.explicit_choice`).
-# SmolLM2-135M answers in prose when left to itself (its top token is text even for plain
-# tool requests, where the marker gets 1-4%; 0.1-1.3% on chit-chat): docs/benchmarks_bfcl.md
-AUTO_CALL_THRESHOLD = 0.01
+# `tool_choice="auto"` on a template model: the model's own choice calls or answers
+# (`route.py`); a threshold would decline calls the model gives less probability. Off: a
+# calibrated value is fitted on BFCL live_* (docs/benchmarks_bfcl.md).
+AUTO_CALL_THRESHOLD: float | None = None
 TEXT_RULE = r"TEXT: /[^<\s](?s:.)*/ & ~/(?s:.*)<tool_call>(?s:.*)/"
 # A thinking template's reasoning block before the answer (Qwen3 with enable_thinking): any text
 # up to the first `</think>`, then optional whitespace.
@@ -102,6 +102,7 @@ def turn_vocab(chat_format: Any) -> TurnVocab:
                      think_close_ids=(), match_keys=match_keys(token_bytes),
                      text_markers=(chat_format.call_open, chat_format.call_close),
                      call_start=call_start_mask(token_bytes, chat_format.call_open),
+                     fence_start=fence_start_mask(token_bytes),
                      call_body=chat_format.call_body, closing=_closing(chat_format, token_bytes),
                      call_translator=getattr(chat_format, "call_translator", None))
 

@@ -84,8 +84,11 @@ def serve(
         keys = keys_from(api_keys)
     except KeyConfigError as error:
         raise ServeOptionError(str(error)) from None
+    model_name = None
     if model is None or isinstance(model, str | os.PathLike):
         model = resolve_model_path(model)
+        # named after the path given, not a symlink's target (the loader resolves links)
+        model_name = model.name if model.is_dir() else model.stem
         if threads is not None:
             from ..models.hub import load_model
 
@@ -102,7 +105,7 @@ def serve(
                          max_kv_bytes=max_kv_bytes, step_tokens=step_tokens,
                          speculate=speculate, api_keys=keys, body_timeout_s=body_timeout_s,
                          needle_factory=factory, mcp=tools, mcp_hosts=mcp_hosts,
-                         handoff=handoff)
+                         handoff=handoff, model_name=model_name)
         _run(app, host, port, keys, log_level)
     finally:
         if tools is not None:

@@ -334,7 +334,7 @@ class ChatJob(Cancellable):
         calls = [
             (
                 call["name"],
-                json.dumps(call.get("arguments", {}), ensure_ascii=False, separators=(",", ":")),
+                json.dumps(call.get("arguments", {}), ensure_ascii=False),  # as streamed
             )
             for call in envelope.get("function_calls", [])
         ]
