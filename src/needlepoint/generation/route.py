@@ -8,7 +8,10 @@ there on). A token that begins a fenced JSON block (a prefix of "```json": "```"
 counts as the model choosing to call, since with tools offered that is how a model that does
 not use its template's syntax writes a call (Qwen2.5-Coder writes ```json {"name": ...}```):
 the call marker's first token is written instead, and the grammar writes the call in the
-template's own syntax from there.
+template's own syntax from there. A bare JSON object ("{") is not read as a call:
+Qwen2.5-Coder-0.5B starts one for chit-chat too, with made-up tool names ("hello"), so its
+first token does not tell a call from an answer (the next step: a lazy grammar triggered by
+`{"name": "` followed by a declared tool's name).
 
 `threshold` (`GenerationConfig.call_threshold`, default None: off) declines a weak call: when
 the model chose to call but gave the call side (marker and fence starts) less than
