@@ -264,3 +264,16 @@ def test_a_call_list_cut_by_the_limit_keeps_its_complete_calls():
     assert envelope["type"] == "call" and envelope["function_calls"] == [a]
     assert "error" not in envelope and envelope["text"] == ""
     assert envelope["stop_reason"] == "length"
+
+
+def test_a_text_answer_that_is_only_a_json_call_of_declared_tools():
+    from needlepoint.api.call_salvage import text_calls
+
+    call = {"name": "set_alarm", "arguments": {"time": "06:45"}}
+    assert text_calls(json.dumps(call), TOOLS) == [call]
+    other = {"name": "set_alarm", "arguments": {"time": "07:00"}}
+    assert text_calls(f"```json\n{json.dumps([call, other, call])}\n```", TOOLS) == [
+        call, other]
+    assert text_calls('{"name": "hello", "arguments": {}}', TOOLS) == []  # not declared
+    assert text_calls('{"name": "set_alarm", "arguments": {"time": 7}}', TOOLS) == []  # schema
+    assert text_calls(f"Sure: {json.dumps(call)}", TOOLS) == []  # more than a call

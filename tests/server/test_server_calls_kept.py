@@ -76,3 +76,52 @@ def test_a_repeated_call_ends_the_answer_the_same_way_streamed_or_not(app_client
     extension = chunks[-1].get("needlepoint") or next(
         c["needlepoint"] for c in chunks if "needlepoint" in c)
     assert len(extension["call_confidences"]) == 2
+
+
+def text_app(answer: str) -> TestClient:
+    tokenizer = open_hf_directory(hf_reference("qwen2-tiny").folder).tokenizer
+    script = list(tokenizer.encode(answer, add_special_tokens=False)) + [1101]
+    model = ScriptedTemplateModel(tokenizer, script, strength=40.0, noise=0.5,
+                                  max_seq_len=2048)
+    return TestClient(create_app(model, workers=1, model_name="scripted"))
+
+
+def both(client) -> tuple[dict, list[dict]]:
+    message = ask(client, False).json()["choices"][0]["message"]
+    streamed = ask(client, True)
+    chunks = [json.loads(line[len("data: "):]) for line in streamed.text.splitlines()
+              if line.startswith("data: {")]
+    return message, chunks
+
+
+@pytest.mark.parametrize("answer", [
+    '{"name": "set_alarm", "arguments": {"time": "06:45"}}',
+    '```json\n{"name": "set_alarm", "arguments": {"time": "06:45"}}\n```'])
+def test_a_json_call_written_as_text_is_a_call(answer):
+    message, chunks = both(text_app(answer))
+    assert message["content"] is None
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in
+            message["tool_calls"]] == [("set_alarm", '{"time": "06:45"}')]
+    content = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks
+                      if c.get("choices"))
+    assert content == ""
+    streamed = [call for c in chunks if c.get("choices")
+                for call in c["choices"][0]["delta"].get("tool_calls") or []]
+    assert streamed[0]["function"]["name"] == "set_alarm"
+    assert "".join(c["function"].get("arguments", "") for c in streamed) == '{"time": "06:45"}'
+
+
+def test_json_naming_an_undeclared_tool_stays_text():
+    answer = '{"name": "hello", "arguments": {"message": "Hi"}}'
+    message, chunks = both(text_app(answer))
+    assert message["content"] == answer and not message.get("tool_calls")
+    content = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks
+                      if c.get("choices"))
+    assert content == answer
+
+
+def test_the_non_streamed_completion_carries_the_extension_object(app_client):
+    body = ask(app_client, False).json()
+    extension = body["needlepoint"]
+    assert extension["confidence_source"] == "tokens"
+    assert len(extension["call_confidences"]) == len(body["choices"][0]["message"]["tool_calls"])

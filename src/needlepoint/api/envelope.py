@@ -12,7 +12,11 @@
 ended without a call (or its call text was not a well-formed list of calls, which only happens
 with the grammar off: then "error" says why and "text" holds the raw call text). A call list
 cut by the token limit (stop_reason "length") or ended by a repeated call ("repeat") keeps
-every call finished before the cut (`call_salvage.py`): it is a "call", never text. "invalid" =
+every call finished before the cut (`call_salvage.py`): it is a "call", never text. With
+`text_call_tools` (the tools of an auto turn), a text answer that is only a JSON call of those
+tools (bare or in a fenced ```json block) is a "call" too, marked `"call_syntax": "text"`
+(`call_salvage.text_calls`); its confidence is its route's (the text tokens are not judged).
+"invalid" =
 well-formed calls that break the tool schemas (only with the grammar off, when the tools are
 given to check against): "function_calls" holds them as written, "error" says what is wrong,
 and nothing should execute them. With `logprobs` requested, "logprobs" lists one entry per
@@ -47,7 +51,7 @@ from typing import Any
 
 from ..generation.call_check import call_errors
 from ..generation.turn_result import TurnResult
-from .call_salvage import complete_calls
+from .call_salvage import complete_calls, text_calls
 from .confidence import answer_evidence, call_evidence, published
 
 
@@ -128,6 +132,7 @@ def turn_envelope(
     check_tools: Sequence[dict[str, Any]] | None = None,
     require_call: bool = False,
     parallel_calls: bool = True,
+    text_call_tools: Sequence[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The envelope of one decoded turn. `check_tools` (the offered tool dicts, for a turn
     decoded without the grammar) validates the calls: any problem makes it "invalid".
@@ -152,10 +157,16 @@ def turn_envelope(
             if problems:
                 envelope["type"] = "invalid"
                 envelope["error"] = "invalid tool call: " + "; ".join(problems)
+    if result.call_text is None and text_call_tools:
+        calls = text_calls(result.text, text_call_tools)
+        if calls and (parallel_calls or len(calls) == 1):
+            envelope.update(type="call", function_calls=calls, text="", call_syntax="text")
     count = len(envelope["function_calls"])
     envelope["confidence"], envelope["confidence_source"] = turn_confidence(result, head_logit,
                                                                             count)
     envelope["call_confidences"] = call_confidences(result, count)
+    if envelope.get("call_syntax") == "text":  # no call token was judged: the route's
+        envelope["call_confidences"] = [envelope["confidence"]] * count
     envelope["decisions"] = [d.as_dict() for d in result.decisions]
     envelope["timings"] = timings(result, confidence_s)
     envelope["stop_reason"] = result.stop_reason

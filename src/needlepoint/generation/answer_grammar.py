@@ -162,6 +162,10 @@ class AnswerGrammar:
         if len(tools) > MAX_TOOLS:
             raise ToolSchemaError(f"{len(tools)} tools: at most {MAX_TOOLS} are supported")
         self.vocab = vocab
+        # the tools a text answer may still call in JSON outside the template's syntax
+        # (`api/call_salvage.text_calls`): a call or text, no content schema
+        self.text_call_tools = [dict(t) for t in tools] if call and text and schema is None \
+            else None
         # EOS is never a grammar token: the engine allows it once the answer is complete
         ends = " ".join(f"<[{i}]>" for i in dict.fromkeys(vocab.end_ids) if i != vocab.eos_id)
         alternatives, rules = [], []

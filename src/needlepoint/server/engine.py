@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..api.call_salvage import may_be_json_call
 from .conversation import Conversation, from_messages
 from .errors import bad_request, context_exceeded, model_not_found, overloaded
 from .fields import REASONING_BUDGETS, check_fields
@@ -42,6 +43,7 @@ from .schemas import (
     ToolCallOut,
     Usage,
 )
+from .stats import answer_stats
 
 
 @dataclass
@@ -294,6 +296,8 @@ class ChatJob(Cancellable):
             events = stream_ids(needle, ids, options, conv.turns[0].user)
         envelope: dict[str, Any] | None = None
         held: Delta | None = None  # a content delta, waiting for its token's logprob
+        json_held: list[str] | None = None  # JSON text that may be a call (call_salvage.py)
+        texts = 0
         for event in events:
             kind = getattr(event, "type", None)
             if kind == "logprob":
@@ -310,7 +314,17 @@ class ChatJob(Cancellable):
             if kind == "reasoning":
                 yield Delta(reasoning=event.text)
             elif kind == "text":
-                if "logprobs" in options:
+                if json_held is None and not texts and conv.tools and \
+                        "logprobs" not in options:
+                    json_held = []  # maybe a JSON call outside the template's syntax
+                texts += 1
+                if json_held is not None:
+                    json_held.append(event.text)
+                    if may_be_json_call("".join(json_held)):
+                        continue
+                    yield Delta(content="".join(json_held))  # plain text after all
+                    json_held = None
+                elif "logprobs" in options:
                     held = Delta(content=event.text)
                 else:
                     yield Delta(content=event.text)
@@ -322,6 +336,8 @@ class ChatJob(Cancellable):
             yield held
         if envelope is None:
             raise RuntimeError("the generator ended without a final envelope")
+        if json_held and not envelope.get("function_calls"):
+            yield Delta(content="".join(json_held))
         yield self._result(envelope, prompt_tokens=len(ids))
 
     def run(self) -> ChatResult:
@@ -373,6 +389,7 @@ class ChatJob(Cancellable):
         if result.logprobs is not None:
             logprobs = ChoiceLogprobs(content=[TokenLogprob(**e) for e in result.logprobs])
         return ChatCompletion(
+            needlepoint=answer_stats(result.envelope),
             id=self.completion_id,
             created=self.created,
             model=self.model_name,

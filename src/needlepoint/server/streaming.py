@@ -22,6 +22,7 @@ from .schemas import (
     ChunkToolCall,
     TokenLogprob,
 )
+from .stats import answer_stats
 
 if TYPE_CHECKING:  # pragma: no cover
     from .engine import ChatJob, ChatResult, Delta
@@ -308,19 +309,3 @@ class ChunkWriter:
             )
             yield chunk.model_dump(exclude_none=True)
 
-
-STAT_TIMINGS = ("prefill_tokens", "decode_tokens", "prefill_s", "decode_s", "prefill_tps",
-                "decode_tps")
-
-
-def answer_stats(envelope: dict[str, Any]) -> dict[str, Any]:
-    """The extension object on a stream's finishing chunk (`"needlepoint"`): the answer's
-    confidence with its source ("head" or "tokens", api/envelope.py; None for an answer
-    from the hand-off model), one confidence per call (in the order of `tool_calls`), the
-    hand-off mark and its prefill and decode speeds."""
-    timings = envelope.get("timings", {})
-    return {"confidence": envelope.get("confidence"),
-            "confidence_source": envelope.get("confidence_source"),
-            "call_confidences": envelope.get("call_confidences", []),
-            "handoff": envelope.get("handoff"),  # issue 29: None unless handed off
-            "timings": {key: timings[key] for key in STAT_TIMINGS if key in timings}}
