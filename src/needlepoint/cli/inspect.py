@@ -72,9 +72,12 @@ def run(args: argparse.Namespace) -> int:
         archive = open_archive(args.model)
         summary = summarize(archive)
     except CactFormatError as error:
+        hint = "" if "format tag" not in str(error) else (
+            "; inspect reads .cact archives, .gguf files and Hugging Face model directories "
+            "(a config.json beside safetensors)")
         if str(error).startswith(str(args.model)):
-            raise
-        raise CactFormatError(f"{args.model}: {error}") from error
+            raise CactFormatError(f"{error}{hint}") from error
+        raise CactFormatError(f"{args.model}: {error}{hint}") from error
     report = None
     if args.verify:
         from .verify import describe, verify

@@ -209,8 +209,7 @@ class ChunkWriter:
         self.started: set[int] = set()
         self.with_args: set[int] = set()  # calls whose arguments text was streamed
         self.spacers: dict[int, JsonSpacer] = {}
-        # A call whose name an earlier call had may repeat it whole, and a repeated call ends
-        # the answer without it (`generation/decisions.py`): its chunks wait for its end.
+        # each call's chunks wait for the end of its object (`_call_event`)
         self.seen: dict[int, tuple[str, str]] = {}  # index -> (name, arguments so far)
         self.held: dict[int, list[tuple[str, int, str]]] = {}
 
@@ -249,10 +248,11 @@ class ChunkWriter:
                 yield from self._call_event(kind, index, text)
 
     def _call_event(self, kind: str, index: int, text: str) -> Iterator[dict[str, Any]]:
-        """A call event streamed now, or held while its call may repeat an earlier one."""
+        """A call's events, held until its JSON object closes: then sent, unless the call
+        repeats an earlier one (the repeat that ends the answer). So the stream has exactly
+        the final answer's calls: none cut off by the token limit, no repeat."""
         if kind == START:
-            if text in (name for name, _ in self.seen.values()):
-                self.held[index] = []
+            self.held[index] = []
             self.seen[index] = (text, "")
         elif kind == ARGS:
             text = self.spacers.setdefault(index, JsonSpacer()).feed(text)
