@@ -26,6 +26,19 @@ from needlepoint.models.transformer.spec import spec_from_config
 ATTN_CAP, FINAL_CAP = 0.5, 3.0  # small enough to change every logit a lot
 
 
+def write_safetensors(path, tensors: dict[str, np.ndarray]) -> None:
+    header, blobs, at = {}, [], 0
+    for name, value in tensors.items():
+        data = np.ascontiguousarray(value, "<f4").tobytes()
+        header[name] = {"dtype": "F32", "shape": list(value.shape),
+                        "data_offsets": [at, at + len(data)]}
+        blobs.append(data)
+        at += len(data)
+    raw = json.dumps(header).encode()
+    raw += b" " * (-len(raw) % 8)
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + b"".join(blobs))
+
+
 def read_safetensors(path) -> dict[str, np.ndarray]:
     data = path.read_bytes()
     size = struct.unpack("<Q", data[:8])[0]
@@ -71,8 +84,11 @@ def gemma3_reference(cfg: dict, w: dict[str, np.ndarray], ids: np.ndarray) -> np
         q = (x @ w[p + "self_attn.q_proj.weight"].T).reshape(count, heads, hd)
         k = (x @ w[p + "self_attn.k_proj.weight"].T).reshape(count, kv, hd)
         v = (x @ w[p + "self_attn.v_proj.weight"].T).reshape(count, kv, hd)
-        q, k = norm(q, w[p + "self_attn.q_norm.weight"]), norm(k, w[p + "self_attn.k_norm.weight"])
-        theta = cfg["rope_parameters"][kind]["rope_theta"]
+        if p + "self_attn.q_norm.weight" in w:  # Gemma 3 (Gemma 2 has none)
+            q = norm(q, w[p + "self_attn.q_norm.weight"])
+            k = norm(k, w[p + "self_attn.k_norm.weight"])
+        theta = cfg["rope_parameters"][kind]["rope_theta"] if "rope_parameters" in cfg \
+            else cfg["rope_theta"]
         q, k = rope(q, theta), rope(k, theta)
         k, v = np.repeat(k, heads // kv, axis=1), np.repeat(v, heads // kv, axis=1)
         scores = np.einsum("thd,shd->hts", q, k) * cfg["query_pre_attn_scalar"] ** -0.5
@@ -182,3 +198,33 @@ def test_a_gguf_file_with_the_llama_cpp_keys_is_capped(capped, tmp_path) -> None
     assert (model.config.attn_softcap, model.config.final_softcap) == (ATTN_CAP, FINAL_CAP)
     ids = prompt_ids()
     assert np.abs(model.forward(ids) - gemma3_reference(cfg, weights, ids)).max() < 1e-4
+
+
+def test_a_gemma2_checkpoint_runs_with_its_default_caps(tmp_path) -> None:
+    """Gemma 2: Gemma 3's block without q/k norms, one RoPE theta, every other layer
+    sliding, both caps on by default (a config that leaves them out gets 50 and 30)."""
+    source = hf_fixture_dir("gemma3-tiny")
+    weights = {k: v for k, v in read_safetensors(source / "model.safetensors").items()
+               if "q_norm" not in k and "k_norm" not in k}
+    out = tmp_path / "gemma2-tiny"
+    shutil.copytree(source, out, ignore=shutil.ignore_patterns("reference.*", "*.safetensors"))
+    write_safetensors(out / "model.safetensors", weights)
+    base = json.loads((source / "config.json").read_text())
+    cfg = {k: base[k] for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
+                                "num_attention_heads", "num_key_value_heads", "head_dim",
+                                "max_position_embeddings", "rms_norm_eps", "vocab_size",
+                                "bos_token_id", "eos_token_id", "pad_token_id")}
+    cfg.update(model_type="gemma2", architectures=["Gemma2ForCausalLM"], rope_theta=10000.0,
+               query_pre_attn_scalar=32, sliding_window=16, attn_logit_softcapping=0.5)
+    (out / "config.json").write_text(json.dumps(cfg))
+    spec = spec_from_config(cfg)
+    assert (spec.attn_softcap, spec.final_softcap, spec.qk_norm) == (0.5, 30.0, False)
+    assert spec.windows == (16, None, 16, None, 16, None)
+    expect_cfg = {**cfg, "final_logit_softcapping": 30.0,
+                  "layer_types": ["sliding_attention", "full_attention"] * 3}
+    ids = prompt_ids()
+    expect = gemma3_reference(expect_cfg, weights, ids)
+    got = needlepoint.load(out, numerics="float").forward(ids)
+    assert np.abs(got - expect).max() < 1e-4
+    off = spec_from_config({**cfg, "final_logit_softcapping": None})
+    assert off.final_softcap is None  # an explicit null turns a default cap off

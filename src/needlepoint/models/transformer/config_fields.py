@@ -248,4 +248,34 @@ def gemma3_fields(config: dict[str, Any]) -> dict[str, Any]:
         embed_scale=float(d) ** 0.5, windows=windows, thetas=thetas, **caps)
 
 
-FAMILY_FIELDS = {"qwen2": qwen_fields, "qwen3": qwen_fields, "gemma3_text": gemma3_fields}
+# Gemma2Config's defaults (transformers 5) for fields a config may leave out
+GEMMA2_DEFAULTS = {
+    "vocab_size": 256_000, "hidden_size": 2304, "intermediate_size": 9216,
+    "num_hidden_layers": 26, "num_attention_heads": 8, "num_key_value_heads": 4,
+    "head_dim": 256, "max_position_embeddings": 8192, "rms_norm_eps": 1e-6,
+    "query_pre_attn_scalar": 256, "sliding_window": 4096, "rope_theta": 10_000.0,
+    "tie_word_embeddings": True, "final_logit_softcapping": 30.0,
+    "attn_logit_softcapping": 50.0,
+}
+
+
+def gemma2_fields(config: dict[str, Any]) -> dict[str, Any]:
+    """Gemma 2: Gemma 3's block without the per-head q/k norms, one RoPE theta, sliding
+    windows on every other layer (the first, third, ...: transformers' default
+    `layer_types`), and both soft-caps on by default (50 on the scores, 30 on the logits)."""
+    caps = ("attn_logit_softcapping", "final_logit_softcapping")  # null: off, not default
+    config = {**GEMMA2_DEFAULTS, **{k: v for k, v in config.items()
+                                    if v is not None or k in caps}}
+    layers = config_int(config, "num_hidden_layers")
+    derived = ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(layers)]
+    windows = layer_windows(config, layers, config.get("sliding_window"), derived)
+    theta = rope_theta_of(config)
+    fields = gemma3_fields({**config, "model_type": "gemma2", "layer_types":
+                            ["sliding_attention" if w else "full_attention" for w in windows],
+                            "rope_parameters": None, "rope_scaling": None,
+                            "rope_theta": theta, "rope_local_base_freq": theta})
+    return dict(fields, qk_norm=False, thetas=())
+
+
+FAMILY_FIELDS = {"qwen2": qwen_fields, "qwen3": qwen_fields, "gemma3_text": gemma3_fields,
+                 "gemma2": gemma2_fields}

@@ -28,7 +28,7 @@ from .config_fields import (
     text_config,
 )
 
-ARCHITECTURES = ("llama", "gpt2", "qwen2", "qwen3", "gemma3_text", "gemma3")
+ARCHITECTURES = ("llama", "gpt2", "qwen2", "qwen3", "gemma2", "gemma3_text", "gemma3")
 NORMS = ("rms", "layer")
 ACTIVATIONS = ("silu", "gelu_tanh")
 _LLAMA_ACTS = {"silu": "silu", "swish": "silu"}
