@@ -88,13 +88,14 @@ def sigmoid(x: np.ndarray) -> np.ndarray:
     return np.divide(F32(1.0), out, out=out)
 
 
-def softcap32(x: np.ndarray, cap: float) -> np.ndarray:
+def softcap32(x: np.ndarray, cap: float, use_native: bool | None = None) -> np.ndarray:
     """Logit soft-capping `cap * tanh(x / cap)` in float32 with the pinned exp (same bits on
-    every machine): y = x / cap, t = exp32(-2|y|), tanh y = sign(y) (1 - t) / (1 + t)."""
+    every machine, native exp or not): y = x / cap, t = exp32(-2|y|),
+    tanh y = sign(y) (1 - t) / (1 + t)."""
     x = np.asarray(x, F32)
     c = F32(cap)
     y = np.divide(x, c, dtype=F32)
-    t = exp32(np.multiply(np.abs(y), F32(-2.0), dtype=F32))
+    t = exp32(np.multiply(np.abs(y), F32(-2.0), dtype=F32), use_native)
     th = np.divide(F32(1.0) - t, F32(1.0) + t, dtype=F32)
     return np.multiply(np.copysign(th, y), c, dtype=F32)
 

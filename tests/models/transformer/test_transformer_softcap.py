@@ -182,6 +182,9 @@ def test_the_pinned_softcap_is_the_formula() -> None:
     assert got.dtype == np.float32
     assert np.abs(got - 30.0 * np.tanh(x.astype(np.float64) / 30.0)).max() < 1e-5
     assert np.array_equal(got, -pinned.softcap32(-x, 30.0))
+    noisy = np.random.default_rng(0).normal(0, 40, 10_000).astype(np.float32)
+    assert np.array_equal(pinned.softcap32(noisy, 30.0, use_native=False),
+                          pinned.softcap32(noisy, 30.0))  # numpy exp32 = the native one
 
 
 def test_a_gguf_file_with_the_llama_cpp_keys_is_capped(capped, tmp_path) -> None:
@@ -228,3 +231,26 @@ def test_a_gemma2_checkpoint_runs_with_its_default_caps(tmp_path) -> None:
     assert np.abs(got - expect).max() < 1e-4
     off = spec_from_config({**cfg, "final_logit_softcapping": None})
     assert off.final_softcap is None  # an explicit null turns a default cap off
+
+
+def test_int8_soft_capped_logits_have_the_same_bits_native_or_not(capped) -> None:
+    """Fresh processes per variant (the native library is picked once per process)."""
+    import hashlib
+    import os
+    import subprocess
+    import sys
+
+    folder = capped[0]
+    ids = prompt_ids().tolist()
+    code = ("import hashlib, sys, numpy as np, needlepoint\n"
+            f"m = needlepoint.load({str(folder)!r}, numerics='int8')\n"
+            f"print(hashlib.sha256(np.ascontiguousarray(m.forward({ids})).tobytes()).hexdigest())")
+    digests = set()
+    for variant in ({"NEEDLEPOINT_NATIVE": "0"}, {"NEEDLEPOINT_NATIVE_VARIANT": "0"}, {}):
+        env = {**os.environ, **variant}
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                             text=True, timeout=300, check=True).stdout.strip()
+        digests.add(out)
+    model = needlepoint.load(folder, numerics="int8")
+    digests.add(hashlib.sha256(np.ascontiguousarray(model.forward(ids)).tobytes()).hexdigest())
+    assert len(digests) == 1
