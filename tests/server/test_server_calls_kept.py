@@ -125,3 +125,19 @@ def test_the_non_streamed_completion_carries_the_extension_object(app_client):
     extension = body["needlepoint"]
     assert extension["confidence_source"] == "tokens"
     assert len(extension["call_confidences"]) == len(body["choices"][0]["message"]["tool_calls"])
+
+
+def test_the_served_name_is_the_path_given_not_a_link_target(tmp_path):
+    from needlepoint.models.hub import resolve_model_path
+    from needlepoint.server.cli import served_name
+
+    target = tmp_path / "blobs" / "sha256-0123abcd.gguf"
+    target.parent.mkdir()
+    target.write_bytes(b"GGUF")
+    link = tmp_path / "qwen2.5-coder-0.5b.gguf"
+    link.symlink_to(target)
+    assert served_name(resolve_model_path(link)) == "qwen2.5-coder-0.5b"
+    folder = tmp_path / "Qwen2.5-0.5B"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    assert served_name(resolve_model_path(folder)) == "Qwen2.5-0.5B"

@@ -12,6 +12,7 @@ import copy
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from ..errors import InvalidOptionError, NeedlepointError
@@ -87,8 +88,7 @@ def serve(
     model_name = None
     if model is None or isinstance(model, str | os.PathLike):
         model = resolve_model_path(model)
-        # named after the path given, not a symlink's target (the loader resolves links)
-        model_name = model.name if model.is_dir() else model.stem
+        model_name = served_name(model)
         if threads is not None:
             from ..models.hub import load_model
 
@@ -250,6 +250,12 @@ def _handoff(args: argparse.Namespace) -> Any:
 
     return Handoff(url, args.handoff_model, api_key_env=args.handoff_key_env,
                    below=args.handoff_below)
+
+
+def served_name(path: Path) -> str:
+    """The model's name in `/v1/models`: the path given (a directory's name, a file's stem),
+    not a symlink's target (the loader resolves links)."""
+    return path.name if path.is_dir() else path.stem
 
 
 def run(args: argparse.Namespace) -> int:
