@@ -11,8 +11,8 @@ model's chat format (`formats/chat_format.py`; SmolLM2: its template plus the He
 prompt), rendered once to token ids that both engines are given. Engines, one case at a time,
 each from an empty cache (seconds per case include the prefill), `--threads` threads each:
 
-* `needlepoint-auto`: the whole-answer grammar, answering vs calling decided at the first
-  token (`tool_choice="auto"`, `call_threshold` default); `needlepoint-required`: a call is
+* `needlepoint-auto`: the whole-answer grammar, answering vs calling as the model chooses at
+  its first token (`tool_choice="auto"`, generation/route.py); `needlepoint-required`: a call is
   required (`tool_choice="required"`);
 * `llama.cpp-free`: llama-cpp-python greedy, no grammar (at most 64 new tokens, the others
   256: it answers in prose from its first token); `llama.cpp-grammar`: its GBNF from

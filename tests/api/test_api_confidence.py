@@ -16,28 +16,29 @@ from hf_helpers import hf_fixture_dir
 import needlepoint
 from needlepoint.api.envelope import token_confidence, turn_confidence
 from needlepoint.api.needle import Needle
+from needlepoint.generation.decisions import Decision
 from needlepoint.generation.turn import TurnResult
 
 TOOLS = json.loads((REPO_ROOT / "examples" / "tools.json").read_text())
 
 
-def turn(call_probs: list[float], first: float | None) -> TurnResult:
+def turn(call_probs: list[float], decisions: list[Decision]) -> TurnResult:
     return TurnResult(tokens=[1], reasoning="", text="", call_text=None, call_closed=False,
                       stop_reason="end", call_token_probs=call_probs, forced_call=False,
                       seed=0, prefill_tokens=1, prefill_s=0.0, decode_s=0.0, pending=[],
-                      first_token_prob=first)
+                      decisions=decisions)
 
 
-def test_the_measure_is_the_calls_lowest_token_else_the_first_token():
-    assert token_confidence(turn([0.9, 0.4, 0.8], 0.99)) == 0.4
-    assert token_confidence(turn([], 0.75)) == 0.75
-    assert token_confidence(turn([], None)) is None
+def test_the_measure_is_the_product_of_the_decisions_else_the_head():
+    made = [Decision("route", None, 0.8), Decision("call", 0, 0.5), Decision("call", 1, 0.9)]
+    assert abs(token_confidence(turn([], made), 2) - 0.36) < 1e-12
+    assert token_confidence(turn([], []), 0) is None  # nothing decided: a text-only turn
+    assert token_confidence(turn([], []), 1) == 1.0  # a call the grammar forced whole
     head = 1.0 / (1.0 + math.exp(1.0))  # sigmoid(-1), below every token probability
-    assert turn_confidence(turn([0.9, 0.4, 0.8], 0.99), -1.0) == (head, "head")
-    assert turn_confidence(turn([0.9, 0.4, 0.8], 0.99), 3.0) == (0.4, "head")
-    assert turn_confidence(turn([0.9, 0.4, 0.8], 0.99), None) == (0.4, "tokens")
-    assert turn_confidence(turn([], 0.75), None) == (0.75, "tokens")
-    assert turn_confidence(turn([], None), None) == (None, None)
+    assert turn_confidence(turn([0.9, 0.4, 0.8], made), -1.0) == (head, "head")
+    assert turn_confidence(turn([0.9, 0.4, 0.8], made), 3.0) == (0.4, "head")
+    assert turn_confidence(turn([0.9, 0.4, 0.8], made), None, 2)[1] == "tokens"
+    assert turn_confidence(turn([], []), None) == (None, None)
 
 
 def replayed_probs(model, prompt: list[int], answer: list[int]) -> list[float]:
@@ -73,15 +74,16 @@ def test_a_model_without_a_head_reports_the_token_measure():
     call = needle.complete(query)
     answer = needle.history.conversation.last_answer
     assert call["type"] == "call" and call["confidence_source"] == "tokens"
-    expected = min(call_probs(model, needle.prompt_ids(query), answer))
-    assert 0.0 < expected <= 1.0
-    assert abs(call["confidence"] - expected) < 1e-9
+    made = call["decisions"]
+    assert made and all(0.0 < d["prob"] <= 1.0 for d in made)
+    assert abs(call["confidence"] - math.prod(d["prob"] for d in made)) < 1e-12
+    own = [d["prob"] for d in made if d["call"] == 0]
+    assert call["call_confidences"] == [math.prod(own)]
+    assert len(answer) > len(made)  # forced tokens are no decisions
 
     text = needle.complete("hello", allow_call=False, max_new_tokens=4)
-    answer = needle.history.conversation.last_answer
-    first = replayed_probs(model, needle.prompt_ids("hello"), answer[:1])[0]
-    assert text["type"] == "respond" and text["confidence_source"] == "tokens"
-    assert abs(text["confidence"] - first) < 1e-9  # the respond-or-call decision
+    assert text["type"] == "respond" and text["decisions"] == []
+    assert (text["confidence"], text["confidence_source"]) == (None, None)  # nothing decided
 
     ran = needle.run(query)  # the summary: the lowest over the turns, with its source
     assert ran["confidence"] == min(t["confidence"] for t in ran["turns"])

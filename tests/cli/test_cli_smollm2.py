@@ -17,7 +17,7 @@ TOOLS = REPO_ROOT / "examples" / "tools.json"
 def test_run_answers_a_tool_call(capsys) -> None:
     path = str(SmolLM2Reference().path)
     assert main(["run", "--model", path, "what is the weather in Paris", "--tools", str(TOOLS),
-                 "--json"]) == 0
+                 "--json", "--tool-choice", "required"]) == 0
     envelope = json.loads(capsys.readouterr().out)
     assert envelope["type"] == "call"
     assert envelope["function_calls"][0]["name"] == "get_weather"
@@ -29,7 +29,7 @@ def test_chat_continues_with_a_second_turn(monkeypatch, capsys) -> None:
     lines = b"what is the weather in Paris\nwhat is the weather in Rome\n"
     monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(lines), encoding="utf-8"))
     assert main(["chat", "--model", path, "--tools", str(TOOLS), "--json",
-                 "--max-new-tokens", "48"]) == 0
+                 "--max-new-tokens", "48", "--tool-choice", "required"]) == 0
     out = capsys.readouterr().out
     envelopes = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     assert len(envelopes) == 2 and envelopes[0]["type"] == "call"
@@ -47,7 +47,8 @@ def test_eval_scores_smollm2_with_its_grammar(tmp_path, capsys) -> None:
             for city in ("Paris", "Rome")]
     data.write_text("".join(json.dumps(row) + "\n" for row in rows))
     path = str(SmolLM2Reference().path)
-    assert main(["eval", path, str(data), "--grammar", "on", "--json", "--no-progress"]) == 0
+    assert main(["eval", path, str(data), "--grammar", "on", "--json", "--no-progress",
+                 "--tool-choice", "required"]) == 0
     scores = json.loads(capsys.readouterr().out)["grammar"]
     assert (scores["correct"], scores["total"], scores["malformed"]) == (1, 2, 0), scores
     assert scores["accuracy"] == 0.5

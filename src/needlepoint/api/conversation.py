@@ -114,7 +114,8 @@ class Conversation:
         head_logit, confidence_s = self.confidence_logit()
         envelope = turn_envelope(result, head_logit=head_logit, confidence_s=confidence_s,
                                  check_tools=check_tools, require_call=config.require_call,
-                                 parallel_calls=parallel_calls)
+                                 parallel_calls=parallel_calls,
+                                 text_call_tools=getattr(content, "text_call_tools", None))
         if content is not None and result.stop_reason == "length" and \
                 envelope["type"] == "respond":
             envelope["error"] = CUT_ANSWER  # the text is a prefix of the JSON, not the JSON

@@ -10,25 +10,35 @@
 
 "call" = a non-empty call list, "refuse" = `<tool_call>[]</tool_call>`, "respond" = the turn
 ended without a call (or its call text was not a well-formed list of calls, which only happens
-with the grammar off: then "error" says why and "text" holds the raw call text). "invalid" =
+with the grammar off: then "error" says why and "text" holds the raw call text). A call list
+cut by the token limit (stop_reason "length") or ended by a repeated call ("repeat") keeps
+every call finished before the cut (`call_salvage.py`): it is a "call", never text. With
+`text_call_tools` (the tools of an auto turn), a text answer that is only a JSON call of those
+tools (bare or in a fenced ```json block) is a "call" too, marked `"call_syntax": "text"`
+(`call_salvage.text_calls`); its confidence is its route's (the text tokens are not judged).
+"invalid" =
 well-formed calls that break the tool schemas (only with the grammar off, when the tools are
 given to check against): "function_calls" holds them as written, "error" says what is wrong,
 and nothing should execute them. With `logprobs` requested, "logprobs" lists one entry per
 answer-text token.
 
-"confidence" is the answer's confidence for every model (issue 29 item 3), in [0, 1], and
-"confidence_source" says which measure it is:
+"confidence" is the answer's confidence for every model, in [0, 1], an estimate of the chance
+that it is right, and "confidence_source" says which measure it is:
 * "head": the archive has a confidence head: min(sigmoid(head logit), lowest chosen-token
   probability in the call) (`combine_confidence`);
-* "tokens": no head (the bundled demo model, SmolLM2, Hugging Face models): the lowest
-  unmasked probability of a token chosen inside the call (after `<tool_call>` through its
-  closing marker; a refusal `[]` included), or, for an answer without a call, the
-  probability of the turn's first sampled token (the model's respond-or-call decision)
-  (`token_confidence`).
-The token measure is float64 arithmetic on the turn's own logits (softmax at temperature 1,
-before any mask), so it has the same bits at any batch, chunk or thread count, as the logits
-do. Both are None only when the model chose no token at all (a turn cut at `max_new_tokens`
-by forced tokens alone: stop_reason "length").
+* "tokens": no head (template models: Qwen, Gemma, SmolLM2, ...; the demo archive): built
+  from the decisions the model made in the answer, grammar-forced tokens left out
+  (`confidence.py`, `generation/decisions.py`): the product over its decisions (call or
+  answer, which function, each argument value where the grammar left a choice) of the
+  chosen alternative's probability among the grammar-allowed tokens, through the calibration
+  hook `confidence.CALIBRATION`.
+"call_confidences" gives one such number per call (the product over that call's own
+decisions), in the order of "function_calls"; "decisions" lists the evidence:
+`{"kind": "route" | "call" | "between", "call": k | None, "prob": float, "tokens": int}`.
+The measure is float64 arithmetic on the turn's own logits (softmax at temperature 1, before
+any mask), so it has the same bits at any batch, chunk or thread count, as the logits do.
+"confidence" is None when the model decided nothing (a text-only turn: no tools, or
+`tool_choice="none"`; a turn cut by forced tokens alone).
 A hand-off's remote answer has None too (`handoff["confidence"]` keeps the local one).
 """
 
@@ -41,6 +51,8 @@ from typing import Any
 
 from ..generation.call_check import call_errors
 from ..generation.turn_result import TurnResult
+from .call_salvage import complete_calls, text_calls
+from .confidence import answer_evidence, call_evidence, published
 
 
 def parse_calls(call_text: str) -> list[dict[str, Any]]:
@@ -76,19 +88,24 @@ def combine_confidence(head_logit: float | None, call_token_probs: Sequence[floa
     return min(measures) if measures else None
 
 
-def token_confidence(result: TurnResult) -> float | None:
-    """The confidence of a turn from its own token probabilities (see the module doc)."""
-    by_call = combine_confidence(None, result.call_token_probs)
-    return by_call if by_call is not None else result.first_token_prob
+def token_confidence(result: TurnResult, calls: int = 0) -> float | None:
+    """The published confidence of a turn with `calls` calls from its decisions (see the
+    module doc and `confidence.py`)."""
+    return published(answer_evidence(result.decisions, calls))
 
 
-def turn_confidence(result: TurnResult, head_logit: float | None
+def call_confidences(result: TurnResult, calls: int) -> list[float | None]:
+    """The published confidence of each of the turn's `calls` calls."""
+    return [published(raw) for raw in call_evidence(result.decisions, calls)]
+
+
+def turn_confidence(result: TurnResult, head_logit: float | None, calls: int = 0
                     ) -> tuple[float | None, str | None]:
     """(confidence, source) of a turn: the head's where there is a head logit, else the
-    token measure (see the module doc)."""
+    decisions' measure (see the module doc)."""
     if head_logit is not None:
         return combine_confidence(head_logit, result.call_token_probs), "head"
-    measure = token_confidence(result)
+    measure = token_confidence(result, calls)
     return measure, (None if measure is None else "tokens")
 
 
@@ -115,6 +132,7 @@ def turn_envelope(
     check_tools: Sequence[dict[str, Any]] | None = None,
     require_call: bool = False,
     parallel_calls: bool = True,
+    text_call_tools: Sequence[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The envelope of one decoded turn. `check_tools` (the offered tool dicts, for a turn
     decoded without the grammar) validates the calls: any problem makes it "invalid".
@@ -127,9 +145,11 @@ def turn_envelope(
                 raise ValueError(f"tool call not closed (stopped: {result.stop_reason})")
             calls = parse_calls(result.call_text)
         except ValueError as error:
-            envelope["text"] = result.call_text
-            envelope["error"] = f"malformed tool call: {error}"
-        else:
+            calls = complete_calls(result.call_text)  # what was finished before the cut
+            if not calls:
+                envelope["text"] = result.call_text
+                envelope["error"] = f"malformed tool call: {error}"
+        if calls is not None and (calls or "error" not in envelope):
             envelope["type"] = "call" if calls else "refuse"
             envelope["function_calls"] = calls
             problems = [] if check_tools is None else call_errors(
@@ -137,7 +157,17 @@ def turn_envelope(
             if problems:
                 envelope["type"] = "invalid"
                 envelope["error"] = "invalid tool call: " + "; ".join(problems)
-    envelope["confidence"], envelope["confidence_source"] = turn_confidence(result, head_logit)
+    if result.call_text is None and text_call_tools:
+        calls = text_calls(result.text, text_call_tools)
+        if calls and (parallel_calls or len(calls) == 1):
+            envelope.update(type="call", function_calls=calls, text="", call_syntax="text")
+    count = len(envelope["function_calls"])
+    envelope["confidence"], envelope["confidence_source"] = turn_confidence(result, head_logit,
+                                                                            count)
+    envelope["call_confidences"] = call_confidences(result, count)
+    if envelope.get("call_syntax") == "text":  # no call token was judged: the route's
+        envelope["call_confidences"] = [envelope["confidence"]] * count
+    envelope["decisions"] = [d.as_dict() for d in result.decisions]
     envelope["timings"] = timings(result, confidence_s)
     envelope["stop_reason"] = result.stop_reason
     if result.logprobs is not None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..errors import NeedlepointError
@@ -109,7 +109,7 @@ class Evaluator:
 
     def __init__(
         self, model: ModelProtocol, *, max_new_tokens: int = 80, modes: Iterable[str] = MODES,
-        speculate: bool = True,
+        speculate: bool = True, require_call: bool = False,
     ):
         self.model = model
         self.modes = tuple(modes)
@@ -128,9 +128,13 @@ class Evaluator:
             self.vocab = TurnVocab.from_tokenizer(tokenizer)
             self.grammar_vocab = TokenVocab.from_tokenizer(tokenizer) \
                 if "grammar" in self.modes else None
+        # `require_call`: OpenAI's tool_choice "required" (a call in every answer); else auto,
+        # where a template model calls or answers as it chooses (generation/route.py)
+        self.require_call = require_call
         self.config = GenerationConfig(
             max_new_tokens=max_new_tokens, reasoning_budget=None, speculate=speculate,
-            call_threshold=answer_grammar.AUTO_CALL_THRESHOLD if self.whole_answer else None)
+            call_threshold=answer_grammar.AUTO_CALL_THRESHOLD if self.whole_answer else None,
+            require_call=require_call)
         self.scores = {mode: ModeScore() for mode in self.modes}
         self.limit = int(model.config.max_seq_len)
         self.policy = policy_for(model)
@@ -152,13 +156,17 @@ class Evaluator:
                 session, feed = self.model.session(), ids
             grammar = content = None
             if mode == "grammar" and self.whole_answer:
-                content = answer_grammar.AnswerGrammar(self.grammar_vocab, self.format,
-                                                       example["tools"], syntax=self.syntax)
+                content = answer_grammar.AnswerGrammar(
+                    self.grammar_vocab, self.format, example["tools"], syntax=self.syntax,
+                    text=not self.require_call, require_call=self.require_call)
             elif mode == "grammar":
                 grammar = ToolCallGrammar(self.grammar_vocab, example["tools"])
-            result = run_turn(session, self.vocab, feed, self.config, grammar,
+            config = self.config if mode == "grammar" else replace(self.config,
+                                                                   require_call=False)
+            result = run_turn(session, self.vocab, feed, config, grammar,
                               context_limit=self.limit, content=content, policy=self.policy)
-            envelope = turn_envelope(result)
+            envelope = turn_envelope(result, text_call_tools=getattr(content, "text_call_tools",
+                                                                     None))
             envelope["timings"]["prefill_tokens"] = len(ids)
             envelopes[mode] = envelope
         return envelopes
@@ -185,11 +193,13 @@ def evaluate(
     modes: Iterable[str] = MODES,
     on_example: Callable[[int, dict[str, bool]], None] | None = None,
     speculate: bool = True,
+    require_call: bool = False,
 ) -> dict[str, ModeScore]:
     """Score every example in every mode; `on_example(index, outcome)` after each one;
-    `speculate`: speculative decoding (the same tokens, fewer passes)."""
+    `speculate`: speculative decoding (the same tokens, fewer passes); `require_call`: a call
+    in every answer (tool_choice "required")."""
     evaluator = Evaluator(model, max_new_tokens=max_new_tokens, modes=modes,
-                          speculate=speculate)
+                          speculate=speculate, require_call=require_call)
     for index, example in enumerate(examples):
         outcome = evaluator.score(example)
         if on_example is not None:

@@ -23,6 +23,7 @@ from .common import (
     notice,
     print_events,
     print_result,
+    refuses_without_tools,
     turn_options,
 )
 
@@ -73,7 +74,7 @@ def _chat(needle: Any, args: argparse.Namespace) -> int:
     interactive = sys.stdin.isatty()
     if interactive:
         print(f"needlepoint chat: {HINT}", file=sys.stderr, flush=True)
-    if not needle.tools:
+    if not needle.tools and refuses_without_tools(needle):
         notice("no tools given (--tools FILE), so there is nothing to call: every answer is "
                "an immediate refusal")
     for number, line in enumerate(_terminal_lines() if interactive else _piped_lines(), 1):

@@ -126,6 +126,12 @@ def notice(message: str) -> None:
     print(f"needlepoint: note: {message}", file=sys.stderr, flush=True)
 
 
+def refuses_without_tools(needle: Any) -> bool:
+    """Whether a turn without tools is an immediate refusal: Needle's wire format (its
+    `<tool_call>[]</tool_call>`), not a chat-template model, which answers in text."""
+    return not needle.whole_answer
+
+
 def build_needle(args: argparse.Namespace) -> Any:
     from ..api.needle import Needle
     from ..stages.options import staged_from_args
@@ -178,7 +184,7 @@ def print_result(envelope: dict[str, Any], args: argparse.Namespace) -> None:
         print_envelope(envelope)
 
 
-CONFIDENCE_SOURCES = {"head": "confidence head", "tokens": "token probabilities"}
+CONFIDENCE_SOURCES = {"head": "confidence head", "tokens": "the model's decisions"}
 
 
 def confidence_text(envelope: dict[str, Any]) -> str:
@@ -188,7 +194,7 @@ def confidence_text(envelope: dict[str, Any]) -> str:
     if confidence is None:
         handoff = envelope.get("handoff") or {}
         return f"n/a (answered by {handoff['model']})" if handoff.get("answered") else \
-            "n/a (no token was chosen)"
+            "n/a (the model decided nothing: no call was possible)"
     source = CONFIDENCE_SOURCES.get(envelope.get("confidence_source") or "", "?")
     return f"{confidence:.3f} ({source})"
 
@@ -211,12 +217,18 @@ def print_envelope(envelope: dict[str, Any]) -> None:
         results = envelope.get("results")
         if results:
             table.add_column("result")
+        per_call = envelope.get("call_confidences") or []
+        if per_call:
+            table.add_column("confidence")
         for k, call in enumerate(envelope["function_calls"]):
             row = [call["name"], json.dumps(call["arguments"], ensure_ascii=False)]
             if results:
                 outcome = results[k]
                 row.append(json.dumps(outcome.get("result", outcome.get("error")),
                                       ensure_ascii=False))
+            if per_call:
+                value = per_call[k] if k < len(per_call) else None
+                row.append("n/a" if value is None else f"{value:.3f}")
             table.add_row(*row)
         console.print(table)
     if envelope.get("text"):

@@ -26,6 +26,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--grammar", choices=("both", "on", "off"), default="both",
                         help="decode with the tool-call grammar, without, or both (default)")
     parser.add_argument("--max-new-tokens", type=int, default=80)
+    parser.add_argument("--tool-choice", choices=("auto", "required"), default="auto",
+                        help="auto: the model calls or answers as it chooses (default); "
+                        "required: a call in every answer")
     parser.add_argument("--limit", type=int, default=None, help="only the first N examples")
     parser.add_argument("--json", action="store_true", help="print the scores as JSON")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -72,7 +75,8 @@ def run(args: argparse.Namespace) -> int:
                 plain.update(index + 1, shown)
 
         scores = evaluate(model, examples, max_new_tokens=args.max_new_tokens, modes=modes,
-                          on_example=advance, speculate=args.speculate)
+                          on_example=advance, speculate=args.speculate,
+                          require_call=args.tool_choice == "required")
     if args.json:
         print(json.dumps({mode: s.as_dict() for mode, s in scores.items()}, indent=2))
         return 0

@@ -1,4 +1,5 @@
-"""`needlepoint inspect MODEL.cact`: what an archive holds, without running it.
+"""`needlepoint inspect MODEL`: what an archive holds, without running it (a GGUF file or a
+Hugging Face directory: `inspect_checkpoint.py`).
 
 Prints the generation, the geometry (the typed header config), one row per directory record
 (name, role, storage, shape, bit width, bytes), the tokenizer size and the probe heads
@@ -21,7 +22,9 @@ from ..formats import needle2_geometry as v2config
 from ..formats import needle3_geometry as v3config
 from ..formats.cact import CactArchive, TensorRecord, open_archive
 
-HELP = "show a .cact archive's generation, geometry, tensors, tokenizer and heads"
+HELP = ("show what a model file holds: a .cact archive's generation, geometry, tensors, "
+        "tokenizer and heads; a GGUF file's or HF directory's architecture, geometry, tensor "
+        "types, parameters, bytes, chat template and call syntax")
 
 STORAGE_BITS = {"fp16": 16, "fp32": 32}
 NOT_PARAMETERS = {"hada_p1", "hada_p2", "heads.manifest"}
@@ -39,7 +42,8 @@ _ENGRAM_RE = re.compile(r"engram\d+\.(\w+)")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("model", metavar="MODEL.cact", help="path to a .cact archive")
+    parser.add_argument("model", metavar="MODEL", help="a .cact archive, a .gguf file or a "
+                        "Hugging Face safetensors directory")
     parser.add_argument(
         "--json", action="store_true", help="print one JSON object instead of tables"
     )
@@ -50,13 +54,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..formats.checkpoints import is_checkpoint
+
+    if is_checkpoint(args.model):  # a GGUF file or a Hugging Face directory
+        from .inspect_checkpoint import render_checkpoint, summarize_checkpoint
+
+        if args.verify:
+            raise CactFormatError(f"{args.model}: --verify checks .cact archives only")
+        summary = summarize_checkpoint(args.model)
+        if args.json:
+            json.dump(summary, sys.stdout, indent=2)
+            sys.stdout.write("\n")
+        else:
+            render_checkpoint(summary)
+        return 0
     try:
         archive = open_archive(args.model)
         summary = summarize(archive)
     except CactFormatError as error:
+        hint = "" if "format tag" not in str(error) else (
+            "; inspect reads .cact archives, .gguf files and Hugging Face model directories "
+            "(a config.json beside safetensors)")
         if str(error).startswith(str(args.model)):
-            raise
-        raise CactFormatError(f"{args.model}: {error}") from error
+            raise CactFormatError(f"{error}{hint}") from error
+        raise CactFormatError(f"{args.model}: {error}{hint}") from error
     report = None
     if args.verify:
         from .verify import describe, verify

@@ -19,6 +19,7 @@ from .common import (
     notice,
     print_events,
     print_result,
+    refuses_without_tools,
     turn_options,
 )
 
@@ -30,6 +31,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "'@PATH' from a file")
     parser.add_argument("--query-file", type=Path, metavar="PATH",
                         help="read the query from a file (UTF-8)")
+    parser.add_argument("--raw", action="store_true",
+                        help="continue the text as it is (no chat template, no tools), "
+                        "streaming: for base models")
     add_model_arguments(parser)
 
 
@@ -54,8 +58,10 @@ def run(args: argparse.Namespace) -> int:
     from ..api.needle import check_query
 
     query = check_query(read_query(args)).strip()  # before the model loads
+    if args.raw:
+        return raw(query, args)
     needle = build_needle(args)
-    if not needle.tools:
+    if not needle.tools and refuses_without_tools(needle):
         notice("no tools given (--tools FILE), so there is nothing to call: the answer is "
                "an immediate refusal")
     with needle:  # stops the MCP servers it started
@@ -64,4 +70,24 @@ def run(args: argparse.Namespace) -> int:
             print_result(needle.run(query, **turn_options(args)), args)
         else:
             print_events(needle.stream(query, **turn_options(args)), args)
+    return 0
+
+
+def raw(text: str, args: argparse.Namespace) -> int:
+    """`--raw`: the model's plain continuation of `text`, streamed to stdout."""
+    from ..generation.complete import continue_text
+    from ..generation.sampling import SamplingConfig
+    from ..models.hub import load_model, resolve_model_path
+
+    if args.tools is not None or getattr(args, "mcp", None) is not None:
+        raise InvalidQueryError("--raw continues plain text: it takes no --tools or --mcp")
+    model = load_model(resolve_model_path(args.model), threads=getattr(args, "threads", None))
+    sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k,
+                              top_p=args.top_p, seed=args.seed)
+    sys.stdout.write(text)
+    for piece in continue_text(model, text, max_new_tokens=args.max_new_tokens,
+                               sampling=sampling):
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+    sys.stdout.write("\n")
     return 0

@@ -158,7 +158,11 @@ class TemplateFormat:
     def __init__(self, tokenizer: Any, tool_format: str | None = None,
                  template_kwargs: Mapping[str, Any] | None = None) -> None:
         if not getattr(tokenizer, "chat_template", None):
-            raise TokenizerError(f"{tokenizer!r} has no chat template: it cannot chat")
+            where = getattr(tokenizer, "source", None) or "this model"
+            raise TokenizerError(
+                f"{where} has no chat template (a base model): it cannot chat or call tools; "
+                "continue plain text with `needlepoint run --raw TEXT --model MODEL` "
+                "or use an instruct model")
         self.tokenizer = tokenizer
         self.template = tokenizer.chat_template
         self.template_kwargs = dict(template_kwargs or {})

@@ -31,17 +31,17 @@ from ..formats.chat_format import TemplateFormat
 from .call_syntax import CallSyntax
 from .content import _OPTIONS, ContentSchemaError
 from .grammar import MAX_TOOLS, TokenVocab, ToolCallMatcher, tool_parts
+from .route import fence_start_mask
 from .segments import MarkerIds
 from .syntaxes import syntax_for
 from .text_markers import call_start_mask, closing_mask
 from .turn_config import BYTE_TYPE, NORMAL_TYPE, TurnVocab
 
 USER_DEFINED, CONTROL, UNKNOWN = 3, 2, 1
-# `tool_choice="auto"` on a template model: call when the call marker's first tokens get at
-# least this probability at the answer's first position (`text_markers.explicit_choice`).
-# SmolLM2-135M answers in prose when left to itself (its top token is text even for plain
-# tool requests, where the marker gets 1-4%; 0.1-1.3% on chit-chat): docs/benchmarks_bfcl.md
-AUTO_CALL_THRESHOLD = 0.01
+# `tool_choice="auto"` on a template model: the model's own choice calls or answers
+# (`route.py`); a threshold would decline calls the model gives less probability. Off: a
+# calibrated value is fitted on BFCL live_* (docs/benchmarks_bfcl.md).
+AUTO_CALL_THRESHOLD: float | None = None
 TEXT_RULE = r"TEXT: /[^<\s](?s:.)*/ & ~/(?s:.*)<tool_call>(?s:.*)/"
 # A thinking template's reasoning block before the answer (Qwen3 with enable_thinking): any text
 # up to the first `</think>`, then optional whitespace.
@@ -99,6 +99,7 @@ def turn_vocab(fmt: TemplateFormat, syntax: CallSyntax | None = None) -> TurnVoc
                      think_close_ids=(), match_keys=match_keys(token_bytes),
                      text_markers=(syntax.open, syntax.close),
                      call_start=call_start_mask(token_bytes, syntax.open),
+                     fence_start=fence_start_mask(token_bytes),
                      call_body=syntax.body, closing=_closing(fmt, syntax, token_bytes),
                      call_translator=syntax.translator())
 
@@ -131,6 +132,10 @@ class AnswerGrammar:
             raise ToolSchemaError(f"{len(tools)} tools: at most {MAX_TOOLS} are supported")
         syntax = syntax or _syntax(fmt)
         self.vocab = vocab
+        # the tools a text answer may still call in JSON outside the template's syntax
+        # (`api/call_salvage.text_calls`): a call or text, no content schema
+        self.text_call_tools = [dict(t) for t in tools] if call and text and schema is None \
+            else None
         # EOS is never a grammar token: the engine allows it once the answer is complete
         ends = " ".join(f"<[{i}]>" for i in dict.fromkeys(vocab.end_ids) if i != vocab.eos_id)
         alternatives, rules = [], []

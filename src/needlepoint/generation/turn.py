@@ -40,14 +40,17 @@ import numpy as np
 
 from ..errors import NonFiniteActivationError
 from ..models.protocol import SessionProtocol
+from .decisions import BETWEEN, CallCursor, DecisionLog, choice_probability, route_probability
+from .decisions import CALL as CALL_DECISION
 from .draft_policy import DraftPolicy
 from .drafts import Drafter, DraftState, NgramIndex
-from .events import DeltaEvent, LogprobDelta, TurnComplete
+from .events import DeltaEvent, LogprobDelta, ToolCallDelta, TurnComplete
 from .logprobs import token_logprob
+from .route import route
 from .sampling import choose_token, resolve_seed, softmax
-from .segments import ANSWER, CALL, THINK, SegmentParser
+from .segments import AFTER_CALL, ANSWER, CALL, THINK, SegmentParser
 from .speculate import PlainStepper, stepper
-from .text_markers import close_when_short, end_when_short, explicit_choice
+from .text_markers import close_when_short, end_when_short
 from .turn_config import Constraint, GenerationConfig, Matcher, TurnVocab
 from .turn_result import TurnResult
 
@@ -116,6 +119,8 @@ class TurnState:
     pending: list[int] = field(default_factory=list)
     block_start: int | None = None  # where the call block being written began (its token)
     longest_block: int = 0  # tokens of the longest call block so far (`end_when_short`)
+    log: DecisionLog = field(default_factory=DecisionLog)  # the confidence's evidence
+    cursor: CallCursor = field(default_factory=CallCursor)  # which call the JSON is in
 
     @classmethod
     def start(cls, vocab: TurnVocab, config: GenerationConfig, constraint: Constraint | None,
@@ -138,6 +143,9 @@ class TurnState:
         self.tokens.append(token)
         before = self.parser.mode
         events = self.parser.feed(token)
+        for event in events:
+            if isinstance(event, ToolCallDelta):
+                self.cursor.feed(event.text)
         self._measure_block(before)
         if token == self.vocab.markers.tool_call_open and self.parser.mode == CALL:
             self.answer = None  # a call replaces a constrained answer
@@ -180,10 +188,6 @@ class TurnState:
             return self.matcher.allowed_mask()
         if self.answer is not None:
             allowed = self.answer.allowed_mask()
-            if not self.tokens and config.call_threshold is not None and \
-                    vocab.call_start is not None:
-                allowed = explicit_choice(allowed, logits, vocab.call_start,
-                                          config.call_threshold)
             remaining = config.max_new_tokens - len(self.tokens)
             if vocab.closing is not None and parser.mode == CALL:
                 allowed = close_when_short(allowed, vocab.closing, remaining,
@@ -200,8 +204,20 @@ class TurnState:
         """Choose the next token under the mask (its unmasked probability counts toward the
         call's confidence) and advance the grammar with it."""
         in_call = self.parser.mode == CALL
-        token = choose_token(logits, self.config.sampling, position=position, seed=self.seed,
-                             allowed=self.allowed(logits))
+        allowed = self.allowed(logits)
+
+        def choose(mask: np.ndarray | None) -> int:
+            return choose_token(logits, self.config.sampling, position=position,
+                                seed=self.seed, allowed=mask)
+
+        if self.routing():
+            token, prob = route(logits, allowed, self.vocab.call_start, self.vocab.fence_start,
+                                self.config.call_threshold, choose)
+            if prob is not None:
+                self.log.route(prob)
+        else:
+            token = choose(allowed)
+            self.record(logits, allowed, token)
         if in_call:
             self.probs_in_call.append(float(softmax(logits)[token]))
         elif self.first_prob is None:
@@ -211,6 +227,40 @@ class TurnState:
         elif self.answer is not None:
             self.answer.advance(token)
         return token
+
+    def routing(self) -> bool:
+        """Whether this token is a template model's call-or-answer choice (`route.py`): the
+        answer's first, under the whole-answer grammar, calls allowed."""
+        return (not self.tokens and self.answer is not None and self.config.allow_call
+                and self.vocab.call_start is not None)
+
+    def record(self, logits: np.ndarray, allowed: np.ndarray | None, token: int) -> None:
+        """The chosen token as evidence (`decisions.py`): the route between a call and text
+        while neither has begun (Needle's `<tool_call>` token; a template model's route is
+        recorded by `pick`), then the tokens inside and between the calls."""
+        parser, log = self.parser, self.log
+        if not log.routed and parser.call is None and parser.mode == ANSWER \
+                and not parser.text and self.config.allow_call and allowed is not None \
+                and self.vocab.call_start is None:
+            side = np.zeros(len(self.vocab.token_bytes), bool)
+            side[self.vocab.markers.tool_call_open] = True
+            prob = route_probability(logits, allowed, side, token)
+            if prob is not None:
+                log.route(prob)
+                return
+        if parser.mode == CALL:
+            index = self.cursor.call
+            kind = CALL_DECISION if index is not None else BETWEEN
+        elif parser.mode == AFTER_CALL and parser.call is not None:
+            kind, index = BETWEEN, None
+        else:
+            log.forced()  # text or reasoning: no evidence
+            return
+        q, alternatives = choice_probability(logits, allowed, token)
+        if alternatives <= 1:
+            log.forced()
+        else:
+            log.choose(kind, index, q)
 
     def accept(self, token: int, logits: np.ndarray, chosen: bool
                ) -> Iterator[DeltaEvent | LogprobDelta]:
@@ -229,11 +279,14 @@ class TurnState:
 
     def finished(self, token: int, position: int, limit: int) -> bool:
         """Whether the turn ends after `token`: a stop token or the grammar done ("end",
-        "eos"), a stop sequence ("stop"), the context or `max_new_tokens` ("length"). The
+        "eos"), a call identical to an earlier one finished ("repeat"), a stop sequence
+        ("stop"), the context or `max_new_tokens` ("length"). The
         last token is then left unfed (`pending`)."""
         markers = self.vocab.markers
         if token in markers.stops or (self.matcher is not None and self.matcher.is_finished()):
             self.stop_reason = "eos" if token == markers.eos else "end"
+        elif self.cursor.repeated:
+            self.stop_reason = "repeat"  # the same call again: the answer is the calls made
         elif self.parser.stopped:
             self.stop_reason = "stop"
         elif not (position + 1 >= limit or len(self.tokens) >= self.config.max_new_tokens):
@@ -251,7 +304,7 @@ class TurnState:
             forced_call=self.forced_call, seed=self.seed, prefill_tokens=prompt_tokens,
             prefill_s=prefill_s, decode_s=decode_s, pending=self.pending,
             logprobs=self.logprobs, first_token_prob=self.first_prob,
-            speculation=speculation)
+            speculation=speculation, decisions=self.log.decisions)
 
 
 def _feed(session: SessionProtocol, turn: TurnState, context_limit: int | None,
@@ -291,6 +344,7 @@ def generate_turn(
         while len(turn.tokens) < config.max_new_tokens:
             if turn.budget_spent():
                 forced = turn.forced_tokens()
+                turn.log.forced()
                 for token in forced[:-1]:
                     yield from turn.emit(token)
                     feed.step(token)

@@ -61,7 +61,7 @@ class GenerationConfig:
     stop: tuple[str, ...] = ()
     logprobs: int | None = None
     speculate: bool = True
-    call_threshold: float | None = None  # text-marker formats: `text_markers.explicit_choice`
+    call_threshold: float | None = None  # decline a call the model gives less (`route.py`)
 
     def __post_init__(self) -> None:
         if not isinstance(self.speculate, bool):
@@ -105,6 +105,7 @@ class TurnVocab:
     text_markers: tuple[str, str] | None = None
     call_body: str = "list"  # "object": one call per marker pair (`text_markers.py`)
     call_start: np.ndarray | None = None  # bool[vocab]: tokens that begin the text marker
+    fence_start: np.ndarray | None = None  # bool[vocab]: tokens that begin "```json" (route)
     closing: np.ndarray | None = None  # bool[vocab]: tokens that close a call (text_markers)
     call_translator: Any = None  # call text to JSON (FunctionGemma; call_syntax.py)
 

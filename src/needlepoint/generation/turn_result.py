@@ -19,7 +19,9 @@ class TurnResult:
     text: str
     call_text: str | None  # JSON between `<tool_call>` and `</tool_call>`, None if no call
     call_closed: bool
-    stop_reason: str  # "end" (im_end / grammar done), "eos", "length", "stop" (sequence)
+    # "end" (im_end / grammar done), "eos", "length", "stop" (sequence), "repeat" (a call
+    # identical to an earlier one was finished: the answer is the calls before it)
+    stop_reason: str
     call_token_probs: list[float]
     forced_call: bool
     seed: int
@@ -32,6 +34,8 @@ class TurnResult:
     # forward passes after the prefill, and the drafts per source (`speculate.py`):
     # {"decode_passes", "lookup_drafted", "lookup_accepted", "grammar_drafted", ...}
     speculation: dict[str, int] = field(default_factory=dict)
+    # the decisions the model made (`decisions.Decision`): the confidence's evidence
+    decisions: list[Any] = field(default_factory=list)
 
     @property
     def decode_tokens(self) -> int:

@@ -12,6 +12,7 @@ import copy
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from ..errors import InvalidOptionError, NeedlepointError
@@ -84,8 +85,10 @@ def serve(
         keys = keys_from(api_keys)
     except KeyConfigError as error:
         raise ServeOptionError(str(error)) from None
+    model_name = None
     if model is None or isinstance(model, str | os.PathLike):
         model = resolve_model_path(model)
+        model_name = served_name(model)
         if threads is not None:
             from ..models.hub import load_model
 
@@ -102,7 +105,7 @@ def serve(
                          max_kv_bytes=max_kv_bytes, step_tokens=step_tokens,
                          speculate=speculate, api_keys=keys, body_timeout_s=body_timeout_s,
                          needle_factory=factory, mcp=tools, mcp_hosts=mcp_hosts,
-                         handoff=handoff)
+                         handoff=handoff, model_name=model_name)
         _run(app, host, port, keys, log_level)
     finally:
         if tools is not None:
@@ -247,6 +250,12 @@ def _handoff(args: argparse.Namespace) -> Any:
 
     return Handoff(url, args.handoff_model, api_key_env=args.handoff_key_env,
                    below=args.handoff_below)
+
+
+def served_name(path: Path) -> str:
+    """The model's name in `/v1/models`: the path given (a directory's name, a file's stem),
+    not a symlink's target (the loader resolves links)."""
+    return path.name if path.is_dir() else path.stem
 
 
 def run(args: argparse.Namespace) -> int:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..api.call_salvage import may_be_json_call
 from ..api.history import check_fits
 from ..api.results import final
 from ..errors import ContextLengthError
@@ -46,6 +47,7 @@ from .schemas import (
     ToolCallOut,
     Usage,
 )
+from .stats import answer_stats
 
 
 @dataclass
@@ -296,6 +298,8 @@ class ChatJob(Cancellable):
         events = needle.stream_ids(ids, conv.query, **options)
         envelope: dict[str, Any] | None = None
         held: Delta | None = None  # a content delta, waiting for its token's logprob
+        json_held: list[str] | None = None  # JSON text that may be a call (call_salvage.py)
+        texts = 0
         for event in events:
             if isinstance(event, LogprobDelta):
                 if held is not None:
@@ -311,7 +315,17 @@ class ChatJob(Cancellable):
             if isinstance(event, ReasoningDelta):
                 yield Delta(reasoning=event.text)
             elif isinstance(event, TextDelta):
-                if "logprobs" in options:
+                if json_held is None and not texts and conv.tools and \
+                        "logprobs" not in options:
+                    json_held = []  # maybe a JSON call outside the template's syntax
+                texts += 1
+                if json_held is not None:
+                    json_held.append(event.text)
+                    if may_be_json_call("".join(json_held)):
+                        continue
+                    yield Delta(content="".join(json_held))  # plain text after all
+                    json_held = None
+                elif "logprobs" in options:
                     held = Delta(content=event.text)
                 else:
                     yield Delta(content=event.text)
@@ -323,6 +337,8 @@ class ChatJob(Cancellable):
             yield held
         if envelope is None:
             raise RuntimeError("the generator ended without a final envelope")
+        if json_held and not envelope.get("function_calls"):
+            yield Delta(content="".join(json_held))
         yield self._result(envelope, prompt_tokens=len(ids))
 
     def run(self) -> ChatResult:
@@ -335,7 +351,7 @@ class ChatJob(Cancellable):
         calls = [
             (
                 call["name"],
-                json.dumps(call.get("arguments", {}), ensure_ascii=False, separators=(",", ":")),
+                json.dumps(call.get("arguments", {}), ensure_ascii=False),  # as streamed
             )
             for call in envelope.get("function_calls", [])
         ]
@@ -374,6 +390,7 @@ class ChatJob(Cancellable):
         if result.logprobs is not None:
             logprobs = ChoiceLogprobs(content=[TokenLogprob(**e) for e in result.logprobs])
         return ChatCompletion(
+            needlepoint=answer_stats(result.envelope),
             id=self.completion_id,
             created=self.created,
             model=self.model_name,

@@ -58,13 +58,24 @@ ENVELOPE: dict[str, Any] = {
         "reasoning": {"type": "string"},
         "confidence": {"type": ["number", "null"], "minimum": 0, "maximum": 1,
                        "description": "The answer's confidence, for every model: the "
-                       "confidence head's where the archive has one, else the call tokens' "
-                       "lowest probability (the first token's for an answer without a call; "
-                       "docs/api.md). Null only for an answer from the hand-off model (its "
-                       "`handoff.confidence` is the local one) or when no token was chosen."},
+                       "confidence head's where the archive has one, else the product over "
+                       "the decisions the model made of the chosen alternative's probability "
+                       "among the grammar-allowed tokens (docs/api.md, 'The decision "
+                       "confidence'). Null for an answer from the hand-off model (its "
+                       "`handoff.confidence` is the local one) or when the model decided "
+                       "nothing (no tools)."},
+        "call_confidences": {"type": "array", "items": {"type": ["number", "null"]},
+                             "description": "One confidence per call, in the order of "
+                             "`function_calls`."},
+        "decisions": {"type": "array", "items": {
+            "type": "object", "properties": {
+                "kind": {"type": "string", "enum": ["route", "call", "between"]},
+                "call": {"type": ["integer", "null"]}, "prob": {"type": "number"},
+                "tokens": {"type": "integer"}}},
+            "description": "The evidence of `confidence`: each decision's probability."},
         "confidence_source": {"type": ["string", "null"], "enum": ["head", "tokens", None],
                               "description": "Which measure `confidence` is: the confidence "
-                              "head's (`head`) or the token probabilities' (`tokens`)."},
+                              "head's (`head`) or the model's decisions' (`tokens`)."},
         "timings": {"type": "object", "additionalProperties": {"type": "number"}},
         "stop_reason": {"type": "string"},
         "seed": {"type": "integer"},

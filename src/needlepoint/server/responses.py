@@ -46,7 +46,7 @@ from .responses_items import (
 from .responses_mcp import McpBridge, McpPlan
 from .responses_schemas import ResponsesRequest
 from .schemas import ChatCompletionRequest
-from .streaming import ARGS, START, CallSplitter, merge_args
+from .streaming import ARGS, START, CallSplitter, JsonSpacer, merge_args
 
 MAX_MCP_ROUNDS = 4
 
@@ -128,6 +128,7 @@ class ResponseRun:
                     yield event("response.in_progress", response=self.response("in_progress"))
                 index, item_id, text, result = len(self.output), None, [], None
                 splitter, live = CallSplitter(), {}  # call k -> [item id, args streamed]
+                spacers: dict[int, JsonSpacer] = {}  # arguments spaced as the final ones
                 while more:
                     if isinstance(item, Delta) and item.call_text:
                         for kind, k, piece in merge_args(splitter.feed(item.call_text)):
@@ -139,6 +140,7 @@ class ResponseRun:
                                                                     piece, "", "in_progress"))
                             elif kind == ARGS and k in live:
                                 live[k][1] = True
+                                piece = spacers.setdefault(k, JsonSpacer()).feed(piece)
                                 yield event("response.function_call_arguments.delta",
                                             item_id=live[k][0], delta=piece,
                                             output_index=index + (item_id is not None) + k)

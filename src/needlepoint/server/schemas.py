@@ -270,6 +270,7 @@ class ChatCompletion(BaseModel):
     choices: list[Choice]
     usage: Usage
     system_fingerprint: str | None = None
+    needlepoint: dict[str, Any] | None = None  # the extension object (server/stats.py)
 
 
 class ModelCard(BaseModel):

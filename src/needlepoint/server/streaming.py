@@ -22,18 +22,49 @@ from .schemas import (
     ChunkToolCall,
     TokenLogprob,
 )
+from .stats import answer_stats
 
 if TYPE_CHECKING:  # pragma: no cover
     from .engine import ChatJob, ChatResult, Delta
 
-START, ARGS = "start", "args"
+START, ARGS, END = "start", "args", "end"
+
+
+class JsonSpacer:
+    """Re-spaces JSON text as it streams, as `json.dumps` writes it: no whitespace outside
+    strings except one space after each `,` and `:`; strings copied as written. So streamed
+    arguments read as the final ones (`json.dumps(arguments)`), whatever separators the
+    model or the grammar used."""
+
+    def __init__(self) -> None:
+        self.in_string = False
+        self.escape = False
+
+    def feed(self, text: str) -> str:
+        out = []
+        for ch in text:
+            if self.in_string:
+                out.append(ch)
+                if self.escape:
+                    self.escape = False
+                elif ch == "\\":
+                    self.escape = True
+                elif ch == '"':
+                    self.in_string = False
+            elif ch in " \t\r\n":
+                continue
+            else:
+                out.append(ch + " " if ch in ",:" else ch)
+                self.in_string = ch == '"'
+        return "".join(out)
 
 
 class CallSplitter:
     """Incremental scanner of a JSON list of `{"name": ..., "arguments": {...}}` objects.
 
-    `feed(text)` returns `(START, index, name)` once a call's name is complete and
-    `(ARGS, index, fragment)` for each piece of its arguments' raw JSON text. Arguments seen
+    `feed(text)` returns `(START, index, name)` once a call's name is complete,
+    `(ARGS, index, fragment)` for each piece of its arguments' raw JSON text and
+    `(END, index, "")` when the call's object closes. Arguments seen
     before the name (key order is not guaranteed without a grammar) are held back until it.
     Only the nesting level of the call objects is interpreted; everything deeper is copied.
     """
@@ -105,6 +136,8 @@ class CallSplitter:
                     self._end_value(out)
             elif self.depth == 1 and self.name is None and self.index >= 0:
                 self._start_call("", out)  # a call without a name: report it anyway
+            if self.depth == 1 and self.index >= 0:
+                out.append((END, self.index, ""))
         else:
             self._capture(ch, out)
 
@@ -175,6 +208,10 @@ class ChunkWriter:
         self.splitter = CallSplitter()
         self.started: set[int] = set()
         self.with_args: set[int] = set()  # calls whose arguments text was streamed
+        self.spacers: dict[int, JsonSpacer] = {}
+        # each call's chunks wait for the end of its object (`_call_event`)
+        self.seen: dict[int, tuple[str, str]] = {}  # index -> (name, arguments so far)
+        self.held: dict[int, list[tuple[str, int, str]]] = {}
 
     def _chunk(
         self, delta: ChunkDelta, finish_reason: str | None = None, usage: Any = None,
@@ -208,7 +245,29 @@ class ChunkWriter:
             yield self._chunk(ChunkDelta(content=item.content), logprobs=item.logprobs)
         if item.call_text:
             for kind, index, text in merge_args(self.splitter.feed(item.call_text)):
-                yield self._call_chunk(kind, index, text)
+                yield from self._call_event(kind, index, text)
+
+    def _call_event(self, kind: str, index: int, text: str) -> Iterator[dict[str, Any]]:
+        """A call's events, held until its JSON object closes: then sent, unless the call
+        repeats an earlier one (the repeat that ends the answer). So the stream has exactly
+        the final answer's calls: none cut off by the token limit, no repeat."""
+        if kind == START:
+            self.held[index] = []
+            self.seen[index] = (text, "")
+        elif kind == ARGS:
+            text = self.spacers.setdefault(index, JsonSpacer()).feed(text)
+            name, args = self.seen.get(index, ("", ""))
+            self.seen[index] = (name, args + text)
+        else:  # END: a held call that repeats none of the calls before it is sent now
+            if index in self.held and self.seen.get(index) not in [
+                    self.seen[i] for i in self.seen if i < index]:
+                for event in self.held.pop(index):
+                    yield self._call_chunk(*event)
+            return
+        if index in self.held:
+            self.held[index].append((kind, index, text))
+        else:
+            yield self._call_chunk(kind, index, text)
 
     def _call_chunk(self, kind: str, index: int, text: str) -> dict[str, Any]:
         if kind == START:
@@ -226,6 +285,10 @@ class ChunkWriter:
 
     def finish(self) -> Iterator[dict[str, Any]]:
         result: ChatResult = self.result
+        for index in sorted(self.held):  # held calls the answer kept
+            if index < len(result.calls):
+                for event in self.held[index]:
+                    yield self._call_chunk(*event)
         # Calls the scanner could not follow (malformed text without a grammar) are sent
         # whole, so the streamed answer never has fewer calls than the final one.
         for index, (name, arguments) in enumerate(result.calls):
@@ -246,17 +309,3 @@ class ChunkWriter:
             )
             yield chunk.model_dump(exclude_none=True)
 
-
-STAT_TIMINGS = ("prefill_tokens", "decode_tokens", "prefill_s", "decode_s", "prefill_tps",
-                "decode_tps")
-
-
-def answer_stats(envelope: dict[str, Any]) -> dict[str, Any]:
-    """The extension object on a stream's finishing chunk (`"needlepoint"`): the answer's
-    confidence with its source ("head" or "tokens", api/envelope.py; None for an answer
-    from the hand-off model), the hand-off mark and its prefill and decode speeds."""
-    timings = envelope.get("timings", {})
-    return {"confidence": envelope.get("confidence"),
-            "confidence_source": envelope.get("confidence_source"),
-            "handoff": envelope.get("handoff"),  # issue 29: None unless handed off
-            "timings": {key: timings[key] for key in STAT_TIMINGS if key in timings}}

@@ -6,7 +6,7 @@ Each family's reader returns the `BlockSpec` fields as a dict: the differences b
 families are spec fields, never branches in the maths. Every config field that changes the
 forward is honoured or refused here, with an error naming it: sliding windows and
 `layer_types`, RoPE per layer type and its scaling, `query_pre_attn_scalar`, attention and
-final logit soft-capping (refused), `use_sliding_window` / `max_window_layers`, `head_dim`,
+final logit soft-capping, `use_sliding_window` / `max_window_layers`, `head_dim`,
 tied embeddings, bidirectional attention (refused).
 """
 
@@ -197,14 +197,29 @@ def _gemma_thetas(config: dict[str, Any], windows: tuple[int | None, ...]) -> tu
                  for w in windows)
 
 
+def softcaps(config: dict[str, Any]) -> dict[str, float | None]:
+    """`attn_logit_softcapping` and `final_logit_softcapping` (transformers' names; a GGUF
+    file's `<arch>.attn_logit_softcapping` / `<arch>.final_logit_softcapping` are translated
+    to them) as the spec's `attn_softcap` / `final_softcap`: a positive number, or None
+    (absent, null or 0: off)."""
+    out: dict[str, float | None] = {}
+    for key, field in (("attn_logit_softcapping", "attn_softcap"),
+                       ("final_logit_softcapping", "final_softcap")):
+        value = config.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)
+                                  or not math.isfinite(value) or value < 0):
+            raise CheckpointError(f"config.json: {key} must be a positive number or null, got "
+                                  f"{value!r}")
+        out[field] = float(value) if value else None
+    return out
+
+
 def gemma3_fields(config: dict[str, Any]) -> dict[str, Any]:
     """Gemma 3 text: scaled embedding, `1 + w` RMSNorms (four per layer and per-head q/k),
     sliding and full layers with their own RoPE theta, `query_pre_attn_scalar`, gelu-tanh,
-    tied embeddings. Soft-capping and bidirectional attention are refused."""
-    for key in ("attn_logit_softcapping", "final_logit_softcapping"):
-        if config.get(key) is not None:
-            raise UnsupportedArchitectureError(f"config.json: {key} {config[key]!r} is not "
-                                               f"supported (logit soft-capping)")
+    tied embeddings, logit soft-capping where the config sets it (`softcaps`).
+    Bidirectional attention is refused."""
+    caps = softcaps(config)
     if config.get("use_bidirectional_attention"):
         raise UnsupportedArchitectureError("config.json: use_bidirectional_attention is not "
                                            "supported (causal decoders only)")
@@ -230,7 +245,37 @@ def gemma3_fields(config: dict[str, Any]) -> dict[str, Any]:
         rope_theta=thetas[-1], qkv_bias=bias, out_bias=bias,
         tied_embeddings=bool(config.get("tie_word_embeddings")),
         attn_scale=float(scalar) ** -0.5, qk_norm=True, output_norms=True, norm_offset=1.0,
-        embed_scale=float(d) ** 0.5, windows=windows, thetas=thetas)
+        embed_scale=float(d) ** 0.5, windows=windows, thetas=thetas, **caps)
 
 
-FAMILY_FIELDS = {"qwen2": qwen_fields, "qwen3": qwen_fields, "gemma3_text": gemma3_fields}
+# Gemma2Config's defaults (transformers 5) for fields a config may leave out
+GEMMA2_DEFAULTS = {
+    "vocab_size": 256_000, "hidden_size": 2304, "intermediate_size": 9216,
+    "num_hidden_layers": 26, "num_attention_heads": 8, "num_key_value_heads": 4,
+    "head_dim": 256, "max_position_embeddings": 8192, "rms_norm_eps": 1e-6,
+    "query_pre_attn_scalar": 256, "sliding_window": 4096, "rope_theta": 10_000.0,
+    "tie_word_embeddings": True, "final_logit_softcapping": 30.0,
+    "attn_logit_softcapping": 50.0,
+}
+
+
+def gemma2_fields(config: dict[str, Any]) -> dict[str, Any]:
+    """Gemma 2: Gemma 3's block without the per-head q/k norms, one RoPE theta, sliding
+    windows on every other layer (the first, third, ...: transformers' default
+    `layer_types`), and both soft-caps on by default (50 on the scores, 30 on the logits)."""
+    caps = ("attn_logit_softcapping", "final_logit_softcapping")  # null: off, not default
+    config = {**GEMMA2_DEFAULTS, **{k: v for k, v in config.items()
+                                    if v is not None or k in caps}}
+    layers = config_int(config, "num_hidden_layers")
+    derived = ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(layers)]
+    windows = layer_windows(config, layers, config.get("sliding_window"), derived)
+    theta = rope_theta_of(config)
+    fields = gemma3_fields({**config, "model_type": "gemma2", "layer_types":
+                            ["sliding_attention" if w else "full_attention" for w in windows],
+                            "rope_parameters": None, "rope_scaling": None,
+                            "rope_theta": theta, "rope_local_base_freq": theta})
+    return dict(fields, qk_norm=False, thetas=())
+
+
+FAMILY_FIELDS = {"qwen2": qwen_fields, "qwen3": qwen_fields, "gemma3_text": gemma3_fields,
+                 "gemma2": gemma2_fields}

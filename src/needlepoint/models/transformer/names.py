@@ -93,7 +93,11 @@ GEMMA3 = replace(
     prefixes=("model.", "language_model.model.", "model.language_model."),
 )
 
-NAMES = {"llama": LLAMA, "gpt2": GPT2, "qwen2": LLAMA, "qwen3": QWEN, "gemma3_text": GEMMA3}
+# Gemma 2: Gemma 3's names without the per-head q/k norms
+GEMMA2 = replace(GEMMA3, q_norm=None, k_norm=None)
+
+NAMES = {"llama": LLAMA, "gpt2": GPT2, "qwen2": LLAMA, "qwen3": QWEN, "gemma3_text": GEMMA3,
+         "gemma2": GEMMA2}
 
 
 def bias_name(weight: str) -> str:
