@@ -243,41 +243,61 @@ WT_INLINE void NP_NAME(wt_tile_simd)(const int t, const uint8_t *row0, int64_t r
                 u1 = t == WT_Q2_K ? _mm256_loadu_si256((const __m256i *)U1[j]) : u0;
             }
         }
+        /* One scale per block (s0 = s1, u0 = u1): a * P = (a * s) * D and m * M = (m * u) * S
+         * with D = the block dot, S = the activation block sum: a * s (f32 times at most
+         * 6 bits) and a * s * D (|D| < 2^19) are exact in float64, as are m * u and m * u * S,
+         * so these are the reference's two exact products, and their sum rounds once as
+         * there. Two scales per block (Q2_K, Q3_K, Q6_K) keep the integer P and M. */
+        __m256d as_lo = alo, as_hi = ahi, mu_lo = mlo, mu_hi = mhi;
+        if (!per_half && !unit) {
+            as_lo = _mm256_mul_pd(alo, _mm256_cvtepi32_pd(_mm256_castsi256_si128(s0)));
+            as_hi = _mm256_mul_pd(ahi, _mm256_cvtepi32_pd(_mm256_extracti128_si256(s0, 1)));
+        }
+        if (!per_half && off && kq) {
+            mu_lo = _mm256_mul_pd(mlo, _mm256_cvtepi32_pd(_mm256_castsi256_si128(u0)));
+            mu_hi = _mm256_mul_pd(mhi, _mm256_cvtepi32_pd(_mm256_extracti128_si256(u0, 1)));
+        }
         for (int64_t tt = 0; tt < T; tt++) {
-            int32_t x4[8];
-            memcpy(x4, codes + tt * k_pad + b * 32, 32);
-            __m256i d0 = _mm256_setzero_si256(), d1 = _mm256_setzero_si256();
+            const wt_i32u *x4 = (const wt_i32u *)(codes + tt * k_pad + b * 32);
+            /* four short chains (the sums are exact in any order): a decode step is bound by
+             * their latency, not by the instruction count */
+            __m256i d[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(),
+                            _mm256_setzero_si256(), _mm256_setzero_si256()};
             for (int q = 0; q < 8; q++) {
                 __m256i sx = _mm256_sign_epi8(_mm256_set1_epi32(x4[q]), w[q]);
 #if defined(NP_SIMD_AVX512)
-                __m256i *d = q < 4 ? &d0 : &d1;
-                *d = _mm256_dpbusd_epi32(*d, aw[q], sx);
+                d[q / 2] = _mm256_dpbusd_epi32(d[q / 2], aw[q], sx);
 #else
-                __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw[q], sx),
-                                              _mm256_set1_epi16(1));
-                if (q < 4)
-                    d0 = _mm256_add_epi32(d0, p);
-                else
-                    d1 = _mm256_add_epi32(d1, p);
+                d[q / 2] = _mm256_add_epi32(
+                    d[q / 2], _mm256_madd_epi16(_mm256_maddubs_epi16(aw[q], sx),
+                                                _mm256_set1_epi16(1)));
 #endif
             }
-            __m256i P;
-            if (per_half)
-                P = _mm256_add_epi32(_mm256_mullo_epi32(d0, s0), _mm256_mullo_epi32(d1, s1));
-            else if (unit)
-                P = _mm256_add_epi32(d0, d1);
-            else
-                P = _mm256_mullo_epi32(_mm256_add_epi32(d0, d1), s0);
-            __m256d ilo = _mm256_mul_pd(alo, _mm256_cvtepi32_pd(_mm256_castsi256_si128(P)));
-            __m256d ihi = _mm256_mul_pd(ahi, _mm256_cvtepi32_pd(_mm256_extracti128_si256(P, 1)));
-            if (off) {
-                const int32_t *h = xh + (tt * nb + b) * 2;
-                __m256i M = _mm256_add_epi32(_mm256_mullo_epi32(u0, _mm256_set1_epi32(h[0])),
-                                             _mm256_mullo_epi32(u1, _mm256_set1_epi32(h[1])));
-                __m256d mm_lo = _mm256_mul_pd(mlo, _mm256_cvtepi32_pd(_mm256_castsi256_si128(M)));
-                __m256d mm_hi = _mm256_mul_pd(mhi, _mm256_cvtepi32_pd(_mm256_extracti128_si256(M, 1)));
-                ilo = _mm256_add_pd(ilo, mm_lo);
-                ihi = _mm256_add_pd(ihi, mm_hi);
+            __m256i d0 = _mm256_add_epi32(d[0], d[1]), d1 = _mm256_add_epi32(d[2], d[3]);
+            const int32_t *h = xh + (tt * nb + b) * 2;
+            __m256d ilo, ihi;
+            if (per_half) {
+                __m256i P = _mm256_add_epi32(_mm256_mullo_epi32(d0, s0),
+                                             _mm256_mullo_epi32(d1, s1));
+                ilo = _mm256_mul_pd(alo, _mm256_cvtepi32_pd(_mm256_castsi256_si128(P)));
+                ihi = _mm256_mul_pd(ahi, _mm256_cvtepi32_pd(_mm256_extracti128_si256(P, 1)));
+                if (off) {
+                    __m256i M = _mm256_add_epi32(_mm256_mullo_epi32(u0, _mm256_set1_epi32(h[0])),
+                                                 _mm256_mullo_epi32(u1, _mm256_set1_epi32(h[1])));
+                    __m256d mm_lo = _mm256_mul_pd(mlo, _mm256_cvtepi32_pd(_mm256_castsi256_si128(M)));
+                    __m256d mm_hi = _mm256_mul_pd(mhi, _mm256_cvtepi32_pd(_mm256_extracti128_si256(M, 1)));
+                    ilo = _mm256_add_pd(ilo, mm_lo);
+                    ihi = _mm256_add_pd(ihi, mm_hi);
+                }
+            } else {
+                __m256i D = _mm256_add_epi32(d0, d1);
+                ilo = _mm256_mul_pd(as_lo, _mm256_cvtepi32_pd(_mm256_castsi256_si128(D)));
+                ihi = _mm256_mul_pd(as_hi, _mm256_cvtepi32_pd(_mm256_extracti128_si256(D, 1)));
+                if (off) {
+                    __m256d S = _mm256_set1_pd((double)(h[0] + h[1]));
+                    ilo = _mm256_add_pd(ilo, _mm256_mul_pd(mu_lo, S));
+                    ihi = _mm256_add_pd(ihi, _mm256_mul_pd(mu_hi, S));
+                }
             }
             const __m256d x = _mm256_set1_pd(xs[tt * nb + b]);
             double *at = acc + tt * WT_R;

@@ -19,6 +19,7 @@
 #define WT_Q6_K 11
 #define WT_LAST 11
 #define WT_INLINE static inline __attribute__((always_inline))
+typedef int32_t wt_i32u __attribute__((may_alias, aligned(1))); /* 4 activation codes */
 
 /* A tile's unpacked blocks (the portable kernel), block-major: block b of tile row r at index
  * b * WT_R + r. */
