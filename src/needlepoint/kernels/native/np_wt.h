@@ -192,7 +192,8 @@ WT_INLINE void NP_NAME(wt_super)(const int t, const uint8_t *k, int r, int32_t S
  * vpmaddubsw + vpmaddwd) adds it into all 8 outputs' dots, halves 0-15 and 16-31 in two
  * sums; no horizontal reduction. A K-quant's scalars are decoded once per super-block. Rows
  * past nr read row 0 again (their lanes are never stored). */
-WT_INLINE void NP_NAME(wt_tile_simd)(const int t, const uint8_t *row0, int64_t row_bytes,
+WT_INLINE void NP_NAME(wt_tile_simd)(const int t, const int one, const uint8_t *row0,
+                                     int64_t row_bytes,
                                      int nr, int64_t nb, const int8_t *codes,
                                      const double *xs, const int32_t *xh, int64_t T,
                                      double *acc) {
@@ -215,8 +216,28 @@ WT_INLINE void NP_NAME(wt_tile_simd)(const int t, const uint8_t *row0, int64_t r
         for (int64_t at = b * span / nb; at < (b + 1) * span / nb; at += 64)
             _mm_prefetch((const char *)(ahead + at), _MM_HINT_T0);
         for (int r = 0; r < WT_R; r++) w[r] = NP_NAME(wt_codes)(t, rows[r], b);
-        NP_NAME(wt_transpose8)(w);
-        for (int q = 0; q < 8; q++) aw[q] = _mm256_sign_epi8(w[q], w[q]);
+        __m256i done = _mm256_setzero_si256();
+        if (one) { /* one activation row: each row's dot, then the 8 sums by a hadd tree
+                    * (fewer shuffles than the transpose when nothing amortises it) */
+            __m256i xv = _mm256_loadu_si256((const __m256i *)(codes + b * 32)), p[WT_R];
+            for (int r = 0; r < WT_R; r++) {
+                __m256i a = _mm256_sign_epi8(w[r], w[r]), sx = _mm256_sign_epi8(xv, w[r]);
+#if defined(NP_SIMD_AVX512)
+                p[r] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), a, sx);
+#else
+                p[r] = _mm256_madd_epi16(_mm256_maddubs_epi16(a, sx), _mm256_set1_epi16(1));
+#endif
+            }
+            __m256i h0 = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]),
+                                           _mm256_hadd_epi32(p[2], p[3]));
+            __m256i h1 = _mm256_hadd_epi32(_mm256_hadd_epi32(p[4], p[5]),
+                                           _mm256_hadd_epi32(p[6], p[7]));
+            done = _mm256_add_epi32(_mm256_permute2x128_si256(h0, h1, 0x20),
+                                    _mm256_permute2x128_si256(h0, h1, 0x31));
+        } else {
+            NP_NAME(wt_transpose8)(w);
+            for (int q = 0; q < 8; q++) aw[q] = _mm256_sign_epi8(w[q], w[q]);
+        }
         const int j = (int)(b % 8);
         if (!kq || j == 0) { /* float scalars: per block, or per K-quant super-block */
             int64_t base = kq ? (b / 8) * bb : b * bb;
@@ -258,22 +279,24 @@ WT_INLINE void NP_NAME(wt_tile_simd)(const int t, const uint8_t *row0, int64_t r
             mu_hi = _mm256_mul_pd(mhi, _mm256_cvtepi32_pd(_mm256_extracti128_si256(u0, 1)));
         }
         for (int64_t tt = 0; tt < T; tt++) {
-            const wt_i32u *x4 = (const wt_i32u *)(codes + tt * k_pad + b * 32);
-            /* four short chains (the sums are exact in any order): a decode step is bound by
-             * their latency, not by the instruction count */
-            __m256i d[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(),
-                            _mm256_setzero_si256(), _mm256_setzero_si256()};
-            for (int q = 0; q < 8; q++) {
-                __m256i sx = _mm256_sign_epi8(_mm256_set1_epi32(x4[q]), w[q]);
+            __m256i d0 = done, d1 = _mm256_setzero_si256();
+            if (!one) {
+                const wt_i32u *x4 = (const wt_i32u *)(codes + tt * k_pad + b * 32);
+                /* four short chains (the sums are exact in any order) */
+                __m256i d[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(),
+                                _mm256_setzero_si256(), _mm256_setzero_si256()};
+                for (int q = 0; q < 8; q++) {
+                    __m256i sx = _mm256_sign_epi8(_mm256_set1_epi32(x4[q]), w[q]);
 #if defined(NP_SIMD_AVX512)
-                d[q / 2] = _mm256_dpbusd_epi32(d[q / 2], aw[q], sx);
+                    d[q / 2] = _mm256_dpbusd_epi32(d[q / 2], aw[q], sx);
 #else
-                d[q / 2] = _mm256_add_epi32(
-                    d[q / 2], _mm256_madd_epi16(_mm256_maddubs_epi16(aw[q], sx),
-                                                _mm256_set1_epi16(1)));
+                    d[q / 2] = _mm256_add_epi32(
+                        d[q / 2], _mm256_madd_epi16(_mm256_maddubs_epi16(aw[q], sx),
+                                                    _mm256_set1_epi16(1)));
 #endif
+                }
+                d0 = _mm256_add_epi32(d[0], d[1]), d1 = _mm256_add_epi32(d[2], d[3]);
             }
-            __m256i d0 = _mm256_add_epi32(d[0], d[1]), d1 = _mm256_add_epi32(d[2], d[3]);
             const int32_t *h = xh + (tt * nb + b) * 2;
             __m256d ilo, ihi;
             if (per_half) {
@@ -307,8 +330,13 @@ WT_INLINE void NP_NAME(wt_tile_simd)(const int t, const uint8_t *row0, int64_t r
     }
 }
 
-#define WT_CASE(T_) \
-    case T_: NP_NAME(wt_tile_simd)(T_, row0, row_bytes, nr, nb, codes, xs, xh, T, acc); break;
+#define WT_CASE(T_)                                                                          \
+    case T_:                                                                                 \
+        if (T == 1 && T_ != WT_Q2_K && T_ != WT_Q3_K)                                        \
+            NP_NAME(wt_tile_simd)(T_, 1, row0, row_bytes, nr, nb, codes, xs, xh, T, acc);    \
+        else                                                                                 \
+            NP_NAME(wt_tile_simd)(T_, 0, row0, row_bytes, nr, nb, codes, xs, xh, T, acc);    \
+        break;
 
 static void NP_NAME(wt_tile_any)(int t, const uint8_t *row0, int64_t row_bytes, int nr,
                                  int64_t nb, const int8_t *codes, const double *xs,
@@ -316,7 +344,7 @@ static void NP_NAME(wt_tile_any)(int t, const uint8_t *row0, int64_t row_bytes, 
     switch (t) {
     WT_CASE(WT_Q8_0) WT_CASE(WT_Q4_0) WT_CASE(WT_Q4_1) WT_CASE(WT_Q5_0) WT_CASE(WT_Q5_1)
     WT_CASE(WT_IQ4_NL) WT_CASE(WT_Q2_K) WT_CASE(WT_Q3_K) WT_CASE(WT_Q4_K) WT_CASE(WT_Q5_K)
-    default: NP_NAME(wt_tile_simd)(WT_Q6_K, row0, row_bytes, nr, nb, codes, xs, xh, T, acc);
+    default: NP_NAME(wt_tile_simd)(WT_Q6_K, 0, row0, row_bytes, nr, nb, codes, xs, xh, T, acc);
     }
 }
 #undef WT_CASE
