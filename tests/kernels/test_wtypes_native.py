@@ -156,3 +156,21 @@ def test_int8_linear_with_block_weight_parts(lib) -> None:
         lib.np_force_variant(variant)
         np.testing.assert_array_equal(lin(x), expect)
     assert "Q6_K" in repr(lin)
+
+
+@pytest.mark.parametrize("name", ["Q8_0", "Q5_0", "Q4_K", "Q6_K", "Q2_K"])
+def test_thread_split_gives_the_same_bits(lib, name) -> None:
+    """A product big enough to be split on the worker pool (over NP_POOL_MIN_WORK
+    multiply-adds): 1, 2 and 3 threads give the reference's bits (each output whole on one
+    thread)."""
+    rng = np.random.default_rng(21)
+    n, k, rows = 523, 512, 17
+    w = BlockWeight(wtypes.weight_type(name), random_rows(name, n, k, rng), n, k)
+    assert rows * n * k > 1 << 22
+    q = i8.quantize_reference(_activations(rng, rows, k), k)
+    ref = blockweight.matmul_reference(*q, w)
+    for variant in (2, 0):
+        lib.np_force_variant(variant)
+        for threads in (1, 2, 3):
+            w.threads = threads
+            np.testing.assert_array_equal(blockweight.matmul(*q, w), ref)

@@ -8,13 +8,13 @@
  * u1 * sum(x[16:32]) (exact), inner = a * P (+ m * M for the types with an offset; the
  * others add +0 in the reference, and no sign of zero survives: acc starts at +0),
  * term = inner * xs, acc = acc + term, all float64 with no FMA (-ffp-contract=off);
- * y = float32(acc) (+ bias). Work is cut in tiles of WT_R = 4 outputs.
+ * y = float32(acc) (+ bias). Work is cut in tiles of WT_R = 8 outputs.
  *
- * SIMD variants: per tile and block, the 4 rows' codes are unpacked straight into registers
+ * SIMD variants: per tile and block, the 8 rows' codes are unpacked straight into registers
  * (byte shifts and masks of the stored bytes) and dotted against every activation row's
  * block before the next block is read, so each weight byte is read once per call whatever T
  * is; the dots use the sign trick (|q| unsigned times x with q's sign: vpmaddubsw + vpmaddwd
- * on AVX2, vpdpbusd on AVX-512 VNNI), and the 4 outputs' epilogue runs in one float64 vector
+ * on AVX2, vpdpbusd on AVX-512 VNNI), and the 8 outputs' epilogue runs in float64 vectors
  * (the same IEEE operations per output, in the same order). Each type gets its own copy of
  * the tile loop (a constant type folds every per-type branch). The baseline variant unpacks
  * a tile into a small buffer (np_wt_types.h wt_tile) and runs plain loops. */
@@ -134,85 +134,209 @@ WT_INLINE __m256i NP_NAME(wt_codes)(int t, const uint8_t *row, int64_t b) {
     }
 }
 
-/* One tile (outputs n0 .. n0 + nr - 1, rows row_bytes apart from row0) against every
- * activation row; acc [T][WT_R] float64 work space. `t` is a constant at every call. */
-WT_INLINE void NP_NAME(wt_tile_simd)(const int t, const uint8_t *row0, int64_t row_bytes,
-                                     int nr, int64_t nb, const int8_t *codes,
-                                     const double *xs, const int32_t *xh, int64_t T,
-                                     double *acc) {
-    const int per_half = t == WT_Q2_K || t == WT_Q3_K || t == WT_Q6_K; /* s0 != s1 */
-    const int unit = t <= WT_IQ4_NL;                                   /* s0 = s1 = 1 */
-    const int off = wt_has_offset(t);
-    int64_t k_pad = nb * 32;
-    for (int64_t i = 0; i < T * WT_R; i++) acc[i] = 0.0;
-    const int64_t span = WT_R * row_bytes;
-    const uint8_t *ahead = row0 + 2 * span;
-    for (int64_t b = 0; b < nb; b++) {
-        __m256i w[WT_R], aw[WT_R], sv[WT_R];
-        wt_sc c[WT_R];
-        /* The tile after next, in address order, its share per block: the 4 rows are read
-         * side by side in short runs the hardware prefetcher does not follow, and a decode
-         * step is bound by this memory traffic. Prefetches never fault. */
-        for (int64_t at = b * span / nb; at < (b + 1) * span / nb; at += 64)
-            _mm_prefetch((const char *)(ahead + at), _MM_HINT_T0);
-        for (int r = 0; r < WT_R; r++) {
-            const uint8_t *row = row0 + r * row_bytes;
-            if (r < nr) {
-                w[r] = NP_NAME(wt_codes)(t, row, b);
-                c[r] = NP_NAME(wt_scal)(t, row, b);
-            } else {
-                w[r] = _mm256_setzero_si256();
-                c[r] = (wt_sc){0, 0, 0, 0, 0.0f, 0.0f};
-            }
-            aw[r] = _mm256_sign_epi8(w[r], w[r]);
-#if defined(NP_SIMD_AVX512)
-            sv[r] = _mm256_set_m128i(_mm_set1_epi32(c[r].s1), _mm_set1_epi32(c[r].s0));
-#else
-            sv[r] = per_half ? _mm256_set_m128i(_mm_set1_epi16((short)c[r].s1),
-                                                _mm_set1_epi16((short)c[r].s0))
-                             : _mm256_set1_epi16(1);
-#endif
-        }
-        /* the tile's scalars as vectors, built from registers (no narrow stores read back
-         * wide, which would stall store forwarding) */
-        const __m256d ad = _mm256_cvtps_pd(_mm_setr_ps(c[0].a, c[1].a, c[2].a, c[3].a));
-        const __m256d md = _mm256_cvtps_pd(_mm_setr_ps(c[0].m, c[1].m, c[2].m, c[3].m));
-        const __m128i s4 = _mm_setr_epi32(c[0].s0, c[1].s0, c[2].s0, c[3].s0);
-        const __m128i u04 = _mm_setr_epi32(c[0].u0, c[1].u0, c[2].u0, c[3].u0);
-        const __m128i u14 = _mm_setr_epi32(c[0].u1, c[1].u1, c[2].u1, c[3].u1);
-        for (int64_t tt = 0; tt < T; tt++) {
-            __m256i xv = _mm256_loadu_si256((const __m256i *)(codes + tt * k_pad + b * 32));
-            __m256i p[WT_R];
-            for (int r = 0; r < WT_R; r++) {
-                __m256i sx = _mm256_sign_epi8(xv, w[r]);
-#if defined(NP_SIMD_AVX512)
-                p[r] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), aw[r], sx);
-                if (per_half) p[r] = _mm256_mullo_epi32(p[r], sv[r]);
-#else
-                p[r] = _mm256_madd_epi16(_mm256_maddubs_epi16(aw[r], sx), sv[r]);
-#endif
-            }
-            __m256i hsum = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]),
-                                             _mm256_hadd_epi32(p[2], p[3]));
-            __m128i P = _mm_add_epi32(_mm256_castsi256_si128(hsum),
-                                      _mm256_extracti128_si256(hsum, 1));
-            if (!unit && !per_half) P = _mm_mullo_epi32(P, s4);
-            __m256d inner = _mm256_mul_pd(ad, _mm256_cvtepi32_pd(P));
-            if (off) {
-                const int32_t *h = xh + (tt * nb + b) * 2;
-                __m128i M = _mm_add_epi32(_mm_mullo_epi32(u04, _mm_set1_epi32(h[0])),
-                                          _mm_mullo_epi32(u14, _mm_set1_epi32(h[1])));
-                __m256d mm = _mm256_mul_pd(md, _mm256_cvtepi32_pd(M));
-                inner = _mm256_add_pd(inner, mm);
-            }
-            __m256d term = _mm256_mul_pd(inner, _mm256_set1_pd(xs[tt * nb + b]));
-            _mm256_storeu_pd(acc + tt * WT_R, _mm256_add_pd(_mm256_loadu_pd(acc + tt * WT_R), term));
+/* 8 rows of 8 dwords (row r: a block's 32 codes as 8 quads) -> 8 vectors, vector q holding
+ * quad q of rows 0..7 in lanes 0..7 (the 8 x 8 transpose). */
+WT_INLINE void NP_NAME(wt_transpose8)(__m256i *v) {
+    __m256i t0 = _mm256_unpacklo_epi32(v[0], v[1]), t1 = _mm256_unpackhi_epi32(v[0], v[1]);
+    __m256i t2 = _mm256_unpacklo_epi32(v[2], v[3]), t3 = _mm256_unpackhi_epi32(v[2], v[3]);
+    __m256i t4 = _mm256_unpacklo_epi32(v[4], v[5]), t5 = _mm256_unpackhi_epi32(v[4], v[5]);
+    __m256i t6 = _mm256_unpacklo_epi32(v[6], v[7]), t7 = _mm256_unpackhi_epi32(v[6], v[7]);
+    __m256i u0 = _mm256_unpacklo_epi64(t0, t2), u1 = _mm256_unpackhi_epi64(t0, t2);
+    __m256i u2 = _mm256_unpacklo_epi64(t1, t3), u3 = _mm256_unpackhi_epi64(t1, t3);
+    __m256i u4 = _mm256_unpacklo_epi64(t4, t6), u5 = _mm256_unpackhi_epi64(t4, t6);
+    __m256i u6 = _mm256_unpacklo_epi64(t5, t7), u7 = _mm256_unpackhi_epi64(t5, t7);
+    v[0] = _mm256_permute2x128_si256(u0, u4, 0x20), v[4] = _mm256_permute2x128_si256(u0, u4, 0x31);
+    v[1] = _mm256_permute2x128_si256(u1, u5, 0x20), v[5] = _mm256_permute2x128_si256(u1, u5, 0x31);
+    v[2] = _mm256_permute2x128_si256(u2, u6, 0x20), v[6] = _mm256_permute2x128_si256(u2, u6, 0x31);
+    v[3] = _mm256_permute2x128_si256(u3, u7, 0x20), v[7] = _mm256_permute2x128_si256(u3, u7, 0x31);
+}
+
+/* The float16 at byte `at` of each of the 8 rows, as float32 lanes. */
+WT_INLINE __m256 NP_NAME(wt_half8)(const uint8_t *const *rows, int64_t at) {
+    __m128i h = _mm_setzero_si128();
+    uint16_t v;
+#define WT_LANE(r) memcpy(&v, rows[r] + at, 2), h = _mm_insert_epi16(h, v, r)
+    WT_LANE(0); WT_LANE(1); WT_LANE(2); WT_LANE(3);
+    WT_LANE(4); WT_LANE(5); WT_LANE(6); WT_LANE(7);
+#undef WT_LANE
+    return _mm256_cvtph_ps(h);
+}
+
+/* A K-quant super-block's integer scales, for its 8 blocks j, of one row r: [j][r]. */
+WT_INLINE void NP_NAME(wt_super)(const int t, const uint8_t *k, int r, int32_t S0[8][8],
+                                 int32_t S1[8][8], int32_t U0[8][8], int32_t U1[8][8]) {
+    for (int j = 0; j < 8; j++) {
+        int32_t sc, mn;
+        switch (t) {
+        case WT_Q2_K:
+            S0[j][r] = k[2 * j] & 15, S1[j][r] = k[2 * j + 1] & 15;
+            U0[j][r] = k[2 * j] >> 4, U1[j][r] = k[2 * j + 1] >> 4;
+            break;
+        case WT_Q3_K:
+            S0[j][r] = wt_q3_scale(k + 96, 2 * j), S1[j][r] = wt_q3_scale(k + 96, 2 * j + 1);
+            break;
+        case WT_Q6_K:
+            S0[j][r] = (int8_t)k[192 + 2 * j], S1[j][r] = (int8_t)k[192 + 2 * j + 1];
+            break;
+        default: /* Q4_K, Q5_K */
+            wt_k4(k + 4, j, &sc, &mn);
+            S0[j][r] = sc, U0[j][r] = mn;
         }
     }
 }
 
-#define WT_CASE(T_) \
-    case T_: NP_NAME(wt_tile_simd)(T_, row0, row_bytes, nr, nb, codes, xs, xh, T, acc); break;
+/* One tile (outputs n0 .. n0 + nr - 1, rows row_bytes apart from row0) against every
+ * activation row; acc [T][WT_R] float64 work space. `t` is a constant at every call. Per
+ * block the 8 rows' codes are unpacked and transposed so that lane j of vector q holds quad q
+ * (inputs 4q .. 4q + 3) of row j: each activation quad is broadcast and one vpdpbusd (or
+ * vpmaddubsw + vpmaddwd) adds it into all 8 outputs' dots, halves 0-15 and 16-31 in two
+ * sums; no horizontal reduction. A K-quant's scalars are decoded once per super-block. Rows
+ * past nr read row 0 again (their lanes are never stored). */
+WT_INLINE void NP_NAME(wt_tile_simd)(const int t, const int one, const uint8_t *row0,
+                                     int64_t row_bytes,
+                                     int nr, int64_t nb, const int8_t *codes,
+                                     const double *xs, const int32_t *xh, int64_t T,
+                                     double *acc) {
+    const int kq = t >= WT_Q2_K;
+    const int per_half = t == WT_Q2_K || t == WT_Q3_K || t == WT_Q6_K; /* s0 != s1 */
+    const int unit = t <= WT_IQ4_NL;                                   /* s0 = s1 = 1 */
+    const int off = wt_has_offset(t);
+    const int64_t k_pad = nb * 32, span = WT_R * row_bytes, bb = wt_block_bytes(t);
+    const uint8_t *ahead = row0 + WT_AHEAD * span;
+    const uint8_t *rows[WT_R];
+    for (int r = 0; r < WT_R; r++) rows[r] = row0 + (r < nr ? r : 0) * row_bytes;
+    int32_t S0[8][8], S1[8][8], U0[8][8], U1[8][8];
+    __m256d alo = _mm256_setzero_pd(), ahi = alo, mlo = alo, mhi = alo;
+    for (int64_t i = 0; i < T * WT_R; i++) acc[i] = 0.0;
+    for (int64_t b = 0; b < nb; b++) {
+        __m256i w[WT_R], aw[WT_R];
+        /* The tile after next, in address order, its share per block: the 8 rows are read
+         * side by side in short runs the hardware prefetcher does not follow, and a decode
+         * step is bound by this memory traffic. Prefetches never fault. */
+        for (int64_t at = b * span / nb; at < (b + 1) * span / nb; at += 64)
+            _mm_prefetch((const char *)(ahead + at), _MM_HINT_T0);
+        for (int r = 0; r < WT_R; r++) w[r] = NP_NAME(wt_codes)(t, rows[r], b);
+        __m256i done = _mm256_setzero_si256();
+        if (one) { /* one activation row: each row's dot, then the 8 sums by a hadd tree
+                    * (fewer shuffles than the transpose when nothing amortises it) */
+            __m256i xv = _mm256_loadu_si256((const __m256i *)(codes + b * 32)), p[WT_R];
+            for (int r = 0; r < WT_R; r++) {
+                __m256i a = _mm256_sign_epi8(w[r], w[r]), sx = _mm256_sign_epi8(xv, w[r]);
+#if defined(NP_SIMD_AVX512)
+                p[r] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), a, sx);
+#else
+                p[r] = _mm256_madd_epi16(_mm256_maddubs_epi16(a, sx), _mm256_set1_epi16(1));
+#endif
+            }
+            __m256i h0 = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]),
+                                           _mm256_hadd_epi32(p[2], p[3]));
+            __m256i h1 = _mm256_hadd_epi32(_mm256_hadd_epi32(p[4], p[5]),
+                                           _mm256_hadd_epi32(p[6], p[7]));
+            done = _mm256_add_epi32(_mm256_permute2x128_si256(h0, h1, 0x20),
+                                    _mm256_permute2x128_si256(h0, h1, 0x31));
+        } else {
+            NP_NAME(wt_transpose8)(w);
+            for (int q = 0; q < 8; q++) aw[q] = _mm256_sign_epi8(w[q], w[q]);
+        }
+        const int j = (int)(b % 8);
+        if (!kq || j == 0) { /* float scalars: per block, or per K-quant super-block */
+            int64_t base = kq ? (b / 8) * bb : b * bb;
+            int64_t at_d = t == WT_Q2_K ? 80 : t == WT_Q3_K ? 108 : t == WT_Q6_K ? 208 : 0;
+            __m256 a8 = NP_NAME(wt_half8)(rows, base + at_d);
+            alo = _mm256_cvtps_pd(_mm256_castps256_ps128(a8));
+            ahi = _mm256_cvtps_pd(_mm256_extractf128_ps(a8, 1));
+            if (off) {
+                __m256 m8 = NP_NAME(wt_half8)(rows, base + (t == WT_Q2_K ? 82 : 2));
+                if (kq) m8 = _mm256_xor_ps(m8, _mm256_set1_ps(-0.0f)); /* m = -dmin */
+                mlo = _mm256_cvtps_pd(_mm256_castps256_ps128(m8));
+                mhi = _mm256_cvtps_pd(_mm256_extractf128_ps(m8, 1));
+            }
+            if (kq)
+                for (int r = 0; r < WT_R; r++)
+                    NP_NAME(wt_super)(t, rows[r] + base, r, S0, S1, U0, U1);
+        }
+        __m256i s0 = _mm256_set1_epi32(1), s1 = s0, u0 = s0, u1 = s0;
+        if (kq) {
+            s0 = _mm256_loadu_si256((const __m256i *)S0[j]);
+            s1 = per_half ? _mm256_loadu_si256((const __m256i *)S1[j]) : s0;
+            if (off) {
+                u0 = _mm256_loadu_si256((const __m256i *)U0[j]);
+                u1 = t == WT_Q2_K ? _mm256_loadu_si256((const __m256i *)U1[j]) : u0;
+            }
+        }
+        /* One scale per block (s0 = s1, u0 = u1): a * P = (a * s) * D and m * M = (m * u) * S
+         * with D = the block dot, S = the activation block sum: a * s (f32 times at most
+         * 6 bits) and a * s * D (|D| < 2^19) are exact in float64, as are m * u and m * u * S,
+         * so these are the reference's two exact products, and their sum rounds once as
+         * there. Two scales per block (Q2_K, Q3_K, Q6_K) keep the integer P and M. */
+        __m256d as_lo = alo, as_hi = ahi, mu_lo = mlo, mu_hi = mhi;
+        if (!per_half && !unit) {
+            as_lo = _mm256_mul_pd(alo, _mm256_cvtepi32_pd(_mm256_castsi256_si128(s0)));
+            as_hi = _mm256_mul_pd(ahi, _mm256_cvtepi32_pd(_mm256_extracti128_si256(s0, 1)));
+        }
+        if (!per_half && off && kq) {
+            mu_lo = _mm256_mul_pd(mlo, _mm256_cvtepi32_pd(_mm256_castsi256_si128(u0)));
+            mu_hi = _mm256_mul_pd(mhi, _mm256_cvtepi32_pd(_mm256_extracti128_si256(u0, 1)));
+        }
+        for (int64_t tt = 0; tt < T; tt++) {
+            __m256i d0 = done, d1 = _mm256_setzero_si256();
+            if (!one) {
+                const wt_i32u *x4 = (const wt_i32u *)(codes + tt * k_pad + b * 32);
+                /* four short chains (the sums are exact in any order) */
+                __m256i d[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(),
+                                _mm256_setzero_si256(), _mm256_setzero_si256()};
+                for (int q = 0; q < 8; q++) {
+                    __m256i sx = _mm256_sign_epi8(_mm256_set1_epi32(x4[q]), w[q]);
+#if defined(NP_SIMD_AVX512)
+                    d[q / 2] = _mm256_dpbusd_epi32(d[q / 2], aw[q], sx);
+#else
+                    d[q / 2] = _mm256_add_epi32(
+                        d[q / 2], _mm256_madd_epi16(_mm256_maddubs_epi16(aw[q], sx),
+                                                    _mm256_set1_epi16(1)));
+#endif
+                }
+                d0 = _mm256_add_epi32(d[0], d[1]), d1 = _mm256_add_epi32(d[2], d[3]);
+            }
+            const int32_t *h = xh + (tt * nb + b) * 2;
+            __m256d ilo, ihi;
+            if (per_half) {
+                __m256i P = _mm256_add_epi32(_mm256_mullo_epi32(d0, s0),
+                                             _mm256_mullo_epi32(d1, s1));
+                ilo = _mm256_mul_pd(alo, _mm256_cvtepi32_pd(_mm256_castsi256_si128(P)));
+                ihi = _mm256_mul_pd(ahi, _mm256_cvtepi32_pd(_mm256_extracti128_si256(P, 1)));
+                if (off) {
+                    __m256i M = _mm256_add_epi32(_mm256_mullo_epi32(u0, _mm256_set1_epi32(h[0])),
+                                                 _mm256_mullo_epi32(u1, _mm256_set1_epi32(h[1])));
+                    __m256d mm_lo = _mm256_mul_pd(mlo, _mm256_cvtepi32_pd(_mm256_castsi256_si128(M)));
+                    __m256d mm_hi = _mm256_mul_pd(mhi, _mm256_cvtepi32_pd(_mm256_extracti128_si256(M, 1)));
+                    ilo = _mm256_add_pd(ilo, mm_lo);
+                    ihi = _mm256_add_pd(ihi, mm_hi);
+                }
+            } else {
+                __m256i D = _mm256_add_epi32(d0, d1);
+                ilo = _mm256_mul_pd(as_lo, _mm256_cvtepi32_pd(_mm256_castsi256_si128(D)));
+                ihi = _mm256_mul_pd(as_hi, _mm256_cvtepi32_pd(_mm256_extracti128_si256(D, 1)));
+                if (off) {
+                    __m256d S = _mm256_set1_pd((double)(h[0] + h[1]));
+                    ilo = _mm256_add_pd(ilo, _mm256_mul_pd(mu_lo, S));
+                    ihi = _mm256_add_pd(ihi, _mm256_mul_pd(mu_hi, S));
+                }
+            }
+            const __m256d x = _mm256_set1_pd(xs[tt * nb + b]);
+            double *at = acc + tt * WT_R;
+            _mm256_storeu_pd(at, _mm256_add_pd(_mm256_loadu_pd(at), _mm256_mul_pd(ilo, x)));
+            _mm256_storeu_pd(at + 4, _mm256_add_pd(_mm256_loadu_pd(at + 4), _mm256_mul_pd(ihi, x)));
+        }
+    }
+}
+
+#define WT_CASE(T_)                                                                          \
+    case T_:                                                                                 \
+        if (T == 1 && T_ != WT_Q2_K && T_ != WT_Q3_K)                                        \
+            NP_NAME(wt_tile_simd)(T_, 1, row0, row_bytes, nr, nb, codes, xs, xh, T, acc);    \
+        else                                                                                 \
+            NP_NAME(wt_tile_simd)(T_, 0, row0, row_bytes, nr, nb, codes, xs, xh, T, acc);    \
+        break;
 
 static void NP_NAME(wt_tile_any)(int t, const uint8_t *row0, int64_t row_bytes, int nr,
                                  int64_t nb, const int8_t *codes, const double *xs,
@@ -220,7 +344,7 @@ static void NP_NAME(wt_tile_any)(int t, const uint8_t *row0, int64_t row_bytes, 
     switch (t) {
     WT_CASE(WT_Q8_0) WT_CASE(WT_Q4_0) WT_CASE(WT_Q4_1) WT_CASE(WT_Q5_0) WT_CASE(WT_Q5_1)
     WT_CASE(WT_IQ4_NL) WT_CASE(WT_Q2_K) WT_CASE(WT_Q3_K) WT_CASE(WT_Q4_K) WT_CASE(WT_Q5_K)
-    default: NP_NAME(wt_tile_simd)(WT_Q6_K, row0, row_bytes, nr, nb, codes, xs, xh, T, acc);
+    default: NP_NAME(wt_tile_simd)(WT_Q6_K, 0, row0, row_bytes, nr, nb, codes, xs, xh, T, acc);
     }
 }
 #undef WT_CASE
@@ -281,7 +405,8 @@ static void NP_NAME(wt_tile_rows)(const wt_tile *W, int64_t nb, int offset, cons
     int64_t k_pad = nb * 32;
     for (int64_t t = 0; t < T; t++) {
         const int8_t *x = codes + t * k_pad;
-        double acc[WT_R] = {0.0, 0.0, 0.0, 0.0};
+        double acc[WT_R];
+        for (int r = 0; r < WT_R; r++) acc[r] = 0.0;
         for (int64_t b = 0; b < nb; b++) {
             const int8_t *xb = x + b * 32;
             for (int r = 0; r < WT_R; r++) {

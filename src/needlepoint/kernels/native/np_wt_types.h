@@ -2,7 +2,10 @@
  * and the scalar decoding helpers every variant shares. Included once, from np_i8.h's types,
  * outside every instruction-set target (so the baseline variant never calls AVX2 code). */
 
-#define WT_R 4 /* weight rows per tile */
+#define WT_R 8 /* weight rows per tile */
+#ifndef WT_AHEAD
+#define WT_AHEAD 2 /* tiles between the one read and the one prefetched */
+#endif
 #define WT_Q8_0 1
 #define WT_Q4_0 2
 #define WT_Q4_1 3
@@ -16,6 +19,7 @@
 #define WT_Q6_K 11
 #define WT_LAST 11
 #define WT_INLINE static inline __attribute__((always_inline))
+typedef int32_t wt_i32u __attribute__((may_alias, aligned(1))); /* 4 activation codes */
 
 /* A tile's unpacked blocks (the portable kernel), block-major: block b of tile row r at index
  * b * WT_R + r. */
