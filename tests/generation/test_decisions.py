@@ -23,6 +23,7 @@ from needlepoint.formats.hf_checkpoint import open_hf_directory
 from needlepoint.generation import route as route_mod
 from needlepoint.generation.answer_grammar import AnswerGrammar, token_vocab, turn_vocab
 from needlepoint.generation.decisions import CallCursor
+from needlepoint.generation.syntaxes import syntax_for
 from needlepoint.generation.turn import run_turn
 from needlepoint.generation.turn_config import GenerationConfig
 from needlepoint.models.protocol import SessionCapabilities
@@ -146,7 +147,7 @@ def test_forced_tokens_and_a_longer_value_change_nothing(fmt, session):
 
 def test_a_text_answer_is_its_route(fmt, session):
     answer = encode(fmt, "Sure, at 6:45.") + [fmt.end_ids[0]]
-    call_open = fmt.tokenizer.markers[fmt.call_open]
+    call_open = fmt.tokenizer.markers[syntax_for(fmt).open]
     envelope = decode(fmt, session, answer, {0: {call_open: math.log(1 / 9)}})  # text 0.9
     assert envelope["type"] == "respond" and envelope["function_calls"] == []
     assert [d["kind"] for d in envelope["decisions"]] == ["route"]
@@ -179,7 +180,7 @@ def test_the_cursor_counts_call_objects_outside_strings():
 # -- the call-or-answer route of tool_choice="auto" (`route.py`) ----------------------------
 def test_the_model_own_choice_answers_when_text_is_its_top_token(fmt, session):
     answer = encode(fmt, "To set it, I need a time.") + [fmt.end_ids[0]]
-    call_open = fmt.tokenizer.markers[fmt.call_open]
+    call_open = fmt.tokenizer.markers[syntax_for(fmt).open]
     # the marker at 9%: the old 1% rule called here; the model's own choice answers
     envelope = decode(fmt, session, answer, {0: {call_open: math.log(0.1)}})
     assert envelope["type"] == "respond" and envelope["text"].startswith("To set it")

@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from ..generation.answer_grammar import AnswerGrammar
 from ..generation.draft_policy import policy_for
 from ..generation.events import DeltaEvent, Done, TurnComplete
 from ..generation.turn import generate_turn
@@ -115,7 +116,7 @@ class Conversation:
         envelope = turn_envelope(result, head_logit=head_logit, confidence_s=confidence_s,
                                  check_tools=check_tools, require_call=config.require_call,
                                  parallel_calls=parallel_calls,
-                                 text_call_tools=getattr(content, "text_call_tools", None))
+                                 text_call_tools=_text_call_tools(content))
         if content is not None and result.stop_reason == "length" and \
                 envelope["type"] == "respond":
             envelope["error"] = CUT_ANSWER  # the text is a prefix of the JSON, not the JSON
@@ -145,3 +146,8 @@ class Conversation:
             ids = self.ids[:-1] if self.ids and self.ids[-1] == eos else list(self.ids)
             logit = self.model.confidence_logit(ids)
         return (None if logit is None else float(logit)), time.perf_counter() - start
+
+
+def _text_call_tools(content: Any) -> list[dict] | None:
+    """The tools a text answer may still call in JSON (a whole-answer grammar's), or None."""
+    return content.text_call_tools if isinstance(content, AnswerGrammar) else None

@@ -165,8 +165,8 @@ class Evaluator:
                                                                    require_call=False)
             result = run_turn(session, self.vocab, feed, config, grammar,
                               context_limit=self.limit, content=content, policy=self.policy)
-            envelope = turn_envelope(result, text_call_tools=getattr(content, "text_call_tools",
-                                                                     None))
+            envelope = turn_envelope(
+                result, text_call_tools=None if content is None else content.text_call_tools)
             envelope["timings"]["prefill_tokens"] = len(ids)
             envelopes[mode] = envelope
         return envelopes

@@ -28,6 +28,7 @@ def _chat(checkpoint: Any) -> dict[str, Any]:
     """The chat template's presence and the call syntax the engine reads from it."""
     from ..errors import NeedlepointError
     from ..formats.chat_format import TemplateFormat
+    from ..generation.syntaxes import syntax_for
 
     tokenizer = checkpoint.tokenizer
     template = getattr(tokenizer, "chat_template", None)
@@ -38,12 +39,12 @@ def _chat(checkpoint: Any) -> dict[str, Any]:
         return out
     try:
         fmt = TemplateFormat(tokenizer)
+        syntax = syntax_for(fmt)
     except NeedlepointError as error:
         out["note"] = f"the chat template cannot be used: {error}"
         return out
-    out["call_syntax"] = {"syntax": getattr(fmt, "syntax", None) or fmt.tool_format,
-                          "open": fmt.call_open, "close": fmt.call_close,
-                          "body": fmt.call_body, "template_renders_tools": fmt.renders_tools}
+    out["call_syntax"] = {"syntax": syntax.name, "open": syntax.open, "close": syntax.close,
+                          "body": syntax.body, "template_renders_tools": fmt.renders_tools}
     return out
 
 

@@ -23,7 +23,7 @@ def continue_text(model: Any, text: str, *, max_new_tokens: int = 128,
     seed = resolve_seed(sampling.seed)
     ids = list(tokenizer.encode(text))
     pieces = tokenizer.all_token_bytes()
-    stops = {t for t in (getattr(tokenizer, "eos_id", None),) if t is not None}
+    stops = {t for t in (tokenizer.eos_id,) if t is not None}
     session = model.session()
     logits = checked(session.prefill(ids, logits=True), "prefill", len(ids))
     utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
