@@ -88,6 +88,17 @@ def sigmoid(x: np.ndarray) -> np.ndarray:
     return np.divide(F32(1.0), out, out=out)
 
 
+def softcap32(x: np.ndarray, cap: float) -> np.ndarray:
+    """Logit soft-capping `cap * tanh(x / cap)` in float32 with the pinned exp (same bits on
+    every machine): y = x / cap, t = exp32(-2|y|), tanh y = sign(y) (1 - t) / (1 + t)."""
+    x = np.asarray(x, F32)
+    c = F32(cap)
+    y = np.divide(x, c, dtype=F32)
+    t = exp32(np.multiply(np.abs(y), F32(-2.0), dtype=F32))
+    th = np.divide(F32(1.0) - t, F32(1.0) + t, dtype=F32)
+    return np.multiply(np.copysign(th, y), c, dtype=F32)
+
+
 def matmul_seq_reference(x: np.ndarray, w: np.ndarray) -> np.ndarray:
     """`x [T, K] @ w [K, N]` summed over k in order, each product and sum rounded."""
     x = np.asarray(x, F32)
@@ -116,12 +127,15 @@ def matmul_seq(x: np.ndarray, w: np.ndarray, use_native: bool | None = None) -> 
 def attend_reference(
     qcode: np.ndarray, qscale: np.ndarray, kcode: np.ndarray, kscale: np.ndarray,
     vcode: np.ndarray, vscale: np.ndarray, slots: np.ndarray, count: np.ndarray,
+    softcap: float | None = None,
 ) -> np.ndarray:
     """Query rows qcode [Q, qk] int8 (scales [Q]) over the key/value slots `slots[i, :count[i]]`
     of kcode [S, qk] (int8, or int16 keys) / vcode [S, vd] int8 (scales [S]) -> [Q, vd]
     float32, as `np_attend`:
     score_j = float32(((dot_j * sq) * sk_j) / sqrt(qk)); softmax with the pinned exp and a
-    float32 sum in slot-list order; out = sum_j p_j * (vcode_j * sv_j) in that order."""
+    float32 sum in slot-list order; out = sum_j p_j * (vcode_j * sv_j) in that order. With
+    `softcap` the scores are `softcap32(score, softcap)` before the softmax (no native form:
+    the models that need it run this reference)."""
     rows, qk = qcode.shape
     vd = vcode.shape[1]
     inv = 1.0 / np.sqrt(float(qk))
@@ -134,6 +148,8 @@ def attend_reference(
     scores = dots.astype(F64) * qscale.astype(F64)[:, None]
     scores = scores * kscale[index].astype(F64)
     scores = (scores * inv).astype(F32)
+    if softcap is not None:
+        scores = softcap32(scores, softcap)
     valid = np.arange(longest)[None, :] < count[:, None]
     scores = np.where(valid, scores, F32(-np.inf))
     peak = scores.max(axis=1, keepdims=True)

@@ -48,10 +48,6 @@ def _with(name: str, **changes) -> dict:
 
 
 @pytest.mark.parametrize("name, changes, error, match", [
-    ("gemma3-tiny", {"attn_logit_softcapping": 50.0}, UnsupportedArchitectureError,
-     "attn_logit_softcapping"),
-    ("gemma3-tiny", {"final_logit_softcapping": 30.0}, UnsupportedArchitectureError,
-     "final_logit_softcapping"),
     ("gemma3-tiny", {"use_bidirectional_attention": True}, UnsupportedArchitectureError,
      "use_bidirectional_attention"),
     ("gemma3-tiny", {"rope_parameters": {

@@ -5,7 +5,7 @@ by doubling (a model's `max_seq_len` can be far larger than any one conversation
 new queries at absolute positions `start..start+T-1` attends to cache positions `0..start+i`.
 GQA: kv head g serves query heads `g*group .. (g+1)*group - 1`; the query heads of one group
 are stacked into one product against their shared keys, so no kv head is ever repeated.
-Scores are `q k^T * scale`, softmax over keys in float32.
+Scores are `q k^T * scale` (soft-capped where the spec says so), softmax over keys in float32.
 """
 
 from __future__ import annotations
@@ -60,10 +60,10 @@ class KVCache(KeepsEveryPosition):
         return self.keys[:, :end], self.values[:, :end]
 
     def attend(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, start: int,
-               scale: float) -> np.ndarray:
+               scale: float, softcap: float | None = None) -> np.ndarray:
         """Append k, v [T, Hkv, hd]; q [T, H, hd] at positions start.. -> [T, H*hd]."""
         keys, values = self.append(k, v)
-        return causal_attention(q, keys, values, start, scale)
+        return causal_attention(q, keys, values, start, scale, softcap=softcap)
 
     def copy(self) -> KVCache:
         other = KVCache.__new__(KVCache)
@@ -74,9 +74,11 @@ class KVCache(KeepsEveryPosition):
 
 
 def causal_attention(q: np.ndarray, keys: np.ndarray, values: np.ndarray, start: int,
-                     scale: float, base: int = 0, window: int | None = None) -> np.ndarray:
+                     scale: float, base: int = 0, window: int | None = None,
+                     softcap: float | None = None) -> np.ndarray:
     """q [T, H, hd] at positions start.., keys/values [Hkv, N, hd] of positions base.. ->
-    [T, H*hd]; with a `window`, query p sees keys p - window < j <= p (`window.py`)."""
+    [T, H*hd]; with a `window`, query p sees keys p - window < j <= p (`window.py`); with
+    `softcap`, scores are `softcap * tanh(scores / softcap)` before the mask and softmax."""
     count, heads, head_dim = q.shape
     kv_heads, total, _ = keys.shape
     group = heads // kv_heads
@@ -84,6 +86,8 @@ def causal_attention(q: np.ndarray, keys: np.ndarray, values: np.ndarray, start:
     stacked = q.transpose(1, 0, 2).reshape(kv_heads, group * count, head_dim)
     scores = np.matmul(stacked, keys.transpose(0, 2, 1))  # [Hkv, group*T, N]
     scores *= F32(scale)
+    if softcap is not None:
+        scores = np.tanh(scores / F32(softcap)) * F32(softcap)
     scores = scores.reshape(kv_heads, group, count, total)
     if count > 1 or window is not None:  # a single new query sees every cached position
         rows = np.arange(start, start + count)[:, None]

@@ -6,7 +6,8 @@
     h = x + down(act(up(norm2(x))))                   plain (GPT-2: c_fc, gelu_new, c_proj)
 
 The optional parts are spec fields (`qk_norm`: Qwen3, Gemma 3; `output_norms`: Gemma 3's
-post-attention and post-feedforward norms). Every object here was built by the numerics
+post-attention and post-feedforward norms; `attn_softcap`: the scores capped as
+`cap * tanh(s / cap)` by the cache's attention). Every object here was built by the numerics
 strategy at load (`numerics.py`: float or int8 norms, projections, activation, KV cache), so
 the block is the same code for both; the KV cache of a sliding-window layer attends only its
 window (`window.py`).
@@ -71,7 +72,10 @@ def block_forward(
         cos, sin = rope
         q, k = rotate(q, cos, sin), rotate(k, cos, sin)
     scale = spec.attn_scale / (index + 1) if spec.scale_by_layer else spec.attn_scale
-    attended = layer.o(cache.attend(q, k, v, start, scale))
+    if spec.attn_softcap is None:
+        attended = layer.o(cache.attend(q, k, v, start, scale))
+    else:
+        attended = layer.o(cache.attend(q, k, v, start, scale, softcap=spec.attn_softcap))
     if layer.attn_out_norm is not None:
         attended = layer.attn_out_norm(attended)
     x = h + attended

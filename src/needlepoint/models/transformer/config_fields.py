@@ -6,7 +6,7 @@ Each family's reader returns the `BlockSpec` fields as a dict: the differences b
 families are spec fields, never branches in the maths. Every config field that changes the
 forward is honoured or refused here, with an error naming it: sliding windows and
 `layer_types`, RoPE per layer type and its scaling, `query_pre_attn_scalar`, attention and
-final logit soft-capping (refused), `use_sliding_window` / `max_window_layers`, `head_dim`,
+final logit soft-capping, `use_sliding_window` / `max_window_layers`, `head_dim`,
 tied embeddings, bidirectional attention (refused).
 """
 
@@ -197,14 +197,29 @@ def _gemma_thetas(config: dict[str, Any], windows: tuple[int | None, ...]) -> tu
                  for w in windows)
 
 
+def softcaps(config: dict[str, Any]) -> dict[str, float | None]:
+    """`attn_logit_softcapping` and `final_logit_softcapping` (transformers' names; a GGUF
+    file's `<arch>.attn_logit_softcapping` / `<arch>.final_logit_softcapping` are translated
+    to them) as the spec's `attn_softcap` / `final_softcap`: a positive number, or None
+    (absent, null or 0: off)."""
+    out: dict[str, float | None] = {}
+    for key, field in (("attn_logit_softcapping", "attn_softcap"),
+                       ("final_logit_softcapping", "final_softcap")):
+        value = config.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)
+                                  or not math.isfinite(value) or value < 0):
+            raise CheckpointError(f"config.json: {key} must be a positive number or null, got "
+                                  f"{value!r}")
+        out[field] = float(value) if value else None
+    return out
+
+
 def gemma3_fields(config: dict[str, Any]) -> dict[str, Any]:
     """Gemma 3 text: scaled embedding, `1 + w` RMSNorms (four per layer and per-head q/k),
     sliding and full layers with their own RoPE theta, `query_pre_attn_scalar`, gelu-tanh,
-    tied embeddings. Soft-capping and bidirectional attention are refused."""
-    for key in ("attn_logit_softcapping", "final_logit_softcapping"):
-        if config.get(key) is not None:
-            raise UnsupportedArchitectureError(f"config.json: {key} {config[key]!r} is not "
-                                               f"supported (logit soft-capping)")
+    tied embeddings, logit soft-capping where the config sets it (`softcaps`).
+    Bidirectional attention is refused."""
+    caps = softcaps(config)
     if config.get("use_bidirectional_attention"):
         raise UnsupportedArchitectureError("config.json: use_bidirectional_attention is not "
                                            "supported (causal decoders only)")
@@ -230,7 +245,7 @@ def gemma3_fields(config: dict[str, Any]) -> dict[str, Any]:
         rope_theta=thetas[-1], qkv_bias=bias, out_bias=bias,
         tied_embeddings=bool(config.get("tie_word_embeddings")),
         attn_scale=float(scalar) ** -0.5, qk_norm=True, output_norms=True, norm_offset=1.0,
-        embed_scale=float(d) ** 0.5, windows=windows, thetas=thetas)
+        embed_scale=float(d) ** 0.5, windows=windows, thetas=thetas, **caps)
 
 
 FAMILY_FIELDS = {"qwen2": qwen_fields, "qwen3": qwen_fields, "gemma3_text": gemma3_fields}

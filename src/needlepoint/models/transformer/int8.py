@@ -10,6 +10,8 @@ on how many other positions share its chunk, on the chunk size, on the thread co
   pinned exp (`kernels.pinned.exp32`);
 * RoPE: cos/sin tables computed once per model from float32 angles `p * inv_freq` through
   float64 cos/sin rounded to float32, applied elementwise;
+* logit soft-capping (Gemma): `kernels.pinned.softcap32`, `cap * tanh(x / cap)` with the
+  pinned exp; a soft-capped attention runs `kernels.pinned.attend_reference` (no native form);
 * attention: keys cached as int16 rows (`kernels.exact.a16_codes_reference`: a few large key
   channels, as Qwen's k bias makes, leave an 8-bit row too few levels for the rest; 16-bit
   keys bring int8's worst logit error on Qwen2.5 from 2.7 to 0.43, the products' own) and
@@ -160,10 +162,21 @@ class Int8KVCache(KeepsEveryPosition):
         self.length = end
 
     def attend(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, start: int,
-               scale: float) -> np.ndarray:
-        """Append k, v; q [T, H, hd] at positions start.. attends causally -> [T, H*hd]."""
+               scale: float, softcap: float | None = None) -> np.ndarray:
+        """Append k, v; q [T, H, hd] at positions start.. attends causally -> [T, H*hd].
+        With `softcap` the scores are capped (`pinned.softcap32`) in the numpy reference,
+        which has the same bits as the native kernel otherwise."""
         self.append(k, v)
         qcode, qscale = query_codes(q, scale)
+        if softcap is not None:
+            heads, hd = q.shape[1], q.shape[2]
+            count, kv_heads = q.shape[0], self.kcode.shape[1]
+            flat = self.kcode.shape[0] * kv_heads
+            slots, seen = i8_rows.causal_slots(start, count, heads, kv_heads)
+            out = pinned.attend_reference(qcode, qscale, self.kcode.reshape(flat, hd),
+                                          self.kscale.reshape(flat), self.vcode.reshape(flat, hd),
+                                          self.vscale.reshape(flat), slots, seen, softcap)
+            return out.reshape(count, heads * hd)
         return i8_rows.attend_causal(qcode, qscale, start, q.shape[1], self.kcode, self.kscale,
                                      self.vcode, self.vscale)
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from ...kernels.pinned import softcap32
 from ..numerics import transformer_kind
 from .attention import KVCache
 from .int8 import ACTIVATIONS as INT8_ACTIVATIONS
@@ -28,6 +29,7 @@ from .linear import Int8Linear, Linear, fuse, make_int8_linear, make_linear
 from .spec import BlockSpec
 from .window import Int8WindowCache, WindowKVCache
 
+F32 = np.float32
 Blocks = Callable[[], Any]  # a weight as the file stores it (`BlockWeight`), or None
 
 
@@ -83,6 +85,10 @@ class TransformerFloat:
     def fused_blocks(self, spec: BlockSpec, weights: Any) -> None:
         return None
 
+    def softcap(self, x: np.ndarray, cap: float) -> np.ndarray:
+        """`cap * tanh(x / cap)` in float32 (numpy's tanh)."""
+        return np.tanh(np.divide(x, F32(cap), dtype=F32)) * F32(cap)
+
 
 class TransformerInt8:
     """int8 numerics (`numerics="int8"` / `"deploy"`); `threads` split large products."""
@@ -137,6 +143,10 @@ class TransformerInt8:
     def fused_blocks(self, spec: BlockSpec, weights: Any) -> list | None:
         """Each block as one native call (`int8_fused.py`), or None."""
         return fused_blocks(spec, weights)
+
+    def softcap(self, x: np.ndarray, cap: float) -> np.ndarray:
+        """`cap * tanh(x / cap)` pinned: `kernels.pinned.softcap32` (same bits everywhere)."""
+        return softcap32(x, cap)
 
 
 TransformerNumerics = TransformerFloat | TransformerInt8

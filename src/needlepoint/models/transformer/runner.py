@@ -89,8 +89,11 @@ class Runner:
         return h
 
     def readout(self, rows: np.ndarray) -> np.ndarray:
-        """Logits [R, vocab] of last-block rows: the final norm, then the LM head."""
-        return self.weights.lm_head(self.weights.final_norm(np.asarray(rows, F32)))
+        """Logits [R, vocab] of last-block rows: the final norm, the LM head, then the
+        spec's final soft-cap (`cap * tanh(x / cap)`, by the numerics strategy)."""
+        logits = self.weights.lm_head(self.weights.final_norm(np.asarray(rows, F32)))
+        cap = self.spec.final_softcap
+        return logits if cap is None else self.numerics.softcap(logits, cap)
 
     def rope(self, start: int, count: int) -> dict[float, tuple[np.ndarray, np.ndarray]]:
         """cos, sin [count, head_dim] per RoPE theta, for positions start.. ({} without)."""

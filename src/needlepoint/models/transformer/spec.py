@@ -16,7 +16,7 @@ part, "What differs from the Llama forward pass".
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from ...errors import CheckpointError, UnsupportedArchitectureError
@@ -33,6 +33,18 @@ NORMS = ("rms", "layer")
 ACTIVATIONS = ("silu", "gelu_tanh")
 _LLAMA_ACTS = {"silu": "silu", "swish": "silu"}
 _GPT2_ACTS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh"}
+
+
+# BlockSpec fields the fused native int8 block (`int8_fused.py`) computes for any value: the
+# geometry, the pre-norm block's choices, the special ids, and what happens outside the
+# blocks (the embedding scale, the final soft-cap). Any other field must be at its default
+# for a block to be fused (`BlockSpec.plain`).
+FUSED_ANY_VALUE = frozenset((
+    "architecture", "vocab", "d_model", "num_layers", "num_heads", "num_kv_heads", "head_dim",
+    "d_ff", "max_seq_len", "norm", "norm_eps", "gated", "activation", "rope", "rope_theta",
+    "learned_positions", "qkv_fused", "qkv_bias", "out_bias", "mlp_bias", "norm_bias",
+    "tied_embeddings", "attn_scale", "scale_by_layer", "bos_id", "eos_id", "embed_scale",
+    "final_softcap"))
 
 
 @dataclass(frozen=True)
@@ -71,6 +83,9 @@ class BlockSpec:
     embed_scale: float | None = None  # embedding rows times float32(this) (Gemma: sqrt(d))
     windows: tuple[int | None, ...] = ()  # per layer: sliding window, None = full (() all full)
     thetas: tuple[float, ...] = ()  # per layer RoPE theta (() = rope_theta everywhere)
+    # logit soft-capping `cap * tanh(x / cap)` (Gemma 2, some Gemma 3 exports; None: off)
+    attn_softcap: float | None = None  # on the attention scores, before the mask and softmax
+    final_softcap: float | None = None  # on the LM head's logits
 
     def __post_init__(self) -> None:
         if self.norm not in NORMS or self.activation not in ACTIVATIONS:
@@ -89,6 +104,11 @@ class BlockSpec:
         for name in ("windows", "thetas"):
             if getattr(self, name) and len(getattr(self, name)) != self.num_layers:
                 raise CheckpointError(f"config: {name} needs one entry per layer")
+        for name in ("attn_softcap", "final_softcap"):
+            cap = getattr(self, name)
+            if cap is not None and not (isinstance(cap, float) and math.isfinite(cap)
+                                        and cap > 0):
+                raise CheckpointError(f"config: {name} must be a positive number, got {cap!r}")
 
     def window(self, layer: int) -> int | None:
         """Layer `layer`'s sliding window (keys seen per query, itself included), or None."""
@@ -100,10 +120,21 @@ class BlockSpec:
 
     @property
     def plain(self) -> bool:
-        """A pre-norm block with no per-head norms, output norms, windows or per-layer RoPE
-        (what the fused native int8 block computes)."""
-        return not (self.qk_norm or self.output_norms or any(w is not None for w in self.windows)
-                    or len(set(self.thetas)) > 1 or self.norm_offset)
+        """Whether the fused native int8 block computes this block: an allow-list, so a
+        feature added to the spec runs the Python block until the kernel is taught it. Every
+        field not in `FUSED_ANY_VALUE` must be at its default, except windows that are all
+        full and one RoPE theta repeated per layer (the same block as none)."""
+        for item in fields(self):
+            if item.name in FUSED_ANY_VALUE:
+                continue
+            value = getattr(self, item.name)
+            if item.name == "windows":
+                value = () if all(w is None for w in value) else value
+            elif item.name == "thetas":
+                value = () if len(set(value)) <= 1 else value
+            if value != item.default:
+                return False
+        return True
 
     @property
     def vocab_size(self) -> int:

@@ -94,12 +94,12 @@ class WindowKVCache(_Window):
         super().__init__(window, {"keys": empty, "values": empty.copy()})
 
     def attend(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, start: int,
-               scale: float) -> np.ndarray:
+               scale: float, softcap: float | None = None) -> np.ndarray:
         """Append k, v [T, Hkv, hd]; q [T, H, hd] at positions start.. -> [T, H*hd]."""
         self._check(start)
         joined = self._joined({"keys": k.transpose(1, 0, 2), "values": v.transpose(1, 0, 2)})
         out = causal_attention(q, joined["keys"], joined["values"], start, scale,
-                               base=self.base, window=self.window)
+                               base=self.base, window=self.window, softcap=softcap)
         self._keep(joined, start + q.shape[0])
         return out
 
@@ -118,9 +118,9 @@ class Int8WindowCache(_Window):
                                   "vscale": scales.copy()})
 
     def attend(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, start: int,
-               scale: float) -> np.ndarray:
+               scale: float, softcap: float | None = None) -> np.ndarray:
         """Append k (A16), v (A8) per row of head_dim; q [T, H, hd] at positions start.. attends
-        its window -> [T, H*hd]. Query scale as `Int8KVCache.attend`."""
+        its window -> [T, H*hd]. Query scale and `softcap` as `Int8KVCache.attend`."""
         self._check(start)
         count, heads, head_dim = q.shape
         kv_heads = k.shape[1]
@@ -133,9 +133,11 @@ class Int8WindowCache(_Window):
         qcode, qscale = query_codes(q, scale)
         slots, seen = window_slots(start, count, heads, kv_heads, self.base, self.window)
         held = joined["kcode"].shape[0] * kv_heads
-        out = pinned.attend(qcode, qscale, joined["kcode"].reshape(held, head_dim),
-                            joined["kscale"].reshape(held), joined["vcode"].reshape(held, head_dim),
-                            joined["vscale"].reshape(held), slots, seen)
+        arrays = (qcode, qscale, joined["kcode"].reshape(held, head_dim),
+                  joined["kscale"].reshape(held), joined["vcode"].reshape(held, head_dim),
+                  joined["vscale"].reshape(held), slots, seen)
+        out = (pinned.attend(*arrays) if softcap is None
+               else pinned.attend_reference(*arrays, softcap=softcap))
         self._keep(joined, start + count)
         return out.reshape(count, heads * head_dim)
 
