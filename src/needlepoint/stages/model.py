@@ -48,7 +48,7 @@ class StagedModel:
         self.part = part
         self.config = part.config
         self.numerics = part.numerics
-        self.quantized = part.quantized
+        self.exact = part.exact
         self.plan = plan
         self.transport = transport
         self.micro_batches: int | None = None  # run_batch (None: pipeline.py's default)

@@ -19,8 +19,8 @@ from hf_helpers import SPEC_FIXTURES, hf_fixture_dir, hf_reference
 import needlepoint
 from needlepoint.errors import CheckpointError, UnsupportedArchitectureError
 from needlepoint.models.transformer.int8_fused import kernel_computes
+from needlepoint.models.transformer.kv_cache import RESERVE
 from needlepoint.models.transformer.spec import spec_from_config
-from needlepoint.models.transformer.window import RESERVE
 
 
 def windows(spec) -> tuple:
