@@ -88,6 +88,31 @@ def _translate(stem: str, pairs: Any) -> str | None:
     return None
 
 
+# each TensorNames field's llama.cpp tensor (gguf.constants.TENSOR_NAMES)
+ROLES = {
+    "embed": "token_embd", "positions": "position_embd", "final_norm": "output_norm",
+    "lm_head": "output", "norm1": "blk.{i}.attn_norm", "norm2": "blk.{i}.ffn_norm",
+    "q": "blk.{i}.attn_q", "k": "blk.{i}.attn_k", "v": "blk.{i}.attn_v",
+    "qkv": "blk.{i}.attn_qkv", "o": "blk.{i}.attn_output", "gate": "blk.{i}.ffn_gate",
+    "up": "blk.{i}.ffn_up", "down": "blk.{i}.ffn_down", "q_norm": "blk.{i}.attn_q_norm",
+    "k_norm": "blk.{i}.attn_k_norm", "attn_out_norm": "blk.{i}.post_attention_norm",
+    "mlp_out_norm": "blk.{i}.post_ffw_norm",
+}
+
+
+def names_from_map(tensors: TensorMap, in_out: bool, prefixes: tuple[str, ...] = ("",)
+                   ) -> TensorNames:
+    """The Hugging Face names of an architecture read off its one tensor map (each role's
+    llama.cpp tensor, `ROLES`; None where the map has none), relative to the first of
+    `prefixes` (the others are alternatives a checkpoint may use)."""
+    def name(role: str) -> str | None:
+        stem = tensors.pairs.get(ROLES[role])
+        return None if stem is None else stem.removeprefix(prefixes[0]) + ".weight"
+
+    return TensorNames(**{role: name(role) for role in ROLES}, in_out=in_out,
+                       prefixes=prefixes)
+
+
 @dataclass(frozen=True)
 class GGUFForm:
     """How llama.cpp stores an architecture: its `general.architecture`, the tensor map, the

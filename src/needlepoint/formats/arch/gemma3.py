@@ -23,12 +23,10 @@ layers use base 10000 (or `rope.freq_base_swa`), and the score scale is `1/sqrt(
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import fields as dataclass_fields
-from dataclasses import replace
 from typing import Any
 
 from ...errors import CheckpointError, UnsupportedArchitectureError
-from .base import Architecture, GGUFForm, Meta, TensorMap, TensorNames
+from .base import Architecture, GGUFForm, Meta, TensorMap, names_from_map
 from .common import (
     GELU_TANH,
     LAYER_TYPES,
@@ -47,28 +45,20 @@ from .common import (
     write_decoder,
 )
 from .llama import GLOBAL_TENSORS, LAYER_TENSORS
-from .qwen3 import ARCH as QWEN3
 from .qwen3 import QK_TENSORS
 
-# `post_attention_layernorm` is the attention output's norm (Llama's pre-MLP norm is
-# `pre_feedforward_layernorm`). Names are relative to the text model: `model.` in a
-# Gemma3ForCausalLM file, `language_model.model.` / `model.language_model.` in a multimodal
-# Gemma3ForConditionalGeneration file; the LM head is tied.
-NAMES = replace(
-    TensorNames(**{f.name: (value.removeprefix("model.") if isinstance(value, str) else value)
-                   for f in dataclass_fields(QWEN3.names)
-                   for value in [getattr(QWEN3.names, f.name)]}),
-    norm2="layers.{i}.pre_feedforward_layernorm.weight",
-    attn_out_norm="layers.{i}.post_attention_layernorm.weight",
-    mlp_out_norm="layers.{i}.post_feedforward_layernorm.weight",
-    prefixes=("model.", "language_model.model.", "model.language_model."),
-)
 TENSORS = TensorMap({
     **GLOBAL_TENSORS, **LAYER_TENSORS, **QK_TENSORS,
     "blk.{i}.post_attention_norm": "model.layers.{i}.post_attention_layernorm",
     "blk.{i}.ffn_norm": "model.layers.{i}.pre_feedforward_layernorm",
     "blk.{i}.post_ffw_norm": "model.layers.{i}.post_feedforward_layernorm",
 })
+# `post_attention_layernorm` is the attention output's norm (Llama's pre-MLP norm is
+# `pre_feedforward_layernorm`). Names are relative to the text model: `model.` in a
+# Gemma3ForCausalLM file, `language_model.model.` / `model.language_model.` in a multimodal
+# Gemma3ForConditionalGeneration file; the LM head is tied.
+NAMES = names_from_map(TENSORS, in_out=False,
+                       prefixes=("model.", "language_model.model.", "model.language_model."))
 
 # Gemma3TextConfig's defaults (transformers 5.24) for fields a `text_config` may leave out
 DEFAULTS = {

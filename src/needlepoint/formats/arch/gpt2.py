@@ -15,29 +15,11 @@ import math
 from typing import Any
 
 from ...errors import CheckpointError
-from .base import REQUIRED, Architecture, GGUFForm, Meta, TensorMap, TensorNames
+from .base import REQUIRED, Architecture, GGUFForm, Meta, TensorMap, names_from_map
 from .common import activation, config_int, decimal, public, special_id
 
 ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh"}
 
-NAMES = TensorNames(
-    embed="wte.weight",
-    positions="wpe.weight",
-    final_norm="ln_f.weight",
-    lm_head="lm_head.weight",
-    norm1="h.{i}.ln_1.weight",
-    norm2="h.{i}.ln_2.weight",
-    q=None,
-    k=None,
-    v=None,
-    qkv="h.{i}.attn.c_attn.weight",
-    o="h.{i}.attn.c_proj.weight",
-    gate=None,
-    up="h.{i}.mlp.c_fc.weight",
-    down="h.{i}.mlp.c_proj.weight",
-    in_out=True,
-    prefixes=("transformer.", ""),
-)
 TENSORS = TensorMap({
     "token_embd": "transformer.wte", "position_embd": "transformer.wpe",
     "output_norm": "transformer.ln_f", "output": "lm_head",
@@ -48,6 +30,8 @@ TENSORS = TensorMap({
     "blk.{i}.ffn_up": "transformer.h.{i}.mlp.c_fc",
     "blk.{i}.ffn_down": "transformer.h.{i}.mlp.c_proj",
 })
+# GPT2LMHeadModel's names; GPT2Model's lack the `transformer.` prefix
+NAMES = names_from_map(TENSORS, in_out=True, prefixes=("transformer.", ""))
 
 
 def fields(config: dict[str, Any]) -> dict[str, Any]:

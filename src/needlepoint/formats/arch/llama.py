@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .base import Architecture, GGUFForm, Meta, TensorMap, TensorNames
+from .base import Architecture, GGUFForm, Meta, TensorMap, names_from_map
 from .common import (
     SILU,
     activation,
@@ -23,24 +23,6 @@ from .common import (
     per_layer,
     plain_rope,
     rope_theta_of,
-)
-
-NAMES = TensorNames(
-    embed="model.embed_tokens.weight",
-    positions=None,
-    final_norm="model.norm.weight",
-    lm_head="lm_head.weight",
-    norm1="model.layers.{i}.input_layernorm.weight",
-    norm2="model.layers.{i}.post_attention_layernorm.weight",
-    q="model.layers.{i}.self_attn.q_proj.weight",
-    k="model.layers.{i}.self_attn.k_proj.weight",
-    v="model.layers.{i}.self_attn.v_proj.weight",
-    qkv=None,
-    o="model.layers.{i}.self_attn.o_proj.weight",
-    gate="model.layers.{i}.mlp.gate_proj.weight",
-    up="model.layers.{i}.mlp.up_proj.weight",
-    down="model.layers.{i}.mlp.down_proj.weight",
-    in_out=False,
 )
 
 # llama.cpp's tensor names (gguf.constants.TENSOR_NAMES) -> Hugging Face's
@@ -58,6 +40,7 @@ LAYER_TENSORS = {
     "blk.{i}.ffn_down": "model.layers.{i}.mlp.down_proj",
 }
 TENSORS = TensorMap({**GLOBAL_TENSORS, **LAYER_TENSORS})
+NAMES = names_from_map(TENSORS, in_out=False)
 
 
 def fields(config: dict[str, Any]) -> dict[str, Any]:

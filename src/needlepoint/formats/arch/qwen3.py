@@ -4,17 +4,15 @@ q/k/v/o biases only as `attention_bias` says. Config fields as Qwen2's. GGUF `qw
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
-from .base import Architecture, GGUFForm, Meta, TensorMap
-from .llama import GLOBAL_TENSORS, LAYER_TENSORS, NAMES
+from .base import Architecture, GGUFForm, Meta, TensorMap, names_from_map
+from .llama import GLOBAL_TENSORS, LAYER_TENSORS
 from .qwen2 import gguf_qwen_config, qwen_fields, write_qwen
 
-QK_NAMES = {"q_norm": "model.layers.{i}.self_attn.q_norm.weight",
-            "k_norm": "model.layers.{i}.self_attn.k_norm.weight"}
 QK_TENSORS = {"blk.{i}.attn_q_norm": "model.layers.{i}.self_attn.q_norm",
               "blk.{i}.attn_k_norm": "model.layers.{i}.self_attn.k_norm"}
+TENSORS = TensorMap({**GLOBAL_TENSORS, **LAYER_TENSORS, **QK_TENSORS})
 
 
 def gguf_config(meta: Meta, common: dict[str, Any]) -> dict[str, Any]:
@@ -24,7 +22,6 @@ def gguf_config(meta: Meta, common: dict[str, Any]) -> dict[str, Any]:
 
 ARCH = Architecture(
     name="qwen3", model_types=("qwen3",), fields=lambda c: qwen_fields(c, "qwen3", True),
-    names=replace(NAMES, **QK_NAMES),
-    gguf=GGUFForm("qwen3", TensorMap({**GLOBAL_TENSORS, **LAYER_TENSORS, **QK_TENSORS}),
-                  gguf_config, write_qwen),
+    names=names_from_map(TENSORS, in_out=False),
+    gguf=GGUFForm("qwen3", TENSORS, gguf_config, write_qwen),
     doc=__doc__ or "")
