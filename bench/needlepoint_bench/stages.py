@@ -31,18 +31,12 @@ from typing import Any
 import numpy as np
 
 from .paths import DOCS_DIR, REPO_ROOT, RESULTS_DIR, fixture_archive
+from .sandbox import INSIDE, cpu_name
 from .stages_pipeline import render_pipeline
 from .tables import markdown_table
 
 RESULTS = RESULTS_DIR / "stages.json"
 REPORT = DOCS_DIR / "benchmarks_stages.md"
-INSIDE = """set -e
-ip link set lo up
-mount -t tmpfs -o size=2g needlepoint-ray /dev/shm
-export RAY_TMPDIR=/dev/shm/ray
-mkdir -p "$RAY_TMPDIR"
-exec "$@"
-"""
 MB = 1 << 20
 
 
@@ -321,16 +315,6 @@ def render(results: dict, before: dict | None = None) -> str:
     return "\n".join(lines)
 
 
-def _cpu() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.machine()
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="needlepoint-bench-stages", description=__doc__)
     parser.add_argument("--prefill", type=int, default=512)
@@ -381,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
         results = {**json.loads(RESULTS.read_text()), **results, **measured}
     else:
         results.update(prefill=args.prefill, decode=args.decode, repeats=args.repeats,
-                       machine=f"{_cpu()}, {os.cpu_count()} cores, Python "
+                       machine=f"{cpu_name()}, {os.cpu_count()} cores, Python "
                                f"{platform.python_version()}, numpy {np.__version__}",
                        **measured)
     RESULTS.write_text(json.dumps(results, indent=1) + "\n")

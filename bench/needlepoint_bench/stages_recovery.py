@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from .paths import DOCS_DIR, REPO_ROOT, RESULTS_DIR, fixture_archive
+from .sandbox import INSIDE, cpu_name
 
 RESULTS = RESULTS_DIR / "stages_recovery.json"
 REPORT = DOCS_DIR / "benchmarks_stages.md"
@@ -196,8 +197,6 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["--inside"]:
         Path(argv[1]).write_text(json.dumps(inside()))
         return 0
-    from .stages import INSIDE, _cpu
-
     out = RESULTS.with_suffix(".partial.json")
     command = ["unshare", "--net", "--pid", "--fork", "--kill-child", "--mount-proc", "sh",
                "-c", INSIDE, "inside", sys.executable, "-m", "needlepoint_bench.stages_recovery",
@@ -211,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import needlepoint
 
-    results["machine"] = (f"{_cpu()}, {os.cpu_count()} cores, Python "
+    results["machine"] = (f"{cpu_name()}, {os.cpu_count()} cores, Python "
                           f"{platform.python_version()}, numpy {np.__version__}, native "
                           f"kernels: {needlepoint.native_variant()} variant")
     RESULTS.write_text(json.dumps(results, indent=1) + "\n")

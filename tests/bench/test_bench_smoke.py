@@ -94,8 +94,19 @@ def _check_bfcl_report(folder: Path, out: str) -> None:
 
 
 def _check_products(folder: Path, out: str) -> None:
+    """Every storage width of the archive measured, the total their sum (weights, bytes),
+    each width's bytes those of its packed codes, and a printed line per width and total."""
     result = json.loads((folder / "p.json").read_text())
-    assert "total" in out and result
+    widths = dict(result["rows"]["1"])
+    total = widths.pop("total")
+    assert widths and all(name.endswith("-bit") for name in widths), widths
+    for key in ("weights", "bytes"):
+        assert total[key] == sum(entry[key] for entry in widths.values()) > 0, key
+    for name, entry in widths.items():
+        bits = int(name.removesuffix("-bit"))
+        assert entry["weights"] * bits <= entry["bytes"] * 8 < entry["weights"] * bits * 2
+    for name in [*widths, "total"]:
+        assert f"rows    1 {name:>6}:" in out, name
 
 
 def _check_products_i8(folder: Path, out: str) -> None:
@@ -112,7 +123,9 @@ def _check_pool(folder: Path, out: str) -> None:
     result = json.loads((folder / "pool.json").read_text())
     after = result["trees"]["after"]["by_threads"]["1"]
     assert after["variant"] and after["decode_token"]["wall_ms"] > 0
-    assert after["step_16"]["wall_ms"] > after["step_1"]["wall_ms"] > 0
+    # each step ran its sessions: one row of logits per session
+    assert (after["step_1"]["rows"], after["step_16"]["rows"]) == (1, 16)
+    assert after["step_16"]["wall_ms"] > 0 and after["step_1"]["wall_ms"] > 0
     page = (folder / "pool.md").read_text()
     assert "run_batch step, 16 sessions" in page and "SIMD streams" in page
 

@@ -144,8 +144,8 @@ def test_int8_extend_is_steps_and_rewind_cuts_the_cache(tiny_int8) -> None:
     steps = tiny_int8.session()
     rows = [steps.prefill(IDS[:4])] + [steps.step(t) for t in IDS[4:]]  # positions 3..9
     session = tiny_int8.session()
-    assert session.exact_extend and not needlepoint.load(
-        hf_fixture_dir("llama-tiny"), numerics="float").session().exact_extend
+    assert session.capabilities.exact and not needlepoint.load(
+        hf_fixture_dir("llama-tiny"), numerics="float").session().capabilities.exact
     session.prefill(IDS[:3], logits=False)
     assert np.array_equal(session.extend(IDS[3:]), np.stack(rows))  # same bits as steps
     session.rewind(4)

@@ -249,7 +249,7 @@ def test_stages_use_only_the_public_layer_range_interface_of_models():
 
     # models.protocol: the one model interface, whose capabilities a staged model declares
     allowed = {"models.layer_range", "models.parts", "models.loader", "models.hub",
-               "models.transformer.known", "models.protocol",
+               "models.known", "models.protocol",
                "models.rewind"}  # rewind: the one rewind-count check (issue 27)
     for path in sorted((REPO_ROOT / "src" / "needlepoint" / "stages").glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):

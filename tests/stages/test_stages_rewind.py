@@ -57,7 +57,7 @@ def test_needle3_rewind_across_stages_is_never_having_consumed(kv_window):
     expected = reference.extend(ids)
     with load_staged(fixture_path("tiny"), [0, 1, 3], cache=False) as staged:
         session = staged.session(kv_window=kv_window, chunk=19)
-        assert session.exact_extend
+        assert session.capabilities.exact
         _walk(session, ids, expected, net.config.vocab, seed=1)
         assert_bits(session.step(7), reference.step(7))
         straight = net.session(kv_window=kv_window)
@@ -104,7 +104,7 @@ def test_float_rewind_reruns_the_kept_tokens():
     ids = get_fixture("needle3", "tiny").arrays["p3_tokens"][:90]
     with load_staged(fixture_path("tiny"), [0, 2], numerics="float", cache=False) as staged:
         session = staged.session()
-        assert not session.exact_extend
+        assert not session.capabilities.exact
         session.prefill(ids[:70])
         session.extend(np.full(5, 40))
         session.rewind(5)

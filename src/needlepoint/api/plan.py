@@ -1,4 +1,4 @@
-"""How one turn decodes (`Needle._plan`): its config and constraints."""
+"""How one turn decodes (`TurnPlanner.plan` in `planner.py`): its config and constraints."""
 
 from __future__ import annotations
 

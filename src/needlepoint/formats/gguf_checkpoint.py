@@ -3,7 +3,8 @@
 Read by `gguf_reader.GGUFFile` (the metadata decoded once, the file one read-only memory map;
 the `gguf` package supplies the type tables). The metadata is translated to the `config.json`
 fields the model layer reads (`config`), and the tensors are offered under their Hugging Face
-names, float32, in Hugging Face layout; the per-architecture tables are `gguf_arch`:
+names, float32, in Hugging Face layout; what each architecture means is its file in `arch/`
+(its `GGUFForm`: the tensor map, the converter's changes, the metadata):
 
 * every ggml type decodes through `gguf_quants.dequantize` (F32 stays a view of the file);
 * for Llama, llama.cpp's converter permutes the rows of `attn_q` / `attn_k` into
@@ -12,9 +13,9 @@ names, float32, in Hugging Face layout; the per-architecture tables are `gguf_ar
 * Gemma 3's norm weights, stored as `1 + w`, are offered as `w`;
 * GPT-2's linear weights, stored `[out, in]` in GGUF, are transposed back to `Conv1D` `[in, out]`.
 
-Supported architectures: `llama` (Llama, SmolLM, TinyLlama, ...), `gpt2`, `qwen2` (Qwen2 /
-Qwen2.5 and their fine-tunes), `qwen3`, `gemma3` (its text model); any other
-`general.architecture`, unsupported RoPE scaling, or a `rope_freqs` tensor is an
+Supported architectures: those of `arch/registry.py` (`llama`: Llama, SmolLM, TinyLlama, ...;
+`gpt2`, `qwen2`: Qwen2 / Qwen2.5 and their fine-tunes; `qwen3`, `gemma3`: its text model); any
+other `general.architecture`, unsupported RoPE scaling, or a `rope_freqs` tensor is an
 `UnsupportedArchitectureError`.
 """
 
@@ -37,7 +38,8 @@ from ..errors import (
 )
 from ..kernels.blockweight import BlockWeight
 from ..kernels.wtypes import TYPES
-from .gguf_arch import ARCHITECTURES, GPT2_CONV1D, REQUIRED, GGUFArch
+from .arch.base import REQUIRED, GGUFForm
+from .arch.registry import by_gguf
 from .gguf_quants import dequantize
 from .gguf_reader import GGUFFile
 from .hf_extra import hf_extra
@@ -80,11 +82,9 @@ class GGUFCheckpoint:
         self.reader = reader
         self.metadata = reader.values
         self.architecture = self.value("general.architecture")
-        if self.architecture not in ARCHITECTURES:
-            raise UnsupportedArchitectureError(
-                f"{path.name}: GGUF architecture {self.architecture!r} is not supported "
-                f"(supported: {', '.join(ARCHITECTURES)})")
-        self.arch: GGUFArch = ARCHITECTURES[self.architecture]
+        arch = by_gguf(self.architecture, path.name).gguf
+        assert arch is not None  # by_gguf finds only architectures with a GGUF form
+        self.arch: GGUFForm = arch
         self._tensors: dict[str, tuple[Any, str | None]] = {}
         for tensor in reader.tensors:
             mapped = self._hf_name(tensor.name)
@@ -117,7 +117,7 @@ class GGUFCheckpoint:
                 f"(only plain RoPE)")
         common = {"bos_token_id": self.value("tokenizer.ggml.bos_token_id"),
                   "eos_token_id": self.value("tokenizer.ggml.eos_token_id"),
-                  "tie_word_embeddings": "lm_head.weight" not in self._tensors,
+                  "tie_word_embeddings": self.arch.lm_head not in self._tensors,
                   "vocab_size": self.shape(embed)[0], "_path": self.path.name,
                   "_has": self._tensors.__contains__}
         return self.arch.config(self._meta, common)
@@ -128,34 +128,25 @@ class GGUFCheckpoint:
         match = _NAME.fullmatch(name)
         if match is None:
             return None
-        layer, base, suffix = match.groups()
+        _, base, suffix = match.groups()
         arch = self.arch
-        target = arch.layer.get(base) if layer is not None else arch.globals_.get(base)
+        target = arch.tensors.to_hf(name.rpartition(".")[0])
         if target is None:
             return None
         transform = None
         if arch.permuted_qk and base in ("attn_q", "attn_k"):
             transform = base
-        elif arch.name == "gpt2" and base in GPT2_CONV1D and suffix == "weight":
+        elif base in arch.transposed and suffix == "weight":
             transform = "transpose"
-        elif arch.norm_shift and arch.is_norm(base) and suffix == "weight":
+        elif arch.norm_shift and base.endswith("norm") and suffix == "weight":
             transform = "norm_shift"
-        return f"{target.format(i=layer)}.{suffix}", transform
+        return f"{target}.{suffix}", transform
 
     def source_name(self, name: str) -> str | None:
         """The GGUF tensor name that holds (or would hold) the Hugging Face tensor `name`."""
-        globals_, per_layer = self.arch.globals_, self.arch.layer
         stem, _, suffix = name.rpartition(".")
-        for base, target in globals_.items():
-            if target == stem:
-                return f"{base}.{suffix}"
-        for base, target in per_layer.items():
-            head, _, tail = target.partition("{i}")
-            if stem.startswith(head) and stem.endswith(tail):
-                index = stem[len(head) : len(stem) - len(tail)]
-                if index.isdigit():
-                    return f"blk.{index}.{base}.{suffix}"
-        return None
+        target = self.arch.tensors.to_gguf(stem)
+        return None if target is None else f"{target}.{suffix}"
 
     def names(self) -> list[str]:
         return list(self._tensors)
@@ -184,7 +175,7 @@ class GGUFCheckpoint:
         values = dequantize(tensor.data, tensor.tensor_type.name, stored, tensor.name)
         if transform == "transpose":
             return values.T
-        if transform == "norm_shift":  # Gemma 3: llama.cpp stores 1 + w (gguf_arch doc)
+        if transform == "norm_shift":  # Gemma 3: llama.cpp stores 1 + w (arch/gemma3.py)
             return values - np.float32(self.arch.norm_shift)
         if transform in ("attn_q", "attn_k"):
             values = unpermute_rope_rows(values, self._rope_heads(transform))

@@ -1,15 +1,14 @@
-"""GGUF files of the Qwen2 / Qwen3 / Gemma 3 families written with `gguf.GGUFWriter` the way
-llama.cpp's `convert_hf_to_gguf.py` writes them (issue 28 items 2 and 5): the tests' copies
-of the fixtures and the benchmark's files in the geometry of real models both come from here
-(`needlepoint.write_gguf`, docs/api.md "Public names for clients").
+"""GGUF files written with `gguf.GGUFWriter` the way llama.cpp's `convert_hf_to_gguf.py` writes
+them, for the architectures with a writer half (`arch/<name>.py`'s `GGUFForm.metadata`: Qwen2,
+Qwen3, Gemma 3): the tests' copies of the fixtures and the benchmark's files in the geometry of
+real models both come from here (`needlepoint.write_gguf`, docs/api.md "Public names for
+clients").
 
-* architecture names `qwen2`, `qwen3`, `gemma3` and `gguf.constants`' tensor names
-  (`blk.{i}.attn_q`, `attn_q_norm`, `post_attention_norm`, `post_ffw_norm`, ...);
-* no q/k row permutation (only `LlamaModel` permutes; `Qwen2Model`, `Qwen3Model`,
-  `Gemma3Model` do not);
-* Gemma 3: every `*norm.weight` stored plus 1 (`Gemma3Model.norm_shift`), the metadata
-  `Gemma3Model.set_gguf_parameters` writes (the full layers' RoPE base, `key_length`,
-  `sliding_window`; neither the layer pattern nor the sliding base nor `query_pre_attn_scalar`);
+* the architecture's GGUF name and its one tensor map (`blk.{i}.attn_q`, `attn_q_norm`,
+  `post_attention_norm`, `post_ffw_norm`, ...), read from Hugging Face names to GGUF ones;
+* its norm shift (Gemma 3: every `*norm.weight` stored plus 1, `Gemma3Model.norm_shift`) and
+  the metadata its converter writes (`GGUFForm.metadata`); an architecture whose converter
+  permutes q/k rows (Llama) is not written here;
 * the tokenizer as `tokenizer.ggml.*` (`GgufVocab`): Qwen's byte-level BPE (`gpt2`,
   pre-tokenizer `qwen2`, its merges) or Gemma's SentencePiece-style vocabulary (`llama`,
   scores, no space prefix), and the chat template.
@@ -29,17 +28,9 @@ from typing import Any
 
 import numpy as np
 
-_LAYER = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q",
-          "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-          "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm",
-          "self_attn.k_norm": "attn_k_norm", "mlp.gate_proj": "ffn_gate",
-          "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
-_QWEN_NORMS = {"post_attention_layernorm": "ffn_norm"}
-_GEMMA_NORMS = {"post_attention_layernorm": "post_attention_norm",
-                "pre_feedforward_layernorm": "ffn_norm",
-                "post_feedforward_layernorm": "post_ffw_norm"}
-_TOP = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-        "lm_head.weight": "output.weight"}
+from ..errors import UnsupportedArchitectureError
+from .arch.base import GGUFForm
+from .arch.registry import by_gguf
 
 # a quant type for every 2-D weight, or a choice per weight: (HF name, [rows, cols]) -> type
 QType = str | Callable[[str, tuple[int, int]], str]
@@ -64,34 +55,23 @@ class GgufVocab:
     chat_template: str | None = None
 
 
+def _form(arch: str) -> GGUFForm:
+    """The GGUF form of a registered architecture the writer can write."""
+    form = by_gguf(arch, "write_gguf").gguf
+    if form is None or form.metadata is None or form.permuted_qk:
+        raise UnsupportedArchitectureError(f"write_gguf: GGUF architecture {arch!r} is read but "
+                                           f"not written here")
+    return form
+
+
 def gguf_tensor_name(arch: str, name: str) -> str:
-    """llama.cpp's GGUF name of a Hugging Face tensor of these families."""
-    if name in _TOP:
-        return _TOP[name]
-    rest = name.removeprefix("model.layers.")
-    index, _, stem = rest.partition(".")
-    stem, _, suffix = stem.rpartition(".")
-    table = {**_LAYER, **(_GEMMA_NORMS if arch == "gemma3" else _QWEN_NORMS)}
-    return f"blk.{index}.{table[stem]}.{suffix}"
-
-
-def _metadata(writer: Any, arch: str, config: Mapping[str, Any]) -> None:
-    writer.add_context_length(config["max_position_embeddings"])
-    writer.add_embedding_length(config["hidden_size"])
-    writer.add_block_count(config["num_hidden_layers"])
-    writer.add_feed_forward_length(config["intermediate_size"])
-    writer.add_head_count(config["num_attention_heads"])
-    writer.add_head_count_kv(config["num_key_value_heads"])
-    writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
-    rope = config["rope_parameters"]
-    if "head_dim" in config:
-        writer.add_key_length(config["head_dim"])
-        writer.add_value_length(config["head_dim"])
-    if arch == "gemma3":
-        writer.add_rope_freq_base(rope["full_attention"]["rope_theta"])
-        writer.add_sliding_window(config["sliding_window"])
-    else:
-        writer.add_rope_freq_base(rope["rope_theta"])
+    """llama.cpp's GGUF name of a Hugging Face tensor (the architecture's one tensor map,
+    read from Hugging Face to GGUF)."""
+    stem, _, suffix = name.rpartition(".")
+    target = _form(arch).tensors.to_gguf(stem)
+    if target is None:
+        raise UnsupportedArchitectureError(f"write_gguf: no GGUF tensor of {arch} holds {name!r}")
+    return f"{target}.{suffix}"
 
 
 def _vocab(writer: Any, vocab: GgufVocab) -> None:
@@ -132,7 +112,8 @@ def quantise(value: np.ndarray, kind: str) -> np.ndarray:
 def write_gguf(out: str | os.PathLike[str], arch: str, config: Mapping[str, Any],
                tensors: Iterable[tuple[str, np.ndarray]], vocab: GgufVocab,
                qtype: QType = "F32", *, extra: Callable[[Any], None] | None = None) -> Path:
-    """Write a `qwen2` / `qwen3` / `gemma3` GGUF as llama.cpp's converter does (module doc).
+    """Write a GGUF of a registered architecture with a writer half (`qwen2`, `qwen3`,
+    `gemma3`: `GGUFForm.metadata`) as llama.cpp's converter does (module doc).
 
     `config`: the Hugging Face `config.json` fields (`rope_parameters` as transformers 5
     writes them); `tensors`: (Hugging Face name, float32 array) pairs, consumed one at a time
@@ -141,15 +122,17 @@ def write_gguf(out: str | os.PathLike[str], arch: str, config: Mapping[str, Any]
     `extra(writer)` adds metadata. Needs the `gguf` package."""
     import gguf
 
+    form = _form(arch)
     writer = gguf.GGUFWriter(str(out), arch)
-    _metadata(writer, arch, config)
+    assert form.metadata is not None  # _form checked it
+    form.metadata(writer, config)
     _vocab(writer, vocab)
     if extra is not None:
         extra(writer)
     for name, value in tensors:
         value = np.asarray(value, np.float32)
-        if arch == "gemma3" and name.endswith("norm.weight"):
-            value = value + np.float32(1.0)
+        if form.norm_shift and name.endswith("norm.weight"):
+            value = value + np.float32(form.norm_shift)
         target = gguf_tensor_name(arch, name)
         kind = qtype if isinstance(qtype, str) else (
             qtype(name, value.shape) if value.ndim == 2 else "F32")

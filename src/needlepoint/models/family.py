@@ -30,10 +30,9 @@ class ModelSource:
 def identify(path: str | os.PathLike[str]) -> ModelSource:
     """The family of the model at `path` (a known name, an HF directory, a GGUF or a `.cact`
     file); the archive's own errors for anything else."""
-    from .transformer.known import is_known_name, resolve_known
+    from .known import known_file
 
-    if is_known_name(path):  # a model shipped in a package, e.g. "smollm2"
-        path = resolve_known(os.fspath(path))
+    path = known_file(path)  # a model shipped in a package, e.g. "smollm2"
     if is_checkpoint(path):
         return ModelSource(path, "transformer")
     archive = open_archive(path)

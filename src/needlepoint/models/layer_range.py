@@ -54,7 +54,7 @@ class LayerRange(Protocol):
 
     config: Any  # the family's geometry (`vocab`, `max_seq_len`, `num_layers`, ...)
     numerics: str
-    quantized: bool  # exact numerics: same bits for any chunking, split, batch; rewind exact
+    exact: bool  # exact numerics: same bits for any chunking, split, batch; rewind exact
     blocks: range  # the blocks whose weights this part holds
     max_rewind: int | None  # positions a rewind may undo (None: any)
 

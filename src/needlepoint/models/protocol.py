@@ -155,11 +155,9 @@ def resolve_model_name(model: str | os.PathLike[str], source: str = "model") -> 
     """The file or directory a model name means: a known name (`smollm2`, unless a file of
     that name exists), a model directory (Hugging Face `config.json`), a `.gguf` or `.cact`
     file; ModelNotFoundError (naming `source`) when there is nothing there."""
-    from .transformer.known import is_known_name, resolve_known
+    from .known import known_file
 
-    if is_known_name(model):
-        return resolve_known(os.fspath(model))
-    path = Path(model).expanduser()
+    path = Path(known_file(model)).expanduser()
     if path.is_file():
         return path
     if path.is_dir():

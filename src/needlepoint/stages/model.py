@@ -48,7 +48,7 @@ class StagedModel:
         self.part = part
         self.config = part.config
         self.numerics = part.numerics
-        self.quantized = part.quantized
+        self.exact = part.exact
         self.plan = plan
         self.transport = transport
         self.micro_batches: int | None = None  # run_batch (None: pipeline.py's default)
@@ -176,11 +176,9 @@ class StagedModel:
 def _model_file(path: str | os.PathLike[str]) -> str:
     """A known name ("smollm2") resolved to its file; the path every node opens (absolute,
     no symlinks resolved: a link may point elsewhere on another machine)."""
-    from ..models.transformer.known import is_known_name, resolve_known
+    from ..models.known import known_file
 
-    if is_known_name(path):
-        path = resolve_known(str(path))
-    return os.path.abspath(os.fspath(path))
+    return os.path.abspath(os.fspath(known_file(path)))
 
 
 def load_staged(

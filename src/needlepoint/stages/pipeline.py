@@ -75,7 +75,7 @@ def run_batch(model: StagedModelView, requests: Sequence[tuple[StagedSession, An
     for session in sessions:
         if session.model is not model:
             raise ValueError("run_batch: every session must belong to this model")
-        session._usable()
+        session.check_usable()
     transport, ranges = model.transport, model.plan.ranges
     last = len(ranges) - 1
     try:

@@ -41,6 +41,13 @@ class StageActor:
     def ready(self) -> dict:
         return self.stage.info()
 
+    def identity(self) -> tuple[str, str]:
+        """(this actor's Ray id, the stage's incarnation): Ray's public runtime context, so
+        the driver never reads an actor handle's private id."""
+        import ray
+
+        return ray.get_runtime_context().get_actor_id(), self.stage.ping()
+
     def call(self, method: str, *args: Any) -> Any:
         return getattr(self.stage, method)(*args)
 
@@ -121,7 +128,7 @@ class RayTransport:
         self.options = options
         self.actors = [self._start(spec, opts)
                        for spec, opts in zip(self.specs, options, strict=True)]
-        self.stage_of = {actor._actor_id.hex(): k for k, actor in enumerate(self.actors)}
+        self.stage_of: dict[str, int] = {}  # Ray actor id -> stage, to name a lost actor
         try:
             self._wait_ready(options, start_timeout_s)
         except BaseException:
@@ -137,13 +144,14 @@ class RayTransport:
         refs = [actor.ready.remote() for actor in self.actors]
         done, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout)
         finished = {ref.hex() for ref in done}
-        for spec, ref, opts in zip(self.specs, refs, options, strict=True):
+        for stage, (spec, ref, opts) in enumerate(zip(self.specs, refs, options, strict=True)):
             if ref.hex() not in finished:
                 raise StageStartError(f"{spec.name} did not start within {timeout:g} s "
                                       f"(placement {opts}){self._why_pending(opts)}",
                                       spec.index)
             try:
                 ray.get(ref)
+                self._identify(stage)
             except ray.exceptions.RayError as error:
                 reason = _last_line(str(error))
                 raise StageStartError(f"{spec.name} failed to start: {reason}",
@@ -255,8 +263,7 @@ class RayTransport:
         problem: Any = "no answer"
         while (left := deadline - time.monotonic()) > 0:
             try:
-                return self.ray.get(self.actors[stage].call.remote("ping"),
-                                    timeout=min(left, 10.0))
+                return self._identify(stage, timeout=min(left, 10.0))
             except ray.exceptions.GetTimeoutError as error:
                 problem = error
             except ray.exceptions.ActorDiedError as error:
@@ -276,9 +283,16 @@ class RayTransport:
             self.ray.kill(old, no_restart=True)
         except Exception:  # noqa: BLE001 - already gone
             pass
-        self.stage_of.pop(old._actor_id.hex(), None)
+        self.stage_of = {a: k for a, k in self.stage_of.items() if k != stage}
         self.actors[stage] = self._start(self.specs[stage], self.options[stage])
-        self.stage_of[self.actors[stage]._actor_id.hex()] = stage
+
+    def _identify(self, stage: int, timeout: float | None = None) -> str:
+        """Ask `stage`'s actor who it is (its Ray id, recorded in `stage_of`); its
+        incarnation."""
+        actor_id, incarnation = self.ray.get(self.actors[stage].identity.remote(),
+                                             timeout=timeout)
+        self.stage_of[actor_id] = stage
+        return incarnation
 
     def close(self) -> None:
         if self.closed:

@@ -81,18 +81,13 @@ class StagedSession:
     @property
     def capabilities(self) -> SessionCapabilities:
         """`models/protocol.py`: extend/rewind (exact in exact numerics), fork, pooled head."""
-        return SessionCapabilities(extend=True, rewind=True, exact=self.exact_extend, fork=True,
+        return SessionCapabilities(extend=True, rewind=True, exact=self.model.part.exact, fork=True,
                                    confidence=True, chunk=self.chunk)
 
     @property
     def position(self) -> int:
         """Tokens consumed so far (the position the next token takes)."""
         return len(self.tokens)
-
-    @property
-    def exact_extend(self) -> bool:
-        """`extend` is bit-identical to stepping and `rewind` exact (exact numerics)."""
-        return self.model.part.quantized
 
     def consumed(self) -> np.ndarray:
         """Every token consumed so far (int64)."""
@@ -103,7 +98,7 @@ class StagedSession:
         return self.model.recovery.run([self], self._fork)
 
     def _fork(self) -> StagedSession:
-        self._usable()
+        self.check_usable()
         other = StagedSession.__new__(StagedSession)
         other.model, other.kv_window, other.chunk = self.model, self.kv_window, self.chunk
         other.sid = uuid.uuid4().hex
@@ -145,9 +140,9 @@ class StagedSession:
         self.model.recovery.run([self], lambda: self._rewind(n))
 
     def _rewind(self, n: int) -> None:
-        self._usable()
+        self.check_usable()
         part, kept = self.model.part, self.tokens[: self.position - n].copy()
-        if not part.quantized:  # start over on every stage, then re-run the kept tokens
+        if not part.exact:  # start over on every stage, then re-run the kept tokens
             self.incarnations = self.model.transport.call_all("open", self.sid,
                                                               self.kv_window)
             self.head, self.tokens = part.head_state(), np.zeros(0, np.int64)
@@ -178,7 +173,7 @@ class StagedSession:
 
     def _confidence_logit(self) -> float | None:
         part = self.model.part
-        self._usable()
+        self.check_usable()
         if part.window_cuts(self.kv_window, self.position):
             return self.model.confidence_logit(self.tokens)
         transport = self.model.transport
@@ -189,7 +184,9 @@ class StagedSession:
                                                              strict=True)])
 
     # -- the pipeline ------------------------------------------------------------------------
-    def _usable(self) -> None:
+    def check_usable(self) -> None:
+        """Raise StageSessionLostError when a lost stage broke this session (the pipeline
+        checks every session of a batch before it moves any)."""
         if self.broken:
             raise StageSessionLostError(f"this session cannot continue: {self.broken}; start "
                                         f"a new session")
@@ -204,7 +201,7 @@ class StagedSession:
         model = self.model
         part = model.part
         tokens = part.check_ids(ids, self.position)
-        self._usable()
+        self.check_usable()
         transport, ranges = model.transport, model.plan.ranges
         start, outputs = self.position, []
         try:

@@ -18,8 +18,17 @@ from hf_helpers import SPEC_FIXTURES, hf_fixture_dir, hf_reference
 
 import needlepoint
 from needlepoint.errors import CheckpointError, UnsupportedArchitectureError
+from needlepoint.models.transformer.int8_fused import kernel_computes
+from needlepoint.models.transformer.kv_cache import RESERVE
 from needlepoint.models.transformer.spec import spec_from_config
-from needlepoint.models.transformer.window import RESERVE
+
+
+def windows(spec) -> tuple:
+    return tuple(layer.window for layer in spec.layers)
+
+
+def thetas(spec) -> tuple:
+    return tuple(layer.theta for layer in spec.layers)
 
 
 def config(name: str) -> dict:
@@ -30,13 +39,14 @@ def test_family_spec_fields_from_the_fixture_configs() -> None:
     qwen2 = spec_from_config(config("qwen2-tiny"))
     assert (qwen2.qkv_bias, qwen2.out_bias, qwen2.qk_norm, qwen2.tied_embeddings) == (
         True, False, False, False)
-    assert qwen2.windows == (None,) * 4 and qwen2.rope_theta == 1e6 and qwen2.plain
+    assert windows(qwen2) == (None,) * 4 and qwen2.rope_theta == 1e6 and kernel_computes(qwen2)
     qwen3 = spec_from_config(config("qwen3-tiny"))
     assert (qwen3.d_model, qwen3.head_dim, qwen3.q_dim, qwen3.kv_dim) == (96, 32, 128, 64)
-    assert qwen3.qk_norm and not qwen3.qkv_bias and qwen3.tied_embeddings and not qwen3.plain
+    assert qwen3.qk_norm and not qwen3.qkv_bias and qwen3.tied_embeddings \
+        and not kernel_computes(qwen3)
     gemma = spec_from_config(config("gemma3-tiny"))
-    assert gemma.windows == (48,) * 5 + (None,)
-    assert gemma.thetas == (1e4,) * 5 + (1e6,)
+    assert windows(gemma) == (48,) * 5 + (None,)
+    assert thetas(gemma) == (1e4,) * 5 + (1e6,)
     assert gemma.attn_scale == pytest.approx(32 ** -0.5)
     assert gemma.embed_scale == pytest.approx(math.sqrt(128))
     assert (gemma.norm_offset, gemma.qk_norm, gemma.output_norms, gemma.activation,
@@ -76,8 +86,8 @@ def test_forward_changing_fields_are_honoured() -> None:
     derived = {k: v for k, v in config("qwen2-tiny").items() if k != "layer_types"}
     spec = spec_from_config(dict(derived, use_sliding_window=True, sliding_window=16,
                                  max_window_layers=2))
-    assert spec.windows == (None, None, 16, 16) and not spec.plain
-    assert spec_from_config(dict(derived, sliding_window=16)).windows == (None,) * 4
+    assert windows(spec) == (None, None, 16, 16) and not kernel_computes(spec)
+    assert windows(spec_from_config(dict(derived, sliding_window=16))) == (None,) * 4
     # Gemma 3 before transformers 5: rope_theta / rope_local_base_freq, the layer pattern
     gemma = config("gemma3-tiny")
     legacy = {k: v for k, v in gemma.items() if k not in ("rope_parameters", "layer_types")}
@@ -113,7 +123,7 @@ def test_multimodal_gemma3_config_over_sharded_prefixed_tensors(tmp_path, prefix
         weight_map.update({n: filename for n in part})
     (out / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
     model = needlepoint.load(out, numerics="float")
-    assert model.config.eos_id == text["eos_token_id"] and model.config.windows[0] == 48
+    assert model.config.eos_id == text["eos_token_id"] and windows(model.config)[0] == 48
     ref = hf_reference("gemma3-tiny")
     assert np.abs(model.forward(ref["p3_ids"]) - ref["p3_logits"]).max() <= 1e-4
 
@@ -128,7 +138,7 @@ def test_the_sliding_window_changes_the_logits_past_it(tmp_path) -> None:
         "full_attention"] * 6, rope_parameters={"rope_type": "default", "rope_theta": 1e6})))
     full = needlepoint.load(out, numerics="float")
     ref = hf_reference("gemma3-tiny")
-    assert not full.config.thetas or len(set(full.config.thetas)) == 1
+    assert len(set(thetas(full.config))) == 1
     logits = full.forward(ref["p3_ids"])
     with_window = needlepoint.load(ref.folder, numerics="float").forward(ref["p3_ids"])
     assert np.abs(with_window - ref["p3_logits"]).max() <= 1e-4

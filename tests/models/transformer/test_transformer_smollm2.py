@@ -19,7 +19,7 @@ from hf_helpers import (  # noqa: F401 (the `reference` fixture, requested by na
 )
 
 import needlepoint
-from needlepoint.models.transformer.known import resolve_known
+from needlepoint.models.known import resolve_known
 
 BINDING_MARGIN = 1.0
 LOGIT_SPREAD = 1.5  # |ours - llama.cpp| on the recorded top-5 logits (measured max 1.36)

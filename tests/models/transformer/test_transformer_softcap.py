@@ -21,6 +21,7 @@ from hf_helpers import hf_fixture_dir, hf_reference
 import needlepoint
 from needlepoint.errors import CheckpointError
 from needlepoint.kernels import pinned
+from needlepoint.models.transformer.int8_fused import kernel_computes
 from needlepoint.models.transformer.spec import spec_from_config
 
 ATTN_CAP, FINAL_CAP = 0.5, 3.0  # small enough to change every logit a lot
@@ -140,7 +141,7 @@ def test_config_and_spec_fields() -> None:
     cfg = json.loads((hf_fixture_dir("gemma3-tiny") / "config.json").read_text())
     spec = spec_from_config({**cfg, "attn_logit_softcapping": 50, "final_logit_softcapping": 30.0})
     assert (spec.attn_softcap, spec.final_softcap) == (50.0, 30.0)
-    assert not spec.plain  # the fused native block has no soft-capped attention
+    assert not kernel_computes(spec)  # the fused native block has no soft-capped attention
     assert spec_from_config({**cfg, "final_logit_softcapping": 0}).final_softcap is None
     with pytest.raises(CheckpointError, match="final_logit_softcapping"):
         spec_from_config({**cfg, "final_logit_softcapping": "big"})

@@ -107,7 +107,7 @@ class V3Part(NeedleArchiveText):
         self.archive, self.config, self.weights = archive, config, weights
         self.num = make_numerics(numerics, threads)  # the numerics strategy (`numerics.py`)
         self.layer_indices, self.numerics = kept, self.num.name
-        self.quantized = self.num.exact
+        self.exact = self.num.exact
         self.blocks, self.threads = blocks, threads
         self.stacks = self.num.stacks  # run_layers_batch stacks a micro-batch in one pass
         if len(blocks):

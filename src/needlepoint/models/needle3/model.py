@@ -48,7 +48,7 @@ class V3Model(NeedleArchiveText):
         self.layer_indices = layer_indices
         self.num = num  # the numerics strategy, chosen once at load (`numerics.py`)
         self.numerics = num.name
-        self.quantized = num.exact  # the model interface's name for exact numerics
+        self.exact = num.exact  # exact numerics (`numerics.py`): the one name for it
         self.threads = num.threads  # native threads of the deploy products
         cos, sin = num.rope_tables(np.arange(config.max_seq_len), config.qk_head_dim,
                                    config.rope_theta)

@@ -67,13 +67,8 @@ class V3Session:
     @property
     def capabilities(self) -> SessionCapabilities:
         """`models/protocol.py`: exact extend/rewind in deploy numerics, fork, pooled head."""
-        return SessionCapabilities(extend=True, rewind=True, exact=self.model.quantized,
+        return SessionCapabilities(extend=True, rewind=True, exact=self.model.exact,
                                    fork=True, confidence=True, chunk=self.chunk)
-
-    @property
-    def exact_extend(self) -> bool:
-        """`extend` is bit-identical to stepping and `rewind` exact (deploy numerics)."""
-        return self.model.num.exact
 
     @property
     def position(self) -> int:

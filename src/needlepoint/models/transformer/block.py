@@ -10,7 +10,7 @@ post-attention and post-feedforward norms; `attn_softcap`: the scores capped as
 `cap * tanh(s / cap)` by the cache's attention). Every object here was built by the numerics
 strategy at load (`numerics.py`: float or int8 norms, projections, activation, KV cache), so
 the block is the same code for both; the KV cache of a sliding-window layer attends only its
-window (`window.py`).
+window (`kv_cache.py`).
 """
 
 from __future__ import annotations

@@ -32,12 +32,11 @@ import numpy as np
 
 from ...kernels import exact, i8_ops, i8_rows, pinned
 from ...kernels.blockweight import BlockWeight
-from .attention import KeepsEveryPosition
+from .kv_cache import KVRows
 
 F32 = np.float32
 _SQRT_2_OVER_PI = F32(math.sqrt(2.0 / math.pi))
 _GELU_C = F32(0.044715)
-_MIN_CAPACITY = 64
 
 
 class PinnedNorm:
@@ -108,25 +107,25 @@ def query_codes(q: np.ndarray, scale: float) -> tuple[np.ndarray, np.ndarray]:
     return exact.a8_codes(rows)
 
 
-class Int8KVCache(KeepsEveryPosition):
+class Int8KVCache(KVRows):
     """Keys (int16) and values (int8) of one layer as rows `[positions, kv_heads, head_dim]`
-    with float32 scales `[positions, kv_heads]`; `attend` appends a chunk and attends to
-    it."""
+    with float32 scales `[positions, kv_heads]`, kept as the layer's window says
+    (`kv_cache.py`); `attend` appends a chunk and attends to it."""
 
-    __slots__ = ("kcode", "kscale", "vcode", "vscale", "length", "limit", "_held")
+    NAMES = ("kcode", "kscale", "vcode", "vscale")
+    __slots__ = ("kcode", "kscale", "vcode", "vscale", "_held")
 
-    def __init__(self, kv_heads: int, head_dim: int, limit: int) -> None:
-        self.kcode = np.zeros((0, kv_heads, head_dim), np.int16)
-        self.vcode = np.zeros((0, kv_heads, head_dim), np.int8)
-        self.kscale = np.zeros((0, kv_heads), F32)
-        self.vscale = np.zeros((0, kv_heads), F32)
-        self.length = 0
-        self.limit = limit
+    def __init__(self, kv_heads: int, head_dim: int, limit: int,
+                 window: int | None = None) -> None:
+        self._setup({"kcode": np.zeros((0, kv_heads, head_dim), np.int16),
+                     "kscale": np.zeros((0, kv_heads), F32),
+                     "vcode": np.zeros((0, kv_heads, head_dim), np.int8),
+                     "vscale": np.zeros((0, kv_heads), F32)}, limit, window)
         self._held: tuple | None = None
 
     def addresses(self) -> tuple[int, int, int, int]:
-        """Data addresses of kcode, kscale, vcode, vscale (for the native block), looked up
-        again only when an array was replaced (grown or copied)."""
+        """Data addresses of kcode, kscale, vcode, vscale (for the native block, which writes
+        a full cache's rows itself), looked up again only when an array was replaced."""
         held = self._held
         if (held is None or held[0] is not self.kcode or held[1] is not self.kscale
                 or held[2] is not self.vcode or held[3] is not self.vscale):
@@ -135,58 +134,61 @@ class Int8KVCache(KeepsEveryPosition):
             self._held = held
         return held[4]
 
-    def reserve(self, end: int) -> None:
-        """Capacity for positions up to `end` (grown by doubling)."""
-        if end > self.kcode.shape[0]:
-            self._grow(end)
-
-    def _grow(self, end: int) -> None:
-        capacity = min(self.limit, max(_MIN_CAPACITY, 2 * self.kcode.shape[0], end))
-        capacity = max(capacity, end)
-        for name in ("kcode", "vcode", "kscale", "vscale"):
-            old = getattr(self, name)
-            grown = np.zeros((capacity, *old.shape[1:]), old.dtype)
-            grown[: self.length] = old[: self.length]
-            setattr(self, name, grown)
-
     def append(self, k: np.ndarray, v: np.ndarray) -> None:
         """Quantise and store k (A16), v (A8) [T, kv_heads, hd], one scale per row of hd."""
         count, heads, head_dim = k.shape
-        end = self.length + count
-        self.reserve(end)
-        for src, codes, scales, rule in ((k, self.kcode, self.kscale, exact.a16_codes),
-                                         (v, self.vcode, self.vscale, exact.a8_codes)):
+        new = {}
+        for name, src, rule in (("k", k, exact.a16_codes), ("v", v, exact.a8_codes)):
             c, s = rule(np.ascontiguousarray(src, F32).reshape(count * heads, head_dim))
-            codes[self.length : end] = c.reshape(count, heads, head_dim)
-            scales[self.length : end] = s.reshape(count, heads)
-        self.length = end
+            new[name + "code"] = c.reshape(count, heads, head_dim)
+            new[name + "scale"] = s.reshape(count, heads)
+        self.write(new)
 
     def attend(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, start: int,
                scale: float, softcap: float | None = None) -> np.ndarray:
-        """Append k, v; q [T, H, hd] at positions start.. attends causally -> [T, H*hd].
-        With `softcap` the scores are capped (`pinned.softcap32`) in the numpy reference,
-        which has the same bits as the native kernel otherwise."""
+        """Append k, v; q [T, H, hd] at positions start.. attends causally (within the
+        window, each query row's keys in ascending position order) -> [T, H*hd]. A full
+        cache runs the native causal kernel; a window or a `softcap` (`pinned.softcap32`)
+        `kernels.pinned`'s attention over the rows held, the same definition."""
+        self.check_start(start)
         self.append(k, v)
+        count, heads, hd = q.shape
+        kv_heads = self.kcode.shape[1]
         qcode, qscale = query_codes(q, scale)
-        if softcap is not None:
-            heads, hd = q.shape[1], q.shape[2]
-            count, kv_heads = q.shape[0], self.kcode.shape[1]
-            flat = self.kcode.shape[0] * kv_heads
+        if self.window is None and softcap is None:
+            return i8_rows.attend_causal(qcode, qscale, start, heads, self.kcode, self.kscale,
+                                         self.vcode, self.vscale)
+        if self.window is None:
             slots, seen = i8_rows.causal_slots(start, count, heads, kv_heads)
-            out = pinned.attend_reference(qcode, qscale, self.kcode.reshape(flat, hd),
-                                          self.kscale.reshape(flat), self.vcode.reshape(flat, hd),
-                                          self.vscale.reshape(flat), slots, seen, softcap)
-            return out.reshape(count, heads * hd)
-        return i8_rows.attend_causal(qcode, qscale, start, q.shape[1], self.kcode, self.kscale,
-                                     self.vcode, self.vscale)
+        else:
+            slots, seen = window_slots(start, count, heads, kv_heads, self.base, self.window)
+        flat = self.kcode.shape[0] * kv_heads
+        arrays = (qcode, qscale, self.kcode.reshape(flat, hd), self.kscale.reshape(flat),
+                  self.vcode.reshape(flat, hd), self.vscale.reshape(flat), slots, seen)
+        out = (pinned.attend(*arrays) if softcap is None
+               else pinned.attend_reference(*arrays, softcap=softcap))
+        self.trim()
+        return out.reshape(count, heads * hd)
 
     def copy(self) -> Int8KVCache:
-        other = Int8KVCache.__new__(Int8KVCache)
-        for name in ("kcode", "vcode", "kscale", "vscale"):
-            setattr(other, name, getattr(self, name)[: max(self.length, 1)].copy())
-        other.length, other.limit = self.length, self.limit
+        other = self.copy_rows(Int8KVCache.__new__(Int8KVCache))
         other._held = None
         return other
+
+
+def window_slots(start: int, count: int, heads: int, kv_heads: int, base: int, window: int
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """slots [count*heads, n] and keys seen per query row (t, h): rows `(j - base) * kv_heads
+    + g` of positions j = max(0, p - window + 1) .. p, p = start + t, ascending, of kv head
+    g = h // (heads / kv_heads)."""
+    positions = np.arange(start, start + count, dtype=np.int64)
+    first = np.maximum(positions - window + 1, 0)
+    seen = positions - first + 1  # [count]
+    longest = int(seen.max())
+    offsets = np.minimum(first[:, None] + np.arange(longest)[None, :], positions[:, None])
+    g = np.arange(heads, dtype=np.int64) // (heads // kv_heads)
+    slots = (offsets - base)[:, None, :] * kv_heads + g[None, :, None]  # [count, heads, n]
+    return slots.reshape(count * heads, longest), np.repeat(seen, heads)
 
 
 class BlockEmbedding:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+from dataclasses import fields
 
 import numpy as np
 
@@ -115,6 +116,31 @@ def rope_arrays(rope: tuple[np.ndarray, np.ndarray] | None
     return cos, sin
 
 
+# What the kernel computes, as an allow-list: the BlockSpec fields it handles at any value
+# (the geometry, the pre-norm block's choices, the special ids, what happens outside the
+# blocks: the embedding scale, the final soft-cap), and per layer only full attention with
+# one RoPE theta for every layer. Any other field must be at its default, so a field added
+# to the spec runs the Python block until the kernel is taught it.
+ANY_VALUE = frozenset((
+    "architecture", "vocab", "d_model", "num_layers", "num_heads", "num_kv_heads", "head_dim",
+    "d_ff", "max_seq_len", "norm", "norm_eps", "gated", "activation", "rope", "rope_theta",
+    "learned_positions", "qkv_fused", "qkv_bias", "out_bias", "mlp_bias", "norm_bias",
+    "tied_embeddings", "attn_scale", "scale_by_layer", "bos_id", "eos_id", "embed_scale",
+    "final_softcap"))
+
+
+def kernel_computes(spec: BlockSpec) -> bool:
+    """Whether the fused kernel computes `spec`'s blocks (the allow-list above)."""
+    for item in fields(spec):
+        if item.name == "layers":
+            if (any(layer.window is not None for layer in spec.layers)
+                    or len({layer.theta for layer in spec.layers}) > 1):
+                return False
+        elif item.name not in ANY_VALUE and getattr(spec, item.name) != item.default:
+            return False
+    return True
+
+
 def fusable(spec: BlockSpec, layer: LayerWeights) -> bool:
     linears = [layer.qkv, layer.o, layer.down, layer.gate_up if spec.gated else layer.up]
     return (all(isinstance(lin, Int8Linear) for lin in linears)
@@ -123,8 +149,8 @@ def fusable(spec: BlockSpec, layer: LayerWeights) -> bool:
 
 def fused_blocks(spec: BlockSpec, weights: TransformerWeights) -> list[FusedBlock | None] | None:
     """One FusedBlock per block held (None for blocks another part holds), or None (float
-    weights, a block the kernel does not compute (`BlockSpec.plain`), or no native library)."""
-    if native.library() is None or not spec.plain:
+    weights, a block the kernel does not compute (`kernel_computes`), or no native library)."""
+    if native.library() is None or not kernel_computes(spec):
         return None
     held = [layer for layer in weights.layers if layer is not None]
     if not all(fusable(spec, layer) for layer in held):

@@ -20,11 +20,11 @@ import numpy as np
 from ...formats.checkpoints import open_checkpoint
 from ..layer_range import Embedded
 from ..wrapping import WrapsModelText
+from .kv_cache import RESERVE
 from .model import TransformerModel, model_spec
 from .numerics import numerics_named
 from .runner import CHUNK
 from .weights import load_weights
-from .window import RESERVE
 
 
 class TokensState:
@@ -65,7 +65,7 @@ class TransformerPart(WrapsModelText):
         self.model, self.blocks, self.head = model, blocks, head
         self.runner = model.runner
         self.config, self.numerics = model.config, model.numerics
-        self.quantized = model.runner.numerics.exact  # LayerRange: exact numerics
+        self.exact = model.runner.numerics.exact  # LayerRange: exact numerics
         # full caches keep every position; a sliding-window cache the last window + RESERVE
         windows = any(self.config.window(i) is not None for i in range(self.config.num_layers))
         self.max_rewind = RESERVE if windows else None

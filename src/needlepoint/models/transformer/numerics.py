@@ -27,20 +27,15 @@ from .int8_fused import fused_blocks
 from .layers import ACTIVATIONS, Norm, RopeAngles
 from .linear import Int8Linear, Linear, fuse, make_int8_linear, make_linear
 from .spec import BlockSpec
-from .window import Int8WindowCache, WindowKVCache
 
 F32 = np.float32
 Blocks = Callable[[], Any]  # a weight as the file stores it (`BlockWeight`), or None
 
 
-def layer_cache(spec: BlockSpec, layer: int, full: Callable[[int, int, int], Any],
-                windowed: Callable[[int, int, int], Any]) -> Any:
-    """A layer's cache: `windowed` for a sliding-window layer, else `full` up to the longest
-    sequence (both built from kv_heads, head_dim and the positions they hold)."""
-    window = spec.window(layer)
-    if window is not None:
-        return windowed(spec.num_kv_heads, spec.head_dim, window)
-    return full(spec.num_kv_heads, spec.head_dim, spec.max_seq_len)
+def layer_cache(spec: BlockSpec, layer: int, storage: Callable[..., Any]) -> Any:
+    """A layer's cache of the numerics' `storage` class, up to the longest sequence, kept as
+    the layer's window says (`kv_cache.py`)."""
+    return storage(spec.num_kv_heads, spec.head_dim, spec.max_seq_len, spec.window(layer))
 
 
 class TransformerFloat:
@@ -72,8 +67,8 @@ class TransformerFloat:
     def rope_table(self, head_dim: int, theta: float) -> RopeAngles:
         return RopeAngles(head_dim, theta)
 
-    def kv_cache(self, spec: BlockSpec, layer: int) -> KVCache | WindowKVCache:
-        return layer_cache(spec, layer, KVCache, WindowKVCache)
+    def kv_cache(self, spec: BlockSpec, layer: int) -> KVCache:
+        return layer_cache(spec, layer, KVCache)
 
     def embedding_and_head(self, fetch: Any, spec: BlockSpec) -> tuple[Any, Linear]:
         names, d, vocab = fetch.names, spec.d_model, spec.vocab
@@ -122,8 +117,8 @@ class TransformerInt8:
     def rope_table(self, head_dim: int, theta: float) -> RopeTable:
         return RopeTable(head_dim, theta)
 
-    def kv_cache(self, spec: BlockSpec, layer: int) -> Int8KVCache | Int8WindowCache:
-        return layer_cache(spec, layer, Int8KVCache, Int8WindowCache)
+    def kv_cache(self, spec: BlockSpec, layer: int) -> Int8KVCache:
+        return layer_cache(spec, layer, Int8KVCache)
 
     def embedding_and_head(self, fetch: Any, spec: BlockSpec) -> tuple[Any, Int8Linear]:
         """An embedding the file stores in an integer type is read row by row from its own

@@ -31,18 +31,17 @@ class TransformerSession:
         if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
             raise ValueError(f"chunk must be a positive integer, got {chunk!r}")
         self.model = model
-        # int8 rows are computed one by one: `extend` gives the bits of single steps, so
-        # speculative decoding may verify drafts (generation/speculate.py)
-        self.exact_extend = model.runner.numerics.exact
         self.chunk = chunk
         self.caches = model.runner.new_caches()
         self.tokens: list[int] = []
 
     @property
     def capabilities(self) -> SessionCapabilities:
-        """`models/protocol.py`: extend/rewind (exact in int8 numerics), fork, a chunk."""
+        """`models/protocol.py`: extend/rewind, fork, a chunk. Exact numerics compute int8 rows
+        one by one: `extend` gives the bits of single steps and `rewind` is exact, so
+        speculative decoding may verify drafts (generation/speculate.py)."""
         return SessionCapabilities(extend=True, rewind=True, fork=True, chunk=self.chunk,
-                                   exact=self.model.numerics == "int8")
+                                   exact=self.model.runner.numerics.exact)
 
     @property
     def position(self) -> int:
@@ -55,7 +54,7 @@ class TransformerSession:
     def fork(self) -> TransformerSession:
         """An independent copy of this state (both may continue differently)."""
         other = TransformerSession.__new__(TransformerSession)
-        other.model, other.exact_extend, other.chunk = self.model, self.exact_extend, self.chunk
+        other.model, other.chunk = self.model, self.chunk
         other.caches = {i: cache.copy() for i, cache in self.caches.items()}
         other.tokens = list(self.tokens)
         return other
@@ -69,7 +68,7 @@ class TransformerSession:
     def rewind(self, count: int) -> None:
         """Forget the last `count` tokens. Exact: every cache holds the values it held before
         those tokens were consumed (a sliding-window cache that no longer holds them is
-        rebuilt from the tokens kept, `window.py`)."""
+        rebuilt from the tokens kept, `kv_cache.py`)."""
         if isinstance(count, bool) or not isinstance(count, int) or not \
                 0 <= count <= len(self.tokens):
             raise ValueError(f"rewind count must be in 0..{len(self.tokens)}, got {count!r}")

@@ -1,11 +1,11 @@
 """A checkpoint's tensors, checked against the spec and prepared as the block's objects.
 
-`load_weights(checkpoint, spec)` fetches every tensor the spec needs by the family's names
-(`names.py`), checks each shape against the config before reading it (a `MissingTensorError` or
-`TensorShapeError` names the tensor), and builds the norms (`layers.Norm`) and projections
-(`linear.make_linear`). The checkpoint is anything with `names()`, `shape(name)` and
-`tensor(name)` (float32), and optionally `stored_weight(name, threads)` (its own blocks):
-`formats.hf_checkpoint.HFCheckpoint` or
+`load_weights(checkpoint, spec)` fetches every tensor the spec needs by the architecture's
+names (`formats/arch/<name>.py`), checks each shape against the config before reading it (a
+`MissingTensorError` or `TensorShapeError` names the tensor), and builds the norms
+(`layers.Norm`) and projections (`linear.make_linear`). The checkpoint is anything with
+`names()`, `shape(name)` and `tensor(name)` (float32), and optionally
+`stored_weight(name, threads)` (its own blocks): `formats.hf_checkpoint.HFCheckpoint` or
 `formats.gguf_checkpoint.GGUFCheckpoint`. Tensors the block does not use (GPT-2's `attn.bias`
 mask buffers, cached `rotary_emb.inv_freq`) are ignored.
 
@@ -26,11 +26,12 @@ from typing import Any
 import numpy as np
 
 from ...errors import MissingTensorError, TensorShapeError
+from ...formats.arch.base import TensorNames, bias_name
+from ...formats.arch.registry import by_name
 from ...kernels.blockweight import BlockWeight
 from .int8 import BlockEmbedding, PinnedNorm
 from .layers import Norm
 from .linear import Int8Linear, Linear
-from .names import NAMES, TensorNames, bias_name
 from .spec import BlockSpec
 
 F32 = np.float32
@@ -185,7 +186,7 @@ def load_weights(checkpoint: Any, spec: BlockSpec, numerics: Any,
     (a `numerics.TransformerFloat` / `TransformerInt8`). A part of the model
     (`layer_range.py`): `blocks` only those blocks (the others None), `head=False` no
     embedding, positions, final norm or LM head."""
-    names = NAMES[spec.architecture]
+    names = by_name(spec.architecture).names
     fetch = _Fetcher(checkpoint, names, numerics)
     d = spec.d_model
     blocks = range(spec.num_layers) if blocks is None else blocks

