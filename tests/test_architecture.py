@@ -1,18 +1,19 @@
 """The package layout rules of `docs/architecture.md`, checked on the source tree.
 
 Imports run one way, downward through the layers; no import cycle between files, of any kind:
-function-level imports and `if TYPE_CHECKING:` imports count like any other (issue 27 item 5:
-a type-only circle is still two modules that must be understood together; shared types go in
-a module of their own); no module loaded by name (`importlib`), which this check could not
-see; no function takes a `quantized` flag (the numerics are a strategy chosen at load, issue
-27 items 1 and 5); no Python file over 400 lines, no C file or header over 600 (issue 27 item
-7); at most 8 modules directly in the package root; `tests/` mirrors the source folders; the
-benchmarks (bench/, a client) import only needlepoint's public names (issue 27 item 6).
+function-level imports and `if TYPE_CHECKING:` imports count like any other (a type-only
+circle is still two modules that must be understood together; shared types go in a module of
+their own); no module loaded by name (`importlib`), which this check could not see; no
+function takes a `quantized` flag (the numerics are a strategy chosen at load); no Python
+file over 400 lines, no C file or header over 600; at most 8 modules directly in the package
+root; `tests/` mirrors the source folders; the benchmarks (bench/, a client) import only
+needlepoint's public names; no source comment cites an issue number (comments say why).
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 from conftest import REPO_ROOT
@@ -330,3 +331,31 @@ def test_checker_sees_a_quantized_parameter(tmp_path: Path, monkeypatch) -> None
     )
     monkeypatch.setitem(globals(), "PACKAGE", tmp_path)
     assert flag_parameters("quantized") == ["m.py:1 a", "m.py:3 b", "m.py:4 c"]
+
+
+ISSUE_REFERENCE = re.compile(r"\bissue\s+\d+", re.IGNORECASE)
+SOURCE_SUFFIXES = (".py", ".c", ".h", ".js")
+
+
+def issue_references(root: Path) -> list[str]:
+    """`file:line` of every mention of an issue number under `root`: comments say why (the
+    reason, or the README / docs section they follow); which issue asked for a change is
+    history, and history lives in git."""
+    found = []
+    for path in sorted(root.rglob("*")):
+        if path.suffix not in SOURCE_SUFFIXES or not path.is_file():
+            continue
+        for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+            if ISSUE_REFERENCE.search(line):
+                found.append(f"{path.relative_to(root)}:{number}")
+    return found
+
+
+def test_source_comments_cite_no_issue_numbers() -> None:
+    assert issue_references(PACKAGE) == []
+
+
+def test_checker_sees_an_issue_reference(tmp_path: Path) -> None:
+    (tmp_path / "a.py").write_text('"""Fine."""\nX = 1  # the cache (Issue 31 item 2)\n')
+    (tmp_path / "b.h").write_text("/* a why, not a which */\n")
+    assert issue_references(tmp_path) == ["a.py:2"]

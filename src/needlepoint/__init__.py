@@ -84,15 +84,15 @@ def __getattr__(name: str) -> Any:
         from .models.protocol import resolve_model_name
 
         return resolve_model_name
-    if name == "Handoff":  # issue 29: unsure answers go to a bigger model
+    if name == "Handoff":  # unsure answers go to a bigger model
         from .api.handoff import Handoff
 
         return Handoff
-    if name == "McpTools":  # issue 29: MCP servers as tools
+    if name == "McpTools":  # MCP servers as tools
         from .api.mcp_tools import McpTools
 
         return McpTools
-    if name in ("write_gguf", "GgufVocab"):  # issue 28 item 5: test and benchmark GGUFs
+    if name in ("write_gguf", "GgufVocab"):  # test and benchmark GGUFs
         from .formats import gguf_write
 
         return getattr(gguf_write, name)

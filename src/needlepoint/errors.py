@@ -83,7 +83,7 @@ class NonFiniteActivationError(NeedlepointError, ArithmeticError):
 
 class ToolFormatError(NeedlepointError, ValueError):
     """A chat template's tool-call syntax is not one needlepoint knows, or `tool_format`
-    names an unknown or unusable one (issue 28 item 4)."""
+    names an unknown or unusable one."""
 
 
 class InvalidOptionError(NeedlepointError, ValueError):
@@ -144,7 +144,7 @@ class StagePlanError(StageError, ValueError):
 
 
 class McpConfigError(NeedlepointError, ValueError):
-    """An `mcp.json` (the `{"mcpServers": {...}}` form, issue 29) is malformed: not JSON, not
+    """An `mcp.json` (the `{"mcpServers": {...}}` form) is malformed: not JSON, not
     an object, a server with neither `command` nor `url`, a field of the wrong type; the
     message names the file and the server."""
 

@@ -1,5 +1,5 @@
 """The agent side of `Needle` (a base class): executing calls, the agent loop, MCP tools and
-the confidence hand-off (issue 29 items 1 and 3).
+the confidence hand-off.
 
 `Needle(tools, mcp=...)` adds every tool of the `mcp.json` servers (`mcp_tools.py`); `execute`
 runs a Python function or an MCP tool alike, and a tool's failure (a Python exception, an MCP

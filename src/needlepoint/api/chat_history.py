@@ -1,5 +1,5 @@
-"""A `Needle`'s chat: the conversation it continues, and what it remembers of it (issue 27
-item 4: the chat history is an object of its own, not `Needle`'s private fields).
+"""A `Needle`'s chat: the conversation it continues, and what it remembers of it (an object
+of its own, not `Needle`'s private fields).
 
 `ChatHistory` holds the current `Conversation` (session and token history), the tools and
 grammar it offers (fixed by its first query: the model only ever saw those schemas), the

@@ -1,4 +1,4 @@
-"""Confidence hand-off (issue 29 item 3): a bigger model answers when the local one is unsure.
+"""Confidence hand-off: a bigger model answers when the local one is unsure.
 
     needle = Needle(tools, handoff=Handoff("http://big:8000/v1", "big-model",
                                            api_key_env="BIG_API_KEY", below=0.7))

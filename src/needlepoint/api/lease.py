@@ -9,8 +9,8 @@ runs the work of every live request together, one model call per engine step.
 `LeasedModel` is the model as one request sees it: the `ModelProtocol` (`models/protocol.py`)
 of the model, except that `session()` opens proxies under the request's lease, so `Needle`,
 `Conversation` and the turn generator run unchanged on top of the scheduler. The scheduler
-sees a proxy only through its public side (`lease`, `unit`, `session`, `free`; issue 27
-item 4: nothing reads the proxy's private state).
+sees a proxy only through its public side (`lease`, `unit`, `session`, `free`:
+nothing reads the proxy's private state).
 """
 
 from __future__ import annotations

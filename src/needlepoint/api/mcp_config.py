@@ -1,5 +1,5 @@
 """The `mcp.json` file: `{"mcpServers": {name: {...}}}`, the form Claude Desktop, Cursor and LM
-Studio read (issue 29 item 1).
+Studio read.
 
 A server is either a stdio process, `{"command", "args", "env", "cwd"}`, or a streamable-HTTP
 endpoint, `{"url", "headers"}`. Keys of our own, all optional: `"timeout"` (seconds a call

@@ -1,4 +1,4 @@
-"""MCP servers as tools (issue 29 item 1), with the `mcp` package's client.
+"""MCP servers as tools, with the `mcp` package's client.
 
     tools = McpTools("mcp.json")           # starts / connects every server, lists their tools
     needle = Needle(tools=[...], mcp=tools) # or mcp="mcp.json": Needle starts its own

@@ -94,7 +94,7 @@ class Needle(AgentMixin):
         speculate: bool = True,
         threads: int | None = None,
         tool_format: str | None = None, template_kwargs: Mapping[str, Any] | None = None,
-        mcp: Any = None,  # an mcp.json path or dict, or McpTools (issue 29; agent.py)
+        mcp: Any = None,  # an mcp.json path or dict, or McpTools (agent.py)
         handoff: Any = None,  # a Handoff: unsure answers go to a bigger model (handoff.py)
     ) -> None:
         self.model = load_model(model, cache, threads)

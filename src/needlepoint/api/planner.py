@@ -1,4 +1,4 @@
-"""What a `Needle` turn is decoded under: the tool/grammar planner (issue 27 item 4).
+"""What a `Needle` turn is decoded under: the tool/grammar planner.
 
 `TurnPlanner` owns everything that turns tools and per-call options into a `Plan` (the
 generation config, the call grammar, the content grammar, the schemas a grammar-less turn is

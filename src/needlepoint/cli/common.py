@@ -49,7 +49,7 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_tool_format_argument(parser: argparse.ArgumentParser) -> None:
     """--tool-format and --chat-template-kwargs of run and chat (`Needle(tool_format=...,
-    template_kwargs=...)`, issue 28 item 4); --tool-choice (OpenAI's, for one turn)."""
+    template_kwargs=...)`); --tool-choice (OpenAI's, for one turn)."""
     from ..generation.syntaxes import tool_formats
 
     parser.add_argument("--tool-format", choices=tool_formats(), default=None,

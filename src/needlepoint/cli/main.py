@@ -12,7 +12,7 @@ line to `COMMANDS`. Keep heavy imports inside `run` so `--help` stays fast.
 `serve` is not here: it lives in `server/cli.py`, and `cli/` and `server/` are side by side
 (neither imports the other). The whole command line, these subcommands plus `serve`, is put
 together one layer above both, in `needlepoint/command.py`, which the `needlepoint` console
-script and `python -m needlepoint` run (issue 27 item 5: every import visible and downward).
+script and `python -m needlepoint` run (every import visible and downward).
 
 Errors a user can cause (a missing file, a malformed archive, bad input) print one line to
 stderr and exit with status 2; no traceback.

@@ -1,7 +1,7 @@
 """Directory records of a `.cact` archive (fixture READMEs, "Directory"): the typed record, the
 checks each one must pass before any view of its blob is made, and the check across records
 that no two blobs overlap (here, beside the record type, so `cact_checks` needs no record and
-the three reader modules import one way: issue 27 item 5)."""
+the three reader modules import one way)."""
 
 from __future__ import annotations
 

@@ -96,7 +96,7 @@ class NeedleFormat:
         return wire.render_tool_results(results)
 
     def next_turn_ids(self, answer: Sequence[int], content: str) -> list[int]:
-        """The one multi-turn step of Needle's format (issue 27 item 4; `conversation_ids`,
+        """The one multi-turn step of Needle's format (`conversation_ids`,
         `Needle.chat` and the replay of kept turns all use it): an assistant answer's tokens
         (EOS dropped, closed by `<|im_end|>` unless they end with it), then the next user
         turn with `content`."""

@@ -3,7 +3,7 @@
 Both headers are little-endian u32 words followed by one f32 rope_theta, and both archives
 carry the same mHC and engram records after the layers (needle2 README "The v2 `.cact`
 layout" steps 3-4, fixture README "The `.cact` archive" steps 4-6); one copy here keeps the
-two geometries from drifting apart (issue 27, one of each thing).
+two geometries from drifting apart (one of each thing).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The packages of the `hf` extra, imported only when a Hugging Face / GGUF file needs them.
 
 One place says how a missing one fails: the typed error of the caller's format (never a bare
-ImportError), naming the package and the extra to install (issue 27: one of each thing).
+ImportError), naming the package and the extra to install (one of each thing).
 """
 
 from __future__ import annotations

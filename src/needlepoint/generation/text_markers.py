@@ -89,7 +89,7 @@ def end_when_short(allowed: np.ndarray, ends: Iterable[int], remaining: int,
     less than the closing reserve of `close_when_short`: only the end of the turn, when the
     grammar allows it. So the answer ends with the calls it has instead of opening one more
     block that the budget cuts off unparseable (a looping model calling the same tool again
-    and again: issue 28 item 4, qwen3-tiny's own weights). Inside a block `close_when_short`
+    and again, as qwen3-tiny's own weights do). Inside a block `close_when_short`
     cannot shorten what the grammar forces (a name, a key), hence a whole block's room."""
     if remaining > close_reserve(budget) + block:
         return allowed

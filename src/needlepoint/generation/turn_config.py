@@ -1,7 +1,7 @@
 """What one turn is decoded with: its options (`GenerationConfig`), what it needs from the
 tokenizer (`TurnVocab`, computed once per tokenizer), and the grammar interfaces it masks
 with (`Constraint`, `Matcher`). Apart from the turn loop (`turn.py`) so that the loop reads
-as its steps (issue 27 item 4).
+as its steps.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """One decoded assistant turn, as the generator hands it over (`TurnComplete`, `events.py`)
 before the API builds an envelope from it. A module of its own, with no imports from the
 generation layer, so that the events and the turn loop both use it without an import circle
-(issue 27 item 5).
+.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Numeric kernels: the Walsh-Hadamard transform and Cactus-Quants weights, and the public names
 of the deploy (CQ x A8) and int8 products that a kernel microbenchmark needs (docs/api.md
-"Public names for clients", issue 27 item 6: `bench/` imports nothing else)."""
+"Public names for clients", `bench/` imports nothing else)."""
 
 from __future__ import annotations
 

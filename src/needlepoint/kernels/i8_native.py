@@ -3,7 +3,7 @@ headers, bound and loaded there). `LIBRARY` is that library, or None when it is 
 disabled with `NEEDLEPOINT_NATIVE=0`. Every int8 wrapper picks its path through
 `native.library` (the one helper), so `kernels.i8` runs its numpy reference, which computes
 the same bits, when `native.LIBRARY` is None. The variants table and `simd_variant` are the
-library's own (issue 26 item 4: one table, one environment variable).
+library's own (one table, one environment variable).
 """
 
 from __future__ import annotations

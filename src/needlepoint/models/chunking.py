@@ -1,5 +1,5 @@
 """Splitting a request's tokens into prefill chunks: the one helper every family's sessions,
-the batch forward and the stages' head use (issue 27, "one chunk-splitting helper").
+the batch forward and the stages' head use.
 
 A chunk of at most `size` tokens is run as one pass; which of its positions' logits are
 wanted follows from what the caller wants of the whole request: every row ("all"), only the

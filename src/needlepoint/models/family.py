@@ -1,4 +1,4 @@
-"""The one dispatch from a file to a model family (issue 27 item 2; `loader.load` and
+"""The one dispatch from a file to a model family (`loader.load` and
 `parts.load_part` both went their own way before).
 
 A known name (`smollm2`) is resolved to its file first; a Hugging Face model directory or a

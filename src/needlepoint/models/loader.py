@@ -20,7 +20,7 @@ THREADS_ENV = "NEEDLEPOINT_THREADS"
 
 class LoadOptions(TypedDict, total=False):
     """The options of `load` (documented there) that `needlepoint.load` passes on unchanged
-    (issue 27: one list of them, not a copy of the signature)."""
+    (one list of them, not a copy of the signature)."""
 
     layers: int | None
     numerics: str

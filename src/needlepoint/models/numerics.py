@@ -1,4 +1,4 @@
-"""The one list of numerics names, per model family (issue 27 item 2: "one list of numerics
+"""The one list of numerics names, per model family ("one list of numerics
 names"; four copies before). The loader, the layer-range parts and each family's model read
 them from here; what each name computes is the family's numerics strategy (Needle:
 docs/numerics.md; transformer: `transformer/numerics.py`, docs/hf.md "Numerics").

@@ -79,7 +79,7 @@ def _log_domain_sinkhorn(logits: np.ndarray, rounds: int) -> np.ndarray:
 def sinkhorn(logits: np.ndarray, rounds: int = 20) -> np.ndarray:
     """mHC's doubly-stochastic `hres` of every matrix of logits [T, n, n] (fixture README
     step 5: `rounds` of subtracting the row then the column log-sum-exp, then exp): the one
-    Sinkhorn of Needle 2 and Needle 3 in either numerics (issue 27 item 1), by the native
+    Sinkhorn of Needle 2 and Needle 3 in either numerics, by the native
     kernel when the library is loaded (`np_sinkhorn`), else `sinkhorn_reference`: the same
     bits."""
     lib = native.library()

@@ -3,7 +3,7 @@
 `ModelProtocol` is what every model family implements (Needle 3 `V3Model`, Needle 2 `V2Model`,
 transformer `TransformerModel`, staged `StagedModel`) and all that `generation/`, `api/`,
 `cli/` and `server/` rely on. `SessionProtocol` is the decode state a model's `session()`
-returns. What only some models or sessions can do is declared, not probed (issue 27 item 3):
+returns. What only some models or sessions can do is declared, not probed:
 each model's `capabilities` (`ModelCapabilities`: batched forward, pipeline depth, confidence
 head, embedding head, the name clients see) and each session's (`SessionCapabilities`:
 `extend`/`rewind`, whether they are exact, `fork`, a pooled `confidence_logit`, its prefill
@@ -43,7 +43,7 @@ class ModelNotFoundError(NeedlepointError, FileNotFoundError):
 
 @dataclass(frozen=True)
 class SessionCapabilities:
-    """What a session can do beyond `position`, `prefill` and `step` (issue 27 item 3).
+    """What a session can do beyond `position`, `prefill` and `step`.
 
     `extend`: `extend(ids)` gives the logits after every id, and `rewind`: `rewind(n)` forgets
     the last n positions (`ExtendingSession`); `exact`: those `extend` rows are the bits of

@@ -1,5 +1,5 @@
 """The one check of a session's `rewind(n)` argument, shared by every family's session and the
-staged session (issue 27: one of each thing)."""
+staged session (one of each thing)."""
 
 from __future__ import annotations
 

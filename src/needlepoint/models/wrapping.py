@@ -2,7 +2,7 @@
 
 A layer range of a transformer (`transformer/layer_range.py`) and a request's leased view of
 the served model (`api/lease.py`) both wrap a whole model and answer with its tokenizer and
-chat format: one copy of that forwarding here (issue 27, one of each thing). A Needle model and
+chat format: one copy of that forwarding here (one of each thing). A Needle model and
 a Needle 3 layer range answer from the archive they read (`NeedleArchiveText`).
 """
 

@@ -85,7 +85,7 @@ def create_app(
         engine.scheduler = scheduler
     pool = WorkerPool(workers, max_queue)
     metrics = Metrics(pool, scheduler)  # this app's own registry
-    if stage_health(engine.model) is not None:  # stage losses, replays (issue 30)
+    if stage_health(engine.model) is not None:  # stage losses, replays
         metrics.registry.register(StageCollector(engine.model))
 
     @asynccontextmanager

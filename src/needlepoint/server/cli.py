@@ -63,7 +63,7 @@ def serve(
     `api_keys` plus `$NEEDLEPOINT_API_KEY`: the keys `/v1/*` accepts (none: open; a warning
     when the address is reachable from other machines). `mcp`: an mcp.json path or dict
     (its servers start now and stop with the server); `mcp_hosts`: the hosts a Responses
-    request's `server_url` may name; `handoff`: an `api.handoff.Handoff` (issue 29)."""
+    request's `server_url` may name; `handoff`: an `api.handoff.Handoff`."""
     if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= MAX_PORT:
         raise InvalidOptionError(f"port must be 0-{MAX_PORT}, got {port!r}")
     try:
@@ -129,8 +129,8 @@ def _run(app: Any, host: str, port: int, keys: Sequence[str], log_level: str) ->
 
 
 def needle_factory(tool_format: str | None, template_kwargs: dict[str, Any] | None) -> Any:
-    """The server's `Needle` maker for `--tool-format` / `--chat-template-kwargs` (issue 28
-    item 4): the call syntax for every request, the template variables as every request's
+    """The server's `Needle` maker for `--tool-format` / `--chat-template-kwargs` : the call
+    syntax for every request, the template variables as every request's
     defaults, under the request's own `chat_template_kwargs`; None: plain `Needle`."""
     if tool_format in (None, "auto") and not template_kwargs:
         return None

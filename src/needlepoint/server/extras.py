@@ -1,4 +1,4 @@
-"""The routes and hooks of issue 29 on an app built by `create_app`: `/v1/responses`
+"""The Responses, MCP and hand-off routes and hooks on an app built by `create_app`: `/v1/responses`
 (`responses.py`), the MCP tools of `serve --mcp` (`responses_mcp.py`, `mcp_routes.py`) and
 the confidence hand-off of every chat job (`handoff.py`)."""
 

@@ -1,4 +1,4 @@
-"""Confidence hand-off on the server (issue 29 item 3): `serve --handoff-url URL
+"""Confidence hand-off on the server: `serve --handoff-url URL
 --handoff-model M --handoff-below 0.7`.
 
 Every chat job (chat completions and the Responses API alike) is reviewed when its answer is

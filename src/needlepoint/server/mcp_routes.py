@@ -1,4 +1,4 @@
-"""The MCP servers of `serve --mcp` for the playground (issue 29 items 1, 5):
+"""The MCP servers of `serve --mcp` for the playground:
 `GET /v1/needlepoint/mcp/tools` lists every tool with its server (the names the model sees),
 `POST /v1/needlepoint/mcp/call` `{"name", "arguments"}` runs one call on its server and
 answers `{"name", "arguments", "server", "result" | "error"}` (a tool's `isError` is an

@@ -191,7 +191,7 @@ def stage_health(model: Any) -> dict[str, Any] | None:
 
 class StageCollector(Collector):
     """A model cut into stages: stage losses, sessions replayed, stages recovering now
-    (issue 30 item 5; docs/distributed.md, "A stage lost mid-request")."""
+    (docs/distributed.md, "A stage lost mid-request")."""
 
     def __init__(self, model: Any) -> None:
         self.model = model

@@ -1,5 +1,5 @@
 """The middlewares inside `observe.py`'s: the last-line 500 (`CatchAllMiddleware`) and the
-request body's size and time limits (`BodyLimitMiddleware`: 413, 408). Issue 27 item 4: they
+request body's size and time limits (`BodyLimitMiddleware`: 413, 408). They
 sit beside `observe.py` (ids, access log, metrics) and `auth.py` (API keys), not in `app.py`.
 """
 

@@ -218,7 +218,7 @@ def describe(schema: dict[str, Any], *, api_keys: bool = False,
                 responses["200"] = {"description": "The server is up.",
                                     "content": _json(_ref("Health"))}
     _refused_as_null(components)
-    describe_extras(schema, served, _errors)  # /v1/responses, the MCP routes (issue 29)
+    describe_extras(schema, served, _errors)  # /v1/responses, the MCP routes
     if served is not None:
         _served_only(schema, served)
         _examples(schema, served)

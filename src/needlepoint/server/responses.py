@@ -1,4 +1,4 @@
-"""`POST /v1/responses`: OpenAI's Responses API beside chat completions (issue 29 items 2, 4).
+"""`POST /v1/responses`: OpenAI's Responses API beside chat completions.
 
 A request is translated to chat messages (`responses_input.py`) and each model answer is a
 chat-completion job (`engine.py`) on the same worker pool, scheduler and metrics; its deltas

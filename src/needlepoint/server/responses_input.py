@@ -1,4 +1,4 @@
-"""A Responses API request as chat messages and chat-completion fields (issue 29 item 4).
+"""A Responses API request as chat messages and chat-completion fields.
 
 The Responses route runs on the chat-completions job (`engine.py`), so a response is decoded
 by the same engine, scheduler and grammar. The mapping:

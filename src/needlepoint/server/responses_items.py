@@ -1,4 +1,4 @@
-"""The objects of the Responses API (issue 29 item 4): the response, its output items and its
+"""The objects of the Responses API: the response, its output items and its
 stream events, as plain dicts in OpenAI's documented shapes; and the bounded in-memory store
 of finished responses that `previous_response_id` reads.
 """

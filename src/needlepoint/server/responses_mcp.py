@@ -1,4 +1,4 @@
-"""Server-side MCP tools on the Responses API, as OpenAI defines them (issue 29 item 2).
+"""Server-side MCP tools on the Responses API, as OpenAI defines them.
 
 A request's `{"type": "mcp", "server_label": L, "allowed_tools": [...], "require_approval":
 ...}` tool refers to the server named `L` in the `mcp.json` given to `serve --mcp`; a request

@@ -1,4 +1,4 @@
-"""`/openapi.json` for the routes of issue 29 (`/v1/responses`, the MCP routes): their 200
+"""`/openapi.json` for the Responses and MCP routes (`/v1/responses`, the MCP routes): their 200
 bodies, event stream, statuses and the served model name, added to `openapi.describe`'s
 document (which stays the one place that builds it)."""
 

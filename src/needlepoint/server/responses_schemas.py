@@ -1,4 +1,4 @@
-"""The request of `POST /v1/responses` (OpenAI's Responses API, issue 29 item 4).
+"""The request of `POST /v1/responses` (OpenAI's Responses API).
 
 Shape and range only, as `schemas.py` does for chat completions: the items of `input`, the
 tools and `text.format` are checked when they are translated (`responses.py`), with a 400

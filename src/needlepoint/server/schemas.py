@@ -161,7 +161,7 @@ class ChatCompletionRequest(SamplingOptions):
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh",
                               "max"] | None = None
     # variables for the model's chat template (Qwen3's enable_thinking), as vLLM and
-    # llama.cpp's server take them (issue 28 item 4)
+    # llama.cpp's server take them
     chat_template_kwargs: dict[str, Any] | None = None
     # Accepted only at their neutral values (fields.py): the answer does not depend on them.
     presence_penalty: float | None = Field(default=None, allow_inf_nan=False)

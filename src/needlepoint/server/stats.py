@@ -20,7 +20,7 @@ def answer_stats(envelope: dict[str, Any]) -> dict[str, Any]:
     return {"confidence": envelope.get("confidence"),
             "confidence_source": envelope.get("confidence_source"),
             "call_confidences": envelope.get("call_confidences", []),
-            "handoff": envelope.get("handoff"),  # issue 29: None unless handed off
+            "handoff": envelope.get("handoff"),  # None unless handed off
             "timings": {key: timings[key] for key in STAT_TIMINGS if key in timings}}
 
 

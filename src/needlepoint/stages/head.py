@@ -1,6 +1,6 @@
 """The head's part of a chunk: `embed_chunk` embeds it (the layer-range interface's `embed`)
 and refuses to send non-finite rows to stage 0 (docs/distributed.md, failure handling), for
-a session's calls and for the pipeline's micro-batches alike (issue 27 item 2: one head-embed
+a session's calls and for the pipeline's micro-batches alike (one head-embed
 and finiteness check)."""
 
 from __future__ import annotations

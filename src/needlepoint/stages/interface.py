@@ -1,4 +1,4 @@
-"""What a staged session and the pipeline need of the model they run on (issue 27 item 5).
+"""What a staged session and the pipeline need of the model they run on.
 
 `StagedModel` (model.py) builds sessions (session.py) and calls the pipeline (pipeline.py);
 they in turn read the model's head part, stage plan and transport. This Protocol names that

@@ -54,7 +54,7 @@ class StagedModel:
         self.micro_batches: int | None = None  # run_batch (None: pipeline.py's default)
         self._lock = threading.Lock()
         self._calls = 0  # run_batch calls in flight
-        # replay on a lost stage (issue 30): the live sessions, the losses, the replays
+        # replay on a lost stage: the live sessions, the losses, the replays
         self.recovery = Recovery(self, recovery or RecoveryPolicy())
         self.recovery.incarnations = dict(enumerate(transport.call_all("ping")))
 

@@ -1,4 +1,4 @@
-"""Replay on a lost stage (issue 30 item 1; docs/distributed.md, "A stage lost mid-request").
+"""Replay on a lost stage (docs/distributed.md, "A stage lost mid-request").
 
 Exact numerics (Needle 3 "deploy", transformer "int8") give the same bits on any machine and
 for any chunking, so re-running a session's tokens through a fresh stage rebuilds its caches

@@ -1,4 +1,4 @@
-"""Replicas of a staged model (issue 30 item 3): `load_staged(path, stages=K, replicas=R)`
+"""Replicas of a staged model: `load_staged(path, stages=K, replicas=R)`
 places R copies of the K-stage pipeline, each replica its own stages (actors) and its own
 `Recovery`; the head's part is loaded once and shared.
 

@@ -1,4 +1,4 @@
-/* The one int8 attention row (docs/numerics.md "int8 attention"; issue 26 item 4), for every
+/* The one int8 attention row (docs/numerics.md "int8 attention"), for every
  * caller: np_attend (listed slots: kernels/pinned.py attend), the Needle 3 step (a ring of its
  * cache: np_v3_rows.h) and the transformer int8 attention (cache rows p * stride + g:
  * np_i8_rows.h). Included once per instruction-set variant (np_variant.h); needs np_exp.h.

@@ -1,4 +1,4 @@
-/* Exact CQ x A8 products of 2-bit storage by table lookups (T-MAC style; issue 26 item 1),
+/* Exact CQ x A8 products of 2-bit storage by table lookups (T-MAC style),
  * AVX2 (also compiled into the AVX-512 variant), included by np_cq_int.h once per variant.
  * docs/numerics.md "Exact CQ x A8 products" is the contract, kernels/exact.py
  * `cq_matmul_reference` the numpy reference with the same bits.

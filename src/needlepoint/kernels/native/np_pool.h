@@ -1,4 +1,4 @@
-/* The library's one worker pool (issue 26 item 3): every split of a call's work between
+/* The library's one worker pool: every split of a call's work between
  * threads (the rows of a product, the attention rows and MLP rows of the Needle 3 step, the
  * int8 products' output groups) runs here instead of on threads created per call.
  *

@@ -1,6 +1,6 @@
 /* Every kernel of the library, compiled once per instruction-set variant by
  * needlepoint_native.c (every function name goes through NP_NAME() / NP_NAME(), which append
- * the variant's suffix). One header per kernel family (issue 27 item 7), in dependency order. */
+ * the variant's suffix). One header per kernel family, in dependency order. */
 #include "np_a8.h"     /* A8 rows and codes, the integer Walsh-Hadamard */
 #include "np_cq.h"     /* exact CQ x A8 products (+ np_cq_int.h, np_cq_int16.h) */
 #include "np_exp.h"    /* the pinned exp */

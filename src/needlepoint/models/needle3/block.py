@@ -1,6 +1,6 @@
 """The blocks of a chunk of positions (fixture README "Forward pass", step 5): the one loop
 over blocks that a session, `forward`, `run_batch` and a pipeline stage (`needlepoint.stages`,
-through `layer_range`) all run, so they agree by construction (issue 27 item 2).
+through `layer_range`) all run, so they agree by construction.
 
 `run_blocks` runs blocks `first .. end-1` over the stacked rows of one or several sequences'
 chunks: with the model's native plan (deploy numerics, library loaded) as one C call

@@ -1,4 +1,4 @@
-"""The one batch forward of Needle 3 (issue 27 item 2): chunks of one or several sequences,
+"""The one batch forward of Needle 3: chunks of one or several sequences,
 stacked by rows, through the embedding and engram lookups (`embed`), every block
 (`block.run_blocks`) and the read-out (`readout`). Sessions (`V3Session.prefill/step/extend`),
 `V3Model.forward`, `run_batch` and the layer-range interface of a staged model

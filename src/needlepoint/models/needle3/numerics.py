@@ -1,5 +1,5 @@
-"""Needle 3's two numerics as strategy objects, picked once when a model is loaded (issue 27
-item 1; docs/numerics.md): everything that differs between float and deploy numerics is a
+"""Needle 3's two numerics as strategy objects, picked once when a model is loaded
+(docs/numerics.md): everything that differs between float and deploy numerics is a
 method or attribute here, so no operation takes a `quantized` flag.
 
 * `NeedleFloat`: the stored weights dequantised to float32 and multiplied by BLAS, numpy's

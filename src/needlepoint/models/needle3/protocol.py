@@ -1,7 +1,7 @@
 """What the Needle 3 forward reads of a model: the shared type of a whole model
 (`model.V3Model`) and of the part of one a head or a stage holds (`layer_range.V3Part`), in
-its own module so the forward's files need not import either (no import circle, issue 27
-item 5)."""
+its own module so the forward's files need not import either (no import
+circle)."""
 
 from __future__ import annotations
 

@@ -170,7 +170,7 @@ class V3Session:
         tokens = model.check_ids(ids, self.position)
         trace = trace or self.trace
         collect = Collector() if trace is not None else None
-        # Every position runs through the one forward (issue 27 item 2): a step is a chunk
+        # Every position runs through the one forward: a step is a chunk
         # of one; in deploy numerics with the same bits as in any prefill (docs/numerics.md).
         outputs = []
         for chunk, logits in run_chunks(model, tokens, self.consumed(), self.caches,

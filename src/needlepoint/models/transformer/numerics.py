@@ -1,4 +1,4 @@
-"""The transformer numerics as strategy objects, chosen once at load (issue 27 item 1).
+"""The transformer numerics as strategy objects, chosen once at load.
 
 `TransformerFloat` (float32 weights and activations, BLAS products: the transformers
 reference) and `TransformerInt8` (block-scaled int8 products, pinned norms, activations, RoPE

@@ -1,4 +1,4 @@
-"""The one forward of the transformer family (issue 27 item 2): a batch forward over requests
+"""The one forward of the transformer family: a batch forward over requests
 that sessions, `model.forward`, `model.run_batch`, `hidden_states` and the layer-range parts
 (stages) all call.
 

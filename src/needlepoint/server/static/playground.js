@@ -383,7 +383,7 @@ async function start() {
   $("tools").value = JSON.stringify(await resp.json(), null, 2);
   validateTools();
   await loadModel();
-  await loadScript("/playground/playground_mcp.js");  // MCP tools, hand-offs (issue 29)
+  await loadScript("/playground/playground_mcp.js");  // MCP tools, hand-offs
   await loadMcpTools();
   $("query").focus();
 }

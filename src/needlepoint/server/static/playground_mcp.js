@@ -1,4 +1,4 @@
-// needlepoint playground: the MCP tools of `serve --mcp` and hand-offs (issue 29 item 5).
+// needlepoint playground: the MCP tools of `serve --mcp` and hand-offs.
 // playground.js loads it at start (same origin); its functions are globals it calls.
 "use strict";
 
