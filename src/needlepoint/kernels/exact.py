@@ -143,56 +143,56 @@ def a8_scale(x: np.ndarray) -> np.ndarray:
     return np.where(peak > 0, peak / LEVEL, F32(1.0)).astype(F32)
 
 
+def _row_codes_reference(x: np.ndarray, level: np.float32, dtype: type, what: str
+                         ) -> tuple[np.ndarray, np.ndarray]:
+    """(codes [T, cols] of `dtype`, scale [T]): `s = max|x| / level` (a float32 division; 1
+    for an all-zero row), `clip(rint(x / s), -level - 1, level)`."""
+    x = np.asarray(x, F32)
+    peak = np.max(np.abs(x), axis=-1)
+    if not np.all(np.isfinite(peak)):
+        raise NonFiniteActivationError(f"non-finite activation entering an {what}")
+    scale = np.where(peak > 0, peak / level, F32(1.0)).astype(F32)
+    codes = np.clip(np.rint(x / scale[:, None]), -float(level) - 1, float(level)).astype(dtype)
+    return codes, scale
+
+
+def _row_codes(x: np.ndarray, use_native: bool | None, level: np.float32, dtype: type,
+               entry: str, what: str) -> tuple[np.ndarray, np.ndarray]:
+    """`_row_codes_reference`, by the native kernel `entry` when it is built."""
+    lib = native.library(use_native)
+    if lib is None:
+        return _row_codes_reference(x, level, dtype, what)
+    x = np.ascontiguousarray(x, F32)
+    rows, cols = x.shape
+    codes = np.empty((rows, cols), dtype)
+    scale = np.empty(rows, F32)
+    if getattr(lib, entry)(x.ctypes.data, rows, cols, codes.ctypes.data, scale.ctypes.data):
+        raise NonFiniteActivationError(f"non-finite activation entering an {what}")
+    return codes, scale
+
+
 def a8_codes_reference(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(codes int8 [T, cols], scale [T]): `clip(rint(x / s), -128, 127)` (README A8)."""
-    x = np.asarray(x, F32)
-    scale = a8_scale(x)
-    codes = np.clip(np.rint(x / scale[:, None]), -128, 127).astype(np.int8)
-    return codes, scale
+    return _row_codes_reference(x, LEVEL, np.int8, "A8 quantiser")
 
 
 def a8_codes(x: np.ndarray, use_native: bool | None = None) -> tuple[np.ndarray, np.ndarray]:
     """`a8_codes_reference` of x [T, cols], by the native kernel when it is built."""
-    lib = native.library(use_native)
-    if lib is None:
-        return a8_codes_reference(x)
-    x = np.ascontiguousarray(x, F32)
-    rows, cols = x.shape
-    codes = np.empty((rows, cols), np.int8)
-    scale = np.empty(rows, F32)
-    if lib.np_a8_codes(x.ctypes.data, rows, cols, codes.ctypes.data, scale.ctypes.data):
-        raise NonFiniteActivationError("non-finite activation entering an int8 quantiser")
-    return codes, scale
+    return _row_codes(x, use_native, LEVEL, np.int8, "np_a8_codes", "A8 quantiser")
 
 
 LEVEL16 = F32(32767.0)
 
 
 def a16_codes_reference(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(codes int16 [T, cols], scale [T]): A8's rule with 32767 levels, `s = max|x| / 32767`
-    (a float32 division; 1 for an all-zero row), `clip(rint(x / s), -32768, 32767)`: the
-    transformer int8 numerics' cached keys (docs/numerics.md "int8 attention")."""
-    x = np.asarray(x, F32)
-    peak = np.max(np.abs(x), axis=-1)
-    if not np.all(np.isfinite(peak)):
-        raise NonFiniteActivationError("non-finite activation entering an A16 key")
-    scale = np.where(peak > 0, peak / LEVEL16, F32(1.0)).astype(F32)
-    codes = np.clip(np.rint(x / scale[:, None]), -32768, 32767).astype(np.int16)
-    return codes, scale
+    """(codes int16 [T, cols], scale [T]): A8's rule with 32767 levels: the transformer int8
+    numerics' cached keys (docs/numerics.md "int8 attention")."""
+    return _row_codes_reference(x, LEVEL16, np.int16, "A16 key")
 
 
 def a16_codes(x: np.ndarray, use_native: bool | None = None) -> tuple[np.ndarray, np.ndarray]:
     """`a16_codes_reference` of x [T, cols], by the native kernel when it is built."""
-    lib = native.library(use_native)
-    if lib is None:
-        return a16_codes_reference(x)
-    x = np.ascontiguousarray(x, F32)
-    rows, cols = x.shape
-    codes = np.empty((rows, cols), np.int16)
-    scale = np.empty(rows, F32)
-    if lib.np_a16_codes(x.ctypes.data, rows, cols, codes.ctypes.data, scale.ctypes.data):
-        raise NonFiniteActivationError("non-finite activation entering an A16 key")
-    return codes, scale
+    return _row_codes(x, use_native, LEVEL16, np.int16, "np_a16_codes", "A16 key")
 
 
 def a8_rotate_reference(x: np.ndarray, in_pad: int) -> tuple[np.ndarray, np.ndarray]:

@@ -90,42 +90,39 @@ static int NP_NAME(np_a8_rotate)(const float *x, int64_t T, int64_t cols, int64_
     return NP_OK;
 }
 
-/* A8 codes of each row of x [T, cols] as int8 plus one float32 scale (np_a8_rotate without
- * the rotation): the int8 KV cache and the int8 queries. */
-static int NP_NAME(np_a8_codes)(const float *x, int64_t T, int64_t cols, int8_t *codes,
-                                float *scale) {
+/* Symmetric codes of each row of x [T, cols] at `level` steps a side, plus one float32 scale
+ * `max|x| / level` (1 for an all-zero row): int8 (level 127, `codes8`) or int16 (level 32767,
+ * `codes16`), the other pointer NULL. */
+static int NP_NAME(np_row_codes)(const float *x, int64_t T, int64_t cols, float level,
+                                 int8_t *codes8, int16_t *codes16, float *scale) {
+    const float low = -level - 1.0f;
     for (int64_t t = 0; t < T; t++) {
         const float *row = x + t * cols;
         float peak;
         if (!NP_NAME(np_absmax)(row, cols, &peak)) return NP_NONFINITE;
-        float s = peak > 0.0f ? peak / 127.0f : 1.0f;
+        float s = peak > 0.0f ? peak / level : 1.0f;
         scale[t] = s;
         for (int64_t c = 0; c < cols; c++) {
             float q = nearbyintf(row[c] / s);
-            if (q > 127.0f) q = 127.0f;
-            if (q < -128.0f) q = -128.0f;
-            codes[t * cols + c] = (int8_t)q;
+            if (q > level) q = level;
+            if (q < low) q = low;
+            if (codes8)
+                codes8[t * cols + c] = (int8_t)q;
+            else
+                codes16[t * cols + c] = (int16_t)q;
         }
     }
     return NP_OK;
 }
 
-/* A16 codes of each row of x [T, cols] as int16 plus one float32 scale: np_a8_codes with
- * 32767 levels (the transformer int8 numerics' cached keys). */
+/* A8 codes (np_a8_rotate without the rotation): the int8 values and queries. */
+static int NP_NAME(np_a8_codes)(const float *x, int64_t T, int64_t cols, int8_t *codes,
+                                float *scale) {
+    return NP_NAME(np_row_codes)(x, T, cols, 127.0f, codes, NULL, scale);
+}
+
+/* A16 codes, 32767 levels: the transformer int8 numerics' cached keys. */
 static int NP_NAME(np_a16_codes)(const float *x, int64_t T, int64_t cols, int16_t *codes,
                                  float *scale) {
-    for (int64_t t = 0; t < T; t++) {
-        const float *row = x + t * cols;
-        float peak;
-        if (!NP_NAME(np_absmax)(row, cols, &peak)) return NP_NONFINITE;
-        float s = peak > 0.0f ? peak / 32767.0f : 1.0f;
-        scale[t] = s;
-        for (int64_t c = 0; c < cols; c++) {
-            float q = nearbyintf(row[c] / s);
-            if (q > 32767.0f) q = 32767.0f;
-            if (q < -32768.0f) q = -32768.0f;
-            codes[t * cols + c] = (int16_t)q;
-        }
-    }
-    return NP_OK;
+    return NP_NAME(np_row_codes)(x, T, cols, 32767.0f, NULL, codes, scale);
 }
