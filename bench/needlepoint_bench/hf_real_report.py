@@ -26,6 +26,18 @@ NOTES = """\
   logits at every 32nd position and the last of four teacher-forced prompts (prose, code, a
   tool call, a technical text; `hf_real_prompts.py`), max and mean |difference| over all
   those logits, top-1 agreement over those positions.
+* First look (run of 2026-12-03 17:37 UTC, 1 thread, 1-minute load 4-10 on the 2 cores from
+  other work: single rounds moved up to 2x, so only same-run ratios mean anything, and
+  those loosely). needlepoint int8 against llama.cpp: Qwen2.5-Coder-0.5B decode 2.2x,
+  prefill 2.7x, but RSS 2.9x (1.9 GB vs 0.64 GB) and a 5.8 s warm load (llama.cpp 1.0 s);
+  Gemma 3 270M decode 0.64x, prefill 1.1x, RSS 1.9x (its blocks are not `BlockSpec.plain`,
+  so they run kernel by kernel from Python, see "Real shapes" above); SmolLM2 decode 2.2x,
+  prefill 4.4x, RSS 1.0x. Float dequantises everything at load: 3.5 GB / 2.0 GB RSS for
+  Qwen / Gemma. The loader (zero-copy GGUF weights) is being rewritten: rerun with the
+  before/after table once it lands. Fidelity: on Qwen int8 drifts from float more than
+  llama.cpp does (max 3.54 / mean 0.150 vs 0.54 / 0.060; worst on the tool-call prompt),
+  on Gemma and SmolLM2 the two are alike; not yet looked into (candidates: Qwen2's large
+  k biases in the int8 KV cache, the Q6_K matrices requantised to int8 at load).
 * Rerun: `needlepoint-bench-hf-real` (`--quick` for 1 round of a 256-token prompt and 32
   steps, `--threads 1`, `--models ...`); copy `bench/results/hf_real.json` to
   `hf_real-before.json` first to get the before/after table.
@@ -74,6 +86,31 @@ def _speed(record: dict) -> list[str]:
                                  f"prefill x {short}", f"decode x {short}", f"RSS x {short}",
                                  f"load x {short}"], rows, align="llrrrrrrrrr") + [""]
     return lines
+
+
+def _spread(record: dict) -> list[str]:
+    """Each engine's range over its rounds, and the load average at the processes' starts:
+    how much the shared machine moved the figures."""
+    parts, loads = [], []
+    for model, result in record["results"].items():
+        for threads, engines in result.get("speed", {}).items():
+            for engine, entry in engines.items():
+                rounds = entry["rounds"]
+                loads += [r["loadavg"][0] for r in rounds if r.get("loadavg")]
+                if len(rounds) < 2:
+                    continue
+                pre = [r["prefill_tok_s"] for r in rounds]
+                dec = [r["decode_tok_s"] for r in rounds]
+                parts.append(f"{model} {engine} at {threads}: prefill {min(pre):.0f}-"
+                             f"{max(pre):.0f}, decode {min(dec):.1f}-{max(dec):.1f}")
+    lines = []
+    if loads:
+        lines.append(f"1-minute load average at the speed processes' starts: {min(loads):.1f}"
+                     f"-{max(loads):.1f} on {record['machine'].get('logical_cpus')} "
+                     "logical CPUs.")
+    if parts:
+        lines.append("Spread over the rounds (tok/s): " + "; ".join(parts) + ".")
+    return [" ".join(lines), ""] if lines else []
 
 
 def _fidelity(record: dict) -> list[str]:
@@ -157,6 +194,6 @@ def report(record: dict, before: dict | None = None) -> str:
              f"its system info: `{m.get('llama_cpp_system_info')}`",
              f"* load average (1, 5, 15 min) at the start: {_load(record, 'start')}; at the "
              f"end: {_load(record, 'end')} (shared machine)", ""]
-    lines += _speed(record) + _fidelity(record) + _before_after(record, before)
+    lines += _speed(record) + _spread(record) + _fidelity(record) + _before_after(record, before)
     lines += _errors(record) + NOTES.splitlines()
     return "\n".join(lines) + "\n"
