@@ -26,6 +26,19 @@ NOTES = """\
   logits at every 32nd position and the last of four teacher-forced prompts (prose, code, a
   tool call, a technical text; `hf_real_prompts.py`), max and mean |difference| over all
   those logits, top-1 agreement over those positions.
+* Peers: `needlepoint-bench-build-peers` (`bench/needlepoint_bench/peer_build.py`; `--check`
+  prints the state and the commands) builds what is missing from llama-cpp-python's sdist
+  (`pip download --no-deps --no-binary :all: llama-cpp-python==0.3.36`), always with
+  `CFLAGS`/`CXXFLAGS="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"` (ggml builds with
+  `-march=native`; on Intel CPUs that report AMX its AMX kernels crash, and these flags, not
+  `GGML_AMX_*=OFF`, remove them), `CMAKE_BUILD_PARALLEL_LEVEL=1` and `nice -n 19`: the
+  binding by `pip install --no-deps SDIST` with `CMAKE_ARGS="-DLLAVA_BUILD=OFF
+  -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF
+  -DLLAMA_BUILD_SERVER=OFF -DLLAMA_OPENSSL=OFF"`, and `llama-server` by cmake from the
+  sdist's `vendor/llama.cpp` (`-DLLAMA_BUILD_SERVER=ON`, no curl/OpenSSL/web UI download,
+  `cmake --build ... --target llama-server -j 1`) into
+  `~/.cache/needlepoint-bench/llama-server/build/bin/`. `needlepoint-bench-hf-real
+  --build-peer` builds the binding first when it is missing.
 * First look (run of 2026-12-03 17:37 UTC, 1 thread, 1-minute load 4-10 on the 2 cores from
   other work: single rounds moved up to 2x, so only same-run ratios mean anything, and
   those loosely). needlepoint int8 against llama.cpp: Qwen2.5-Coder-0.5B decode 2.2x,
