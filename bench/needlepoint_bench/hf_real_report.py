@@ -32,7 +32,7 @@ NOTES = """\
   `CFLAGS`/`CXXFLAGS="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"` (ggml builds with
   `-march=native`; on Intel CPUs that report AMX its AMX kernels crash, and these flags, not
   `GGML_AMX_*=OFF`, remove them), `CMAKE_BUILD_PARALLEL_LEVEL=1` and `nice -n 19`: the
-  binding by `pip install --no-deps SDIST` with `CMAKE_ARGS="-DLLAVA_BUILD=OFF
+  binding by `pip install SDIST` with `CMAKE_ARGS="-DLLAVA_BUILD=OFF
   -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF
   -DLLAMA_BUILD_SERVER=OFF -DLLAMA_OPENSSL=OFF"`, and `llama-server` by cmake from the
   sdist's `vendor/llama.cpp` (`-DLLAMA_BUILD_SERVER=ON`, no curl/OpenSSL/web UI download,

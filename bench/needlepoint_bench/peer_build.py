@@ -5,9 +5,10 @@ Two peers, both from llama-cpp-python's sdist (which vendors llama.cpp under
 
 * llama-cpp-python, installed into the running interpreter's environment:
   `pip download --no-deps --no-binary :all: llama-cpp-python==VERSION`, then
-  `nice -n 19 pip install --no-deps SDIST` with `CMAKE_BUILD_PARALLEL_LEVEL=1` and the
-  `CMAKE_ARGS` of `PIP_CMAKE_ARGS` (no llava/mtmd, tests, examples or tools: the binding
-  needs libllama and libggml only);
+  `nice -n 19 pip install SDIST` (its small runtime dependencies, diskcache and jinja2,
+  come with it: the binding does not import without them) with
+  `CMAKE_BUILD_PARALLEL_LEVEL=1` and the `CMAKE_ARGS` of `PIP_CMAKE_ARGS` (no llava/mtmd,
+  tests, examples or tools: the binding needs libllama and libggml only);
 * `llama-server`, configured with cmake from the sdist's `vendor/llama.cpp` and built with
   `nice -n 19 cmake --build ... --target llama-server -j 1` into
   `~/.cache/needlepoint-bench/llama-server/` (binary: `build/bin/llama-server`).
@@ -70,8 +71,8 @@ def ensure_llama_cpp_python(cache: Path = CACHE, log=print) -> str:
         return "llama-cpp-python already installed"
     archive = sdist(cache, log)
     env = dict(build_env(), CMAKE_ARGS=PIP_CMAKE_ARGS)
-    _run(["nice", "-n", "19", sys.executable, "-m", "pip", "install", "--no-deps", "-v",
-          str(archive)], log, env=env)
+    _run(["nice", "-n", "19", sys.executable, "-m", "pip", "install", "-v", str(archive)], log,
+         env=env)
     return f"built llama-cpp-python {VERSION} from {archive}"
 
 
@@ -107,7 +108,7 @@ def check(cache: Path = CACHE) -> str:
     return "\n".join([
         f"llama-cpp-python: {'installed' if have_py else 'missing'}; built with "
         f"CFLAGS/CXXFLAGS=\"{AMX_OFF}\" CMAKE_BUILD_PARALLEL_LEVEL=1 "
-        f"CMAKE_ARGS=\"{PIP_CMAKE_ARGS}\" nice -n 19 pip install --no-deps "
+        f"CMAKE_ARGS=\"{PIP_CMAKE_ARGS}\" nice -n 19 pip install "
         f"{cache / 'sdist'}/llama_cpp_python-{VERSION}.tar.gz",
         f"llama-server: {binary if binary.is_file() else 'missing'}; built with "
         f"CFLAGS/CXXFLAGS=\"{AMX_OFF}\" cmake -S {src} -B {binary.parents[1]} "
