@@ -43,8 +43,8 @@ NOTES = """\
   other work: single rounds moved up to 2x, so only same-run ratios mean anything, and
   those loosely). needlepoint int8 against llama.cpp: Qwen2.5-Coder-0.5B decode 2.2x,
   prefill 2.7x, but RSS 2.9x (1.9 GB vs 0.64 GB) and a 5.8 s warm load (llama.cpp 1.0 s);
-  Gemma 3 270M decode 0.64x, prefill 1.1x, RSS 1.9x (its blocks are not `BlockSpec.plain`,
-  so they run kernel by kernel from Python, see "Real shapes" above); SmolLM2 decode 2.2x,
+  Gemma 3 270M decode 0.64x, prefill 1.1x, RSS 1.9x (the "Real shapes" notes above profile
+  why on Gemma's geometry: its blocks run kernel by kernel from Python); SmolLM2 decode 2.2x,
   prefill 4.4x, RSS 1.0x. Float dequantises everything at load: 3.5 GB / 2.0 GB RSS for
   Qwen / Gemma. The loader (zero-copy GGUF weights) is being rewritten: rerun with the
   before/after table once it lands. Fidelity: on Qwen int8 drifts from float more than
