@@ -46,8 +46,12 @@ NOTES = """\
   Gemma 3 270M decode 0.64x, prefill 1.1x, RSS 1.9x (the "Real shapes" notes above profile
   why on Gemma's geometry: its blocks run kernel by kernel from Python); SmolLM2 decode 2.2x,
   prefill 4.4x, RSS 1.0x. Float dequantises everything at load: 3.5 GB / 2.0 GB RSS for
-  Qwen / Gemma. The loader (zero-copy GGUF weights) is being rewritten: rerun with the
-  before/after table once it lands. Fidelity: on Qwen int8 drifts from float more than
+  Qwen / Gemma. Cold minus warm load on Qwen: llama.cpp +0.8 s, needlepoint int8 +5.3 s,
+  float +5.7 s, where reading the whole cold file in order took 0.4-2.7 s on this machine
+  (measured beside the run): the order in which the loader touches the file may cost more
+  than the bytes (on Gemma and SmolLM2 the gaps are within the noise). The loader
+  (zero-copy GGUF weights) is being rewritten: rerun with the before/after table once it
+  lands. Fidelity: on Qwen int8 drifts from float more than
   llama.cpp does (max 3.54 / mean 0.150 vs 0.54 / 0.060; worst on the tool-call prompt),
   on Gemma and SmolLM2 the two are alike; not yet looked into (candidates: Qwen2's large
   k biases in the int8 KV cache, the Q6_K matrices requantised to int8 at load).
