@@ -39,22 +39,22 @@ NOTES = """\
   `cmake --build ... --target llama-server -j 1`) into
   `~/.cache/needlepoint-bench/llama-server/build/bin/`. `needlepoint-bench-hf-real
   --build-peer` builds the binding first when it is missing.
-* First look (run of 2026-12-03 17:37 UTC, 1 thread, 1-minute load 4-10 on the 2 cores from
-  other work: single rounds moved up to 2x, so only same-run ratios mean anything, and
-  those loosely). needlepoint int8 against llama.cpp: Qwen2.5-Coder-0.5B decode 2.2x,
-  prefill 2.7x, but RSS 2.9x (1.9 GB vs 0.64 GB) and a 5.8 s warm load (llama.cpp 1.0 s);
-  Gemma 3 270M decode 0.64x, prefill 1.1x, RSS 1.9x (the "Real shapes" notes above profile
-  why on Gemma's geometry: its blocks run kernel by kernel from Python); SmolLM2 decode 2.2x,
-  prefill 4.4x, RSS 1.0x. Float dequantises everything at load: 3.5 GB / 2.0 GB RSS for
-  Qwen / Gemma. Cold minus warm load on Qwen: llama.cpp +0.8 s, needlepoint int8 +5.3 s,
-  float +5.7 s, where reading the whole cold file in order took 0.4-2.7 s on this machine
-  (measured beside the run): the order in which the loader touches the file may cost more
-  than the bytes (on Gemma and SmolLM2 the gaps are within the noise). The loader
-  (zero-copy GGUF weights) is being rewritten: rerun with the before/after table once it
-  lands. Fidelity: on Qwen int8 drifts from float more than
-  llama.cpp does (max 3.54 / mean 0.150 vs 0.54 / 0.060; worst on the tool-call prompt),
-  on Gemma and SmolLM2 the two are alike; not yet looked into (candidates: Qwen2's large
-  k biases in the int8 KV cache, the Q6_K matrices requantised to int8 at load).
+* First look (two runs of the same tree, 1 thread, 2 rounds each; other agents' work on the
+  2 cores moved single processes by up to 2.5x). This page: 18:28 UTC, load 1-5. The run
+  before it (17:37 UTC, load 4-10, raw numbers in `bench/results/hf_real-1737.json`) gave
+  needlepoint int8 x llama.cpp prefill / decode: Qwen2.5-Coder-0.5B 2.69x / 2.20x, Gemma 3
+  270M 1.09x / 0.64x, SmolLM2 4.35x / 2.16x, against 1.06x / 0.76x, 1.56x / 1.10x and
+  3.69x / 1.27x here: same-run ratios still move ~2-3x between runs, so read them as a first
+  look only. Stable across both runs (not timing): peak RSS, int8 x llama.cpp 2.95x on Qwen
+  (1.9 GB vs 0.64 GB), 1.9x on Gemma, 1.0x on SmolLM2, float 3.9-5.5x (every matrix
+  dequantised at load); warm load of Qwen int8 5.8-21 s over the four processes against
+  llama.cpp's 0.6-1.2 s (the loader, zero-copy GGUF weights, is being rewritten: rerun
+  with the before/after table once it lands); and the fidelity table (deterministic: the
+  same to the last digit in both runs). Fidelity: on Qwen int8 drifts from float more than
+  llama.cpp does (max 3.54 / mean 0.150 vs 0.54 / 0.060; worst on the tool-call prompt), on
+  Gemma and SmolLM2 the two are alike; not yet looked into (candidates: Qwen2's large k
+  biases in the int8 KV cache, the Q6_K matrices requantised to int8 at load). Gemma's int8
+  decode: the "Real shapes" notes above profile its blocks running kernel by kernel.
 * Rerun: `needlepoint-bench-hf-real` (`--quick` for 1 round of a 256-token prompt and 32
   steps, `--threads 1`, `--models ...`); copy `bench/results/hf_real.json` to
   `hf_real-before.json` first to get the before/after table.
