@@ -70,12 +70,13 @@ def _before(results: Path) -> dict | None:
 
 def _write(path: Path, text: str) -> None:
     """Write the report, keeping the sections other benchmarks own (`bench.products_i8`'s,
-    `bench.hf_shapes`'s) as they are, after it."""
+    `bench.hf_shapes`'s, `bench.hf_real`'s) as they are, after it."""
+    from .hf_real_report import HEADING as REAL
     from .hf_shapes_report import HEADING as SHAPES
 
     old = path.read_text() if path.exists() else ""
     kept = []
-    for heading in ("## int8 products: the kernel alone", SHAPES):
+    for heading in ("## int8 products: the kernel alone", SHAPES, REAL):
         start = old.find("\n" + heading)
         if start >= 0:
             end = old.find("\n## ", start + 1)

@@ -80,6 +80,60 @@ def _check_hf_shapes(folder: Path, out: str) -> None:
     assert len(list((folder / "gguf").glob("*.gguf"))) == 4  # GGUFWriter's files, kept
 
 
+def _tiny_gguf(folder: Path) -> str:
+    """The qwen2-tiny fixture as a Q8_0 GGUF (`gguf.GGUFWriter`): the family of the real
+    Qwen2.5 file, small enough for a smoke run; the real files are never used in tests."""
+    from gguf_family_helpers import write_family_gguf
+
+    return str(write_family_gguf("qwen2-tiny", folder / "tiny.gguf", "Q8_0"))
+
+
+def _fidelity_rows(length: int) -> int:
+    """Positions compared in a prompt of `length` tokens: 0, 32, 64, ... and the last."""
+    return (length - 1) // 32 + 1 + (1 if (length - 1) % 32 else 0)
+
+
+def _check_hf_real(folder: Path, out: str) -> None:
+    record = json.loads((folder / "real.json").read_text())
+    assert record["engines"] == ["needlepoint-float", "needlepoint-int8"]  # --no-peer
+    assert record["baseline"] == "needlepoint-float" and record["machine"]["native_variant"]
+    assert len(record["load_average"]["start"]) == 3
+    (result,) = record["results"].values()
+    assert not result["errors"] and result["prompt_tokens"] == 40
+    assert result["decode_tokens"] == 4
+    for threads in ("1", "2"):
+        engines = result["speed"][threads]
+        assert set(engines) == {"needlepoint-float", "needlepoint-int8"}
+        for entry in engines.values():
+            rounds, best = entry["rounds"], entry["best"]
+            assert len(rounds) == 1 and rounds[0]["peak_rss_mb"] > 0  # ru_maxrss of the child
+            assert best["decode_tok_s"] == max(r["decode_tok_s"] for r in rounds)
+            assert best["load_s"] == min(r["load_s"] for r in rounds)
+        base, ours = (engines[e]["best"] for e in ("needlepoint-float", "needlepoint-int8"))
+        ratios = engines["needlepoint-int8"]["x_needlepoint-float"]
+        for key in ("prefill_tok_s", "decode_tok_s", "peak_rss_mb", "load_s"):
+            assert ratios[key] == pytest.approx(ours[key] / base[key], rel=1e-12)
+    for entry in result["cold_load"].values():  # measured at the first thread count only
+        (cold,) = entry["rounds"]
+        assert cold["dropped"] is True and "resident_before" in cold and cold["load_s"] > 0
+    assert set(result["fidelity"]) == {"int8 vs float"}  # no llama.cpp
+    fid = result["fidelity"]["int8 vs float"]
+    lengths = result["fidelity_prompts"]
+    assert set(lengths) == {"prose", "code", "tool call", "technical"}
+    assert fid["positions"] == sum(_fidelity_rows(n) for n in lengths.values())
+    assert 0 <= fid["mean_abs_diff"] <= fid["max_abs_diff"] and 0 <= fid["top1_agreement"] <= 1
+    assert fid["max_abs_diff"] == max(p["max_abs_diff"] for p in fid["per_prompt"].values())
+    doc = (folder / "hf.md").read_text()
+    assert doc.startswith("## Real files:") and "variant" in doc and "load average" in doc
+    assert "| tiny | needlepoint-int8 |" in doc and "int8 vs float" in doc
+
+
+def _check_build_peers(folder: Path, out: str) -> None:
+    assert "llama-cpp-python: " in out and "llama-server: " in out
+    assert out.count("-mno-amx-tile -mno-amx-int8 -mno-amx-bf16") == 2
+    assert "-DLLAMA_BUILD_SERVER=ON" in out and "-j 1" in out
+
+
 def _check_bfcl(folder: Path, out: str) -> None:
     report = json.loads((folder / "bfcl.json").read_text())
     (category,) = report["categories"]
@@ -156,6 +210,13 @@ CASES: dict[str, tuple[Callable[[Path], list[str]], Callable[[Path, str], None],
                    "--decode", "3", "--reps", "1", "--rounds", "1", "--gguf-dir",
                    str(d / "gguf"), "--out", str(d / "hf.md"), "--json", str(d / "shapes.json")],
         _check_hf_shapes, 300),
+    "needlepoint-bench-hf-real": (
+        lambda d: ["--gguf", f"tiny={_tiny_gguf(d)}", "--no-peer", "--baseline",
+                   "needlepoint-float", "--quick", "--threads", "1", "2", "--prompt", "40",
+                   "--decode", "4", "--out", str(d / "hf.md"), "--json", str(d / "real.json")],
+        _check_hf_real, 300),
+    "needlepoint-bench-build-peers": (
+        lambda d: ["--check", "--cache", str(d / "cache")], _check_build_peers, 60),
     "needlepoint-bench-bfcl": (
         lambda d: ["--model", _toy(), "--category", "sample", "--no-peer", "--out",
                    str(d / "bfcl.json")], _check_bfcl, 300),
