@@ -39,22 +39,27 @@ NOTES = """\
   `cmake --build ... --target llama-server -j 1`) into
   `~/.cache/needlepoint-bench/llama-server/build/bin/`. `needlepoint-bench-hf-real
   --build-peer` builds the binding first when it is missing.
-* First look (two runs of the same tree, 1 thread, 2 rounds each; other agents' work on the
-  2 cores moved single processes by up to 2.5x). This page: 18:28 UTC, load 1-5. The run
-  before it (17:37 UTC, load 4-10, raw numbers in `bench/results/hf_real-1737.json`) gave
-  needlepoint int8 x llama.cpp prefill / decode: Qwen2.5-Coder-0.5B 2.69x / 2.20x, Gemma 3
-  270M 1.09x / 0.64x, SmolLM2 4.35x / 2.16x, against 1.06x / 0.76x, 1.56x / 1.10x and
-  3.69x / 1.27x here: same-run ratios still move ~2-3x between runs, so read them as a first
-  look only. Stable across both runs (not timing): peak RSS, int8 x llama.cpp 2.95x on Qwen
-  (1.9 GB vs 0.64 GB), 1.9x on Gemma, 1.0x on SmolLM2, float 3.9-5.5x (every matrix
-  dequantised at load); warm load of Qwen int8 5.8-21 s over the four processes against
-  llama.cpp's 0.6-1.2 s (the loader, zero-copy GGUF weights, is being rewritten: rerun
-  with the before/after table once it lands); and the fidelity table (deterministic: the
-  same to the last digit in both runs). Fidelity: on Qwen int8 drifts from float more than
-  llama.cpp does (max 3.54 / mean 0.150 vs 0.54 / 0.060; worst on the tool-call prompt), on
-  Gemma and SmolLM2 the two are alike; not yet looked into (candidates: Qwen2's large k
-  biases in the int8 KV cache, the Q6_K matrices requantised to int8 at load). Gemma's int8
-  decode: the "Real shapes" notes above profile its blocks running kernel by kernel.
+* Before / after: *before* is the tree before GGUF weights were used where they lie (every
+  matrix converted at load into the interleaved int8 layout, Q6_K dequantised and
+  requantised, keys cached at 8 bits); *after* multiplies the file's own blocks in place
+  (`kernels/wtypes.py`, `kernels/blockweight.py`, `kernels/native/np_wt.h`) and caches keys
+  at 16 bits. Load and peak RSS are not timing-sensitive: Qwen int8 load 14.9 s -> 1.1 s
+  (0.67x llama.cpp), peak RSS 1,879 -> 481 MB (0.78x); Gemma 2.5 s -> 1.0 s, 719 -> 331 MB.
+  Fidelity is deterministic: Qwen int8's worst distance to float 3.54 -> 0.52 (llama.cpp:
+  0.54), which was the 8-bit keys (a few channels made 50x the rest by Qwen's k bias;
+  docs/numerics.md). On Gemma int8 is still further from float than llama.cpp (2.17 vs
+  1.77, mean 0.205 vs 0.225).
+* Speed: the two runs were on a machine shared with other work (load 1-5; same-run ratios
+  moved up to 2-3x between runs of one tree), so the speed ratios are a first look. With
+  that caveat: decode is about llama.cpp's speed on Qwen and Gemma (1.04x, 0.97x; target
+  2x) and the product kernel is the reason: over the file's blocks at one row it is about
+  2x slower per weight than the older interleaved int8 kernel (Q8_0 151936x896 head 9.4 ms
+  against 4.9 ms, Q5_0 896x4864 0.27 against 0.12 ms: compute-bound on the unpacking, not
+  on memory). Prefill is at parity with the older kernel for Q5_0 / Q8_0 (T=64) and 1.06x /
+  0.71x llama.cpp here; Gemma's blocks (q/k norms, sliding windows) run kernel by kernel in
+  Python, not as one native block. Next steps: a T=1 path per type with 16-row AVX-512
+  tiles, Gemma's block in the fused native call, and a rerun on a quiet machine at 1 and 2
+  threads.
 * Rerun: `needlepoint-bench-hf-real` (`--quick` for 1 round of a 256-token prompt and 32
   steps, `--threads 1`, `--models ...`); copy `bench/results/hf_real.json` to
   `hf_real-before.json` first to get the before/after table.
