@@ -67,8 +67,24 @@ WT_INLINE wt_sc NP_NAME(wt_scal)(const int t, const uint8_t *row, int64_t b) {
 }
 
 #if defined(NP_SIMD_AVX2)
-/* Block b's 32 codes in one vector: whole-byte shifts and masks of 32 stored bytes. */
-WT_INLINE __m256i NP_NAME(wt_codes)(int t, const uint8_t *row, int64_t b) {
+/* The constant c a type's codes are stored above (code = v - c, v in 0 .. 63 unsigned), for
+ * the one-row path's unsigned dots: dot(x, v - c) = dot(x, v) - c * sum(x), exact in int32
+ * (v * x pairs stay far inside vpmaddubsw's int16). -1: signed codes, the sign trick (IQ4_NL,
+ * Q3_K, Q8_0: code ^ 0x80 = code + 128 with vpdpbusd is exact too, but measured slower on a
+ * memory-bound LM head). */
+WT_INLINE int NP_NAME(wt_ubias)(int t) {
+    switch (t) {
+    case WT_Q4_0: return 8;
+    case WT_Q5_0: return 16;
+    case WT_Q6_K: return 32;
+    case WT_Q4_1: case WT_Q5_1: case WT_Q2_K: case WT_Q4_K: case WT_Q5_K: return 0;
+    default: return -1;
+    }
+}
+
+/* Block b's 32 codes in one vector: whole-byte shifts and masks of 32 stored bytes; with
+ * `raw`, v = code + wt_ubias(t) instead (unsigned) where that bias is not -1. */
+WT_INLINE __m256i NP_NAME(wt_codes)(int t, int raw, const uint8_t *row, int64_t b) {
     const uint8_t *blk = row + b * wt_block_bytes(t), *k = row + (b / 8) * wt_block_bytes(t);
     int j = (int)(b % 8), n = j / 4, jj = j % 4, g = j / 2, h = j % 2;
     const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(3), m1 = _mm256_set1_epi8(1);
@@ -78,7 +94,7 @@ WT_INLINE __m256i NP_NAME(wt_codes)(int t, const uint8_t *row, int64_t b) {
         __m128i qs = _mm_loadu_si128((const __m128i *)(blk + at));
         __m256i v = _mm256_and_si256(
             _mm256_set_m128i(_mm_srli_epi16(qs, 4), qs), m4);
-        if (t == WT_Q4_0) return _mm256_sub_epi8(v, _mm256_set1_epi8(8));
+        if (t == WT_Q4_0) return raw ? v : _mm256_sub_epi8(v, _mm256_set1_epi8(8));
         if (t == WT_IQ4_NL) {
             __m128i table = _mm_loadu_si128((const __m128i *)wt_iq4nl);
             return _mm256_shuffle_epi8(_mm256_set_m128i(table, table), v);
@@ -93,7 +109,7 @@ WT_INLINE __m256i NP_NAME(wt_codes)(int t, const uint8_t *row, int64_t b) {
         bits = _mm256_cmpeq_epi8(_mm256_or_si256(bits, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfeLL)),
                                  _mm256_set1_epi64x(-1));
         v = _mm256_or_si256(v, _mm256_and_si256(bits, _mm256_set1_epi8(0x10)));
-        return t == WT_Q5_0 ? _mm256_sub_epi8(v, _mm256_set1_epi8(16)) : v;
+        return t == WT_Q5_0 && !raw ? _mm256_sub_epi8(v, _mm256_set1_epi8(16)) : v;
     }
     __m128i sh;
     switch (t) {
@@ -128,8 +144,8 @@ WT_INLINE __m256i NP_NAME(wt_codes)(int t, const uint8_t *row, int64_t b) {
             _mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)(k + 128 + 32 * n)),
                              _mm_cvtsi32_si128(2 * jj)),
             m2);
-        return _mm256_sub_epi8(_mm256_or_si256(low, _mm256_slli_epi16(high, 4)),
-                               _mm256_set1_epi8(32));
+        __m256i v = _mm256_or_si256(low, _mm256_slli_epi16(high, 4));
+        return raw ? v : _mm256_sub_epi8(v, _mm256_set1_epi8(32));
     }
     }
 }
@@ -203,37 +219,49 @@ WT_INLINE void NP_NAME(wt_tile_simd)(const int t, const int one, const uint8_t *
     const int off = wt_has_offset(t);
     const int64_t k_pad = nb * 32, span = WT_R * row_bytes, bb = wt_block_bytes(t);
     const uint8_t *ahead = row0 + WT_AHEAD * span;
+    const int64_t pf_step = nb ? ((span + nb - 1) / nb + 63) / 64 * 64 : 0; /* per block */
+    const int ub = one ? NP_NAME(wt_ubias)(t) : -1;
     const uint8_t *rows[WT_R];
     for (int r = 0; r < WT_R; r++) rows[r] = row0 + (r < nr ? r : 0) * row_bytes;
     int32_t S0[8][8], S1[8][8], U0[8][8], U1[8][8];
     __m256d alo = _mm256_setzero_pd(), ahi = alo, mlo = alo, mhi = alo;
+    __m256d acc_lo = alo, acc_hi = alo; /* the one-row path's acc, in registers */
     for (int64_t i = 0; i < T * WT_R; i++) acc[i] = 0.0;
     for (int64_t b = 0; b < nb; b++) {
         __m256i w[WT_R], aw[WT_R];
         /* The tile after next, in address order, its share per block: the 8 rows are read
          * side by side in short runs the hardware prefetcher does not follow, and a decode
          * step is bound by this memory traffic. Prefetches never fault. */
-        for (int64_t at = b * span / nb; at < (b + 1) * span / nb; at += 64)
+        for (int64_t at = b * pf_step, end = at + pf_step < span ? at + pf_step : span;
+             at < end; at += 64)
             _mm_prefetch((const char *)(ahead + at), _MM_HINT_T0);
-        for (int r = 0; r < WT_R; r++) w[r] = NP_NAME(wt_codes)(t, rows[r], b);
-        __m256i done = _mm256_setzero_si256();
-        if (one) { /* one activation row: each row's dot, then the 8 sums by a hadd tree
-                    * (fewer shuffles than the transpose when nothing amortises it) */
+        for (int r = 0; r < WT_R; r++) w[r] = NP_NAME(wt_codes)(t, ub >= 0, rows[r], b);
+        __m256i done0 = _mm256_setzero_si256(), done1 = done0;
+        if (one) { /* one activation row: each row's dot, then the 8 rows' half sums by a
+                    * hadd tree (fewer shuffles than the transpose when nothing amortises
+                    * it); unsigned codes where the type allows (wt_ubias), else the sign
+                    * trick */
             __m256i xv = _mm256_loadu_si256((const __m256i *)(codes + b * 32)), p[WT_R];
             for (int r = 0; r < WT_R; r++) {
-                __m256i a = _mm256_sign_epi8(w[r], w[r]), sx = _mm256_sign_epi8(xv, w[r]);
+                __m256i a = w[r], sx = xv;
+                if (ub < 0) a = _mm256_sign_epi8(w[r], w[r]), sx = _mm256_sign_epi8(xv, w[r]);
 #if defined(NP_SIMD_AVX512)
                 p[r] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), a, sx);
 #else
                 p[r] = _mm256_madd_epi16(_mm256_maddubs_epi16(a, sx), _mm256_set1_epi16(1));
 #endif
             }
+            /* 128-bit lane 0 of p[r] is inputs 0-15, lane 1 inputs 16-31 */
             __m256i h0 = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]),
                                            _mm256_hadd_epi32(p[2], p[3]));
             __m256i h1 = _mm256_hadd_epi32(_mm256_hadd_epi32(p[4], p[5]),
                                            _mm256_hadd_epi32(p[6], p[7]));
-            done = _mm256_add_epi32(_mm256_permute2x128_si256(h0, h1, 0x20),
-                                    _mm256_permute2x128_si256(h0, h1, 0x31));
+            done0 = _mm256_permute2x128_si256(h0, h1, 0x20);
+            done1 = _mm256_permute2x128_si256(h0, h1, 0x31);
+            if (ub > 0) {
+                done0 = _mm256_sub_epi32(done0, _mm256_set1_epi32(ub * xh[2 * b]));
+                done1 = _mm256_sub_epi32(done1, _mm256_set1_epi32(ub * xh[2 * b + 1]));
+            }
         } else {
             NP_NAME(wt_transpose8)(w);
             for (int q = 0; q < 8; q++) aw[q] = _mm256_sign_epi8(w[q], w[q]);
@@ -279,7 +307,7 @@ WT_INLINE void NP_NAME(wt_tile_simd)(const int t, const int one, const uint8_t *
             mu_hi = _mm256_mul_pd(mhi, _mm256_cvtepi32_pd(_mm256_extracti128_si256(u0, 1)));
         }
         for (int64_t tt = 0; tt < T; tt++) {
-            __m256i d0 = done, d1 = _mm256_setzero_si256();
+            __m256i d0 = done0, d1 = done1;
             if (!one) {
                 const wt_i32u *x4 = (const wt_i32u *)(codes + tt * k_pad + b * 32);
                 /* four short chains (the sums are exact in any order) */
@@ -323,16 +351,22 @@ WT_INLINE void NP_NAME(wt_tile_simd)(const int t, const int one, const uint8_t *
                 }
             }
             const __m256d x = _mm256_set1_pd(xs[tt * nb + b]);
+            if (one) {
+                acc_lo = _mm256_add_pd(acc_lo, _mm256_mul_pd(ilo, x));
+                acc_hi = _mm256_add_pd(acc_hi, _mm256_mul_pd(ihi, x));
+                continue;
+            }
             double *at = acc + tt * WT_R;
             _mm256_storeu_pd(at, _mm256_add_pd(_mm256_loadu_pd(at), _mm256_mul_pd(ilo, x)));
             _mm256_storeu_pd(at + 4, _mm256_add_pd(_mm256_loadu_pd(at + 4), _mm256_mul_pd(ihi, x)));
         }
     }
+    if (one) _mm256_storeu_pd(acc, acc_lo), _mm256_storeu_pd(acc + 4, acc_hi);
 }
 
 #define WT_CASE(T_)                                                                          \
     case T_:                                                                                 \
-        if (T == 1 && T_ != WT_Q2_K && T_ != WT_Q3_K)                                        \
+        if (T == 1)                                                                          \
             NP_NAME(wt_tile_simd)(T_, 1, row0, row_bytes, nr, nb, codes, xs, xh, T, acc);    \
         else                                                                                 \
             NP_NAME(wt_tile_simd)(T_, 0, row0, row_bytes, nr, nb, codes, xs, xh, T, acc);    \
@@ -344,7 +378,7 @@ static void NP_NAME(wt_tile_any)(int t, const uint8_t *row0, int64_t row_bytes, 
     switch (t) {
     WT_CASE(WT_Q8_0) WT_CASE(WT_Q4_0) WT_CASE(WT_Q4_1) WT_CASE(WT_Q5_0) WT_CASE(WT_Q5_1)
     WT_CASE(WT_IQ4_NL) WT_CASE(WT_Q2_K) WT_CASE(WT_Q3_K) WT_CASE(WT_Q4_K) WT_CASE(WT_Q5_K)
-    default: NP_NAME(wt_tile_simd)(WT_Q6_K, 0, row0, row_bytes, nr, nb, codes, xs, xh, T, acc);
+    WT_CASE(WT_Q6_K)
     }
 }
 #undef WT_CASE
