@@ -102,6 +102,10 @@ WT_INLINE __m256i NP_NAME(wt_codes)(int t, int raw, const uint8_t *row, int64_t 
         if (t == WT_Q4_1) return v;
         uint32_t qh; /* Q5: bit i of qh -> byte i (ggml's bytes_from_bits_32) */
         memcpy(&qh, blk + (t == WT_Q5_0 ? 2 : 4), 4);
+#if defined(NP_SIMD_AVX512)
+        /* qh is the byte mask itself: nib + 16 = nib | 16 where the bit is set */
+        v = _mm256_mask_add_epi8(v, (__mmask32)qh, v, _mm256_set1_epi8(0x10));
+#else
         __m256i bits = _mm256_shuffle_epi8(
             _mm256_set1_epi32((int)qh),
             _mm256_set_epi64x(0x0303030303030303LL, 0x0202020202020202LL, 0x0101010101010101LL,
@@ -109,6 +113,7 @@ WT_INLINE __m256i NP_NAME(wt_codes)(int t, int raw, const uint8_t *row, int64_t 
         bits = _mm256_cmpeq_epi8(_mm256_or_si256(bits, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfeLL)),
                                  _mm256_set1_epi64x(-1));
         v = _mm256_or_si256(v, _mm256_and_si256(bits, _mm256_set1_epi8(0x10)));
+#endif
         return t == WT_Q5_0 && !raw ? _mm256_sub_epi8(v, _mm256_set1_epi8(16)) : v;
     }
     __m128i sh;
