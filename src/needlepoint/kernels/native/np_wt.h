@@ -206,6 +206,40 @@ WT_INLINE void NP_NAME(wt_super)(const int t, const uint8_t *k, int r, int32_t S
     }
 }
 
+/* Q4_K / Q5_K: the 8 rows' 6-bit scales and mins of a super-block ([j][r], as wt_k4 gives
+ * them), whole rows at a time: ggml's 32-bit mask form of get_scale_min_k4 gives a row's 8
+ * scales and 8 mins as bytes, then an 8 x 8 byte transpose puts block j's 8 rows together. */
+WT_INLINE void NP_NAME(wt_super_k4)(const uint8_t *const *rows, int64_t base, int32_t S0[8][8],
+                                    int32_t U0[8][8]) {
+    uint64_t sc[8], mn[8];
+    for (int r = 0; r < WT_R; r++) {
+        uint32_t u[4];
+        memcpy(u, rows[r] + base + 4, 12);
+        u[3] = ((u[2] >> 4) & 0x0f0f0f0fu) | (((u[1] >> 6) & 0x03030303u) << 4);
+        const uint32_t m_low = u[1] & 0x3f3f3f3fu;
+        u[1] = (u[2] & 0x0f0f0f0fu) | (((u[0] >> 6) & 0x03030303u) << 4);
+        u[0] &= 0x3f3f3f3fu;
+        sc[r] = (uint64_t)u[0] | (uint64_t)u[1] << 32;
+        mn[r] = (uint64_t)m_low | (uint64_t)u[3] << 32;
+    }
+    const __m128i inter = _mm_setr_epi8(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15);
+    for (int which = 0; which < 2; which++) {
+        const uint64_t *v = which ? mn : sc;
+        int32_t(*dst)[8] = which ? U0 : S0;
+        __m128i y[4], z[4];
+        for (int i = 0; i < 4; i++) /* word j of y[i]: rows 2i, 2i + 1 of column j */
+            y[i] = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)(v + 2 * i)), inter);
+        z[0] = _mm_unpacklo_epi16(y[0], y[1]), z[1] = _mm_unpackhi_epi16(y[0], y[1]);
+        z[2] = _mm_unpacklo_epi16(y[2], y[3]), z[3] = _mm_unpackhi_epi16(y[2], y[3]);
+        __m128i w[4] = {_mm_unpacklo_epi32(z[0], z[2]), _mm_unpackhi_epi32(z[0], z[2]),
+                        _mm_unpacklo_epi32(z[1], z[3]), _mm_unpackhi_epi32(z[1], z[3])};
+        for (int j = 0; j < 8; j++) /* column j: 64-bit half j % 2 of w[j / 2] */
+            _mm256_storeu_si256((__m256i *)dst[j],
+                                _mm256_cvtepu8_epi32(j % 2 ? _mm_unpackhi_epi64(w[j / 2], w[j / 2])
+                                                           : w[j / 2]));
+    }
+}
+
 /* One tile (outputs n0 .. n0 + nr - 1, rows row_bytes apart from row0) against every
  * activation row; acc [T][WT_R] float64 work space. `t` is a constant at every call. Per
  * block the 8 rows' codes are unpacked and transposed so that lane j of vector q holds quad q
@@ -284,7 +318,9 @@ WT_INLINE void NP_NAME(wt_tile_simd)(const int t, const int one, const uint8_t *
                 mlo = _mm256_cvtps_pd(_mm256_castps256_ps128(m8));
                 mhi = _mm256_cvtps_pd(_mm256_extractf128_ps(m8, 1));
             }
-            if (kq)
+            if (t == WT_Q4_K || t == WT_Q5_K)
+                NP_NAME(wt_super_k4)(rows, base, S0, U0);
+            else if (kq)
                 for (int r = 0; r < WT_R; r++)
                     NP_NAME(wt_super)(t, rows[r] + base, r, S0, S1, U0, U1);
         }
