@@ -206,13 +206,39 @@ WT_INLINE void NP_NAME(wt_super)(const int t, const uint8_t *k, int r, int32_t S
     }
 }
 
-/* Q4_K / Q5_K: the 8 rows' 6-bit scales and mins of a super-block ([j][r], as wt_k4 gives
- * them), whole rows at a time: ggml's 32-bit mask form of get_scale_min_k4 gives a row's 8
- * scales and 8 mins as bytes, then an 8 x 8 byte transpose puts block j's 8 rows together. */
-WT_INLINE void NP_NAME(wt_super_k4)(const uint8_t *const *rows, int64_t base, int32_t S0[8][8],
-                                    int32_t U0[8][8]) {
+/* 8 rows' 8 bytes each (v[r], byte j = column j) -> dst[j][r] as int32 (bytes signed or
+ * not): an 8 x 8 byte transpose. */
+WT_INLINE void NP_NAME(wt_t8x8)(const uint64_t *v, int sgn, int32_t dst[8][8]) {
+    const __m128i inter = _mm_setr_epi8(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15);
+    __m128i y[4], z[4];
+    for (int i = 0; i < 4; i++) /* word j of y[i]: rows 2i, 2i + 1 of column j */
+        y[i] = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)(v + 2 * i)), inter);
+    z[0] = _mm_unpacklo_epi16(y[0], y[1]), z[1] = _mm_unpackhi_epi16(y[0], y[1]);
+    z[2] = _mm_unpacklo_epi16(y[2], y[3]), z[3] = _mm_unpackhi_epi16(y[2], y[3]);
+    __m128i w[4] = {_mm_unpacklo_epi32(z[0], z[2]), _mm_unpackhi_epi32(z[0], z[2]),
+                    _mm_unpacklo_epi32(z[1], z[3]), _mm_unpackhi_epi32(z[1], z[3])};
+    for (int j = 0; j < 8; j++) { /* column j: 64-bit half j % 2 of w[j / 2] */
+        __m128i c = j % 2 ? _mm_unpackhi_epi64(w[j / 2], w[j / 2]) : w[j / 2];
+        _mm256_storeu_si256((__m256i *)dst[j],
+                            sgn ? _mm256_cvtepi8_epi32(c) : _mm256_cvtepu8_epi32(c));
+    }
+}
+
+/* A K-quant super-block's integer scales ([j][r], as wt_super gives them) for the 8 rows,
+ * whole rows at a time, for Q4_K / Q5_K (ggml's 32-bit mask form of get_scale_min_k4 gives a
+ * row's 8 scales and 8 mins as bytes) and Q6_K (16 int8 scales, even and odd split). */
+WT_INLINE void NP_NAME(wt_super8)(const int t, const uint8_t *const *rows, int64_t base,
+                                  int32_t S0[8][8], int32_t S1[8][8], int32_t U0[8][8]) {
     uint64_t sc[8], mn[8];
     for (int r = 0; r < WT_R; r++) {
+        if (t == WT_Q6_K) {
+            __m128i v = _mm_shuffle_epi8(
+                _mm_loadu_si128((const __m128i *)(rows[r] + base + 192)),
+                _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15));
+            sc[r] = (uint64_t)_mm_cvtsi128_si64(v);
+            mn[r] = (uint64_t)_mm_extract_epi64(v, 1);
+            continue;
+        }
         uint32_t u[4];
         memcpy(u, rows[r] + base + 4, 12);
         u[3] = ((u[2] >> 4) & 0x0f0f0f0fu) | (((u[1] >> 6) & 0x03030303u) << 4);
@@ -222,22 +248,8 @@ WT_INLINE void NP_NAME(wt_super_k4)(const uint8_t *const *rows, int64_t base, in
         sc[r] = (uint64_t)u[0] | (uint64_t)u[1] << 32;
         mn[r] = (uint64_t)m_low | (uint64_t)u[3] << 32;
     }
-    const __m128i inter = _mm_setr_epi8(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15);
-    for (int which = 0; which < 2; which++) {
-        const uint64_t *v = which ? mn : sc;
-        int32_t(*dst)[8] = which ? U0 : S0;
-        __m128i y[4], z[4];
-        for (int i = 0; i < 4; i++) /* word j of y[i]: rows 2i, 2i + 1 of column j */
-            y[i] = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)(v + 2 * i)), inter);
-        z[0] = _mm_unpacklo_epi16(y[0], y[1]), z[1] = _mm_unpackhi_epi16(y[0], y[1]);
-        z[2] = _mm_unpacklo_epi16(y[2], y[3]), z[3] = _mm_unpackhi_epi16(y[2], y[3]);
-        __m128i w[4] = {_mm_unpacklo_epi32(z[0], z[2]), _mm_unpackhi_epi32(z[0], z[2]),
-                        _mm_unpacklo_epi32(z[1], z[3]), _mm_unpackhi_epi32(z[1], z[3])};
-        for (int j = 0; j < 8; j++) /* column j: 64-bit half j % 2 of w[j / 2] */
-            _mm256_storeu_si256((__m256i *)dst[j],
-                                _mm256_cvtepu8_epi32(j % 2 ? _mm_unpackhi_epi64(w[j / 2], w[j / 2])
-                                                           : w[j / 2]));
-    }
+    NP_NAME(wt_t8x8)(sc, t == WT_Q6_K, S0);
+    NP_NAME(wt_t8x8)(mn, t == WT_Q6_K, t == WT_Q6_K ? S1 : U0);
 }
 
 /* One tile (outputs n0 .. n0 + nr - 1, rows row_bytes apart from row0) against every
@@ -318,8 +330,8 @@ WT_INLINE void NP_NAME(wt_tile_simd)(const int t, const int one, const uint8_t *
                 mlo = _mm256_cvtps_pd(_mm256_castps256_ps128(m8));
                 mhi = _mm256_cvtps_pd(_mm256_extractf128_ps(m8, 1));
             }
-            if (t == WT_Q4_K || t == WT_Q5_K)
-                NP_NAME(wt_super_k4)(rows, base, S0, U0);
+            if (t == WT_Q4_K || t == WT_Q5_K || t == WT_Q6_K)
+                NP_NAME(wt_super8)(t, rows, base, S0, S1, U0);
             else if (kq)
                 for (int r = 0; r < WT_R; r++)
                     NP_NAME(wt_super)(t, rows[r] + base, r, S0, S1, U0, U1);
