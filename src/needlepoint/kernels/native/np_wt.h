@@ -91,9 +91,16 @@ WT_INLINE __m256i NP_NAME(wt_codes)(int t, int raw, const uint8_t *row, int64_t 
     if (t == WT_Q8_0) return _mm256_loadu_si256((const __m256i *)(blk + 2));
     if (t <= WT_IQ4_NL) {
         int at = t == WT_Q4_0 || t == WT_IQ4_NL ? 2 : t == WT_Q4_1 ? 4 : t == WT_Q5_0 ? 6 : 8;
-        __m128i qs = _mm_loadu_si128((const __m128i *)(blk + at));
+        /* the 16 bytes in both lanes by a broadcast load, the high lane shifted: no
+         * cross-lane insert (the shuffle port is the busy one here) */
+        __m256i qs = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(blk + at)));
+#if defined(NP_SIMD_AVX512)
+        __m256i v = _mm256_and_si256(_mm256_srlv_epi16(qs, _mm256_set_epi64x(
+                                         0x0004000400040004LL, 0x0004000400040004LL, 0, 0)), m4);
+#else
         __m256i v = _mm256_and_si256(
-            _mm256_set_m128i(_mm_srli_epi16(qs, 4), qs), m4);
+            _mm256_blend_epi32(qs, _mm256_srli_epi16(qs, 4), 0xF0), m4);
+#endif
         if (t == WT_Q4_0) return raw ? v : _mm256_sub_epi8(v, _mm256_set1_epi8(8));
         if (t == WT_IQ4_NL) {
             __m128i table = _mm_loadu_si128((const __m128i *)wt_iq4nl);
