@@ -15,7 +15,10 @@
  * block before the next block is read, so each weight byte is read once per call whatever T
  * is; the dots use the sign trick (|q| unsigned times x with q's sign: vpmaddubsw + vpmaddwd
  * on AVX2, vpdpbusd on AVX-512 VNNI), and the 8 outputs' epilogue runs in float64 vectors
- * (the same IEEE operations per output, in the same order). Each type gets its own copy of
+ * (the same IEEE operations per output, in the same order). One activation row (decode)
+ * skips the transpose: each row's block dot by itself, the 8 rows' half sums by a hadd tree,
+ * codes unsigned where the type stores them so (wt_ubias), acc kept in registers; K-quant
+ * scales are decoded for the 8 rows at once (wt_super8). Each type gets its own copy of
  * the tile loop (a constant type folds every per-type branch). The baseline variant unpacks
  * a tile into a small buffer (np_wt_types.h wt_tile) and runs plain loops. */
 
