@@ -87,9 +87,9 @@ WT_INLINE int NP_NAME(wt_ubias)(int t) {
 
 /* Block b's 32 codes in one vector: whole-byte shifts and masks of 32 stored bytes; with
  * `raw`, v = code + wt_ubias(t) instead (unsigned) where that bias is not -1. */
-WT_INLINE __m256i NP_NAME(wt_codes)(int t, int raw, const uint8_t *row, int64_t b) {
-    const uint8_t *blk = row + b * wt_block_bytes(t), *k = row + (b / 8) * wt_block_bytes(t);
-    int j = (int)(b % 8), n = j / 4, jj = j % 4, g = j / 2, h = j % 2;
+WT_INLINE __m256i NP_NAME(wt_codes)(int t, int raw, const uint8_t *row, int64_t b, int j) {
+    const uint8_t *blk = row + b * wt_block_bytes(t), *k = row + (b >> 3) * wt_block_bytes(t);
+    int n = j / 4, jj = j % 4, g = j / 2, h = j % 2;
     const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(3), m1 = _mm256_set1_epi8(1);
     if (t == WT_Q8_0) return _mm256_loadu_si256((const __m256i *)(blk + 2));
     if (t <= WT_IQ4_NL) {
@@ -288,7 +288,13 @@ WT_INLINE void NP_NAME(wt_tile_simd)(const int t, const int one, const uint8_t *
     __m256d alo = _mm256_setzero_pd(), ahi = alo, mlo = alo, mhi = alo;
     __m256d acc_lo = alo, acc_hi = alo; /* the one-row path's acc, in registers */
     for (int64_t i = 0; i < T * WT_R; i++) acc[i] = 0.0;
-    for (int64_t b = 0; b < nb; b++) {
+    /* K-quants: the 8 blocks of a super-block unrolled, so that j (the shifts and offsets
+     * of its codes, its scale row) is a constant in each copy */
+    const int step = kq ? 8 : 1;
+    for (int64_t b0 = 0; b0 < nb; b0 += step)
+#pragma GCC unroll 8
+    for (int j = 0; j < step; j++) {
+        const int64_t b = b0 + j;
         __m256i w[WT_R], aw[WT_R];
         /* The tile after next, in address order, its share per block: the 8 rows are read
          * side by side in short runs the hardware prefetcher does not follow, and a decode
@@ -296,7 +302,7 @@ WT_INLINE void NP_NAME(wt_tile_simd)(const int t, const int one, const uint8_t *
         for (int64_t at = b * pf_step, end = at + pf_step < span ? at + pf_step : span;
              at < end; at += 64)
             _mm_prefetch((const char *)(ahead + at), _MM_HINT_T0);
-        for (int r = 0; r < WT_R; r++) w[r] = NP_NAME(wt_codes)(t, ub >= 0, rows[r], b);
+        for (int r = 0; r < WT_R; r++) w[r] = NP_NAME(wt_codes)(t, ub >= 0, rows[r], b, j);
         __m256i done0 = _mm256_setzero_si256(), done1 = done0;
         if (one) { /* one activation row: each row's dot, then the 8 rows' half sums by a
                     * hadd tree (fewer shuffles than the transpose when nothing amortises
@@ -327,7 +333,6 @@ WT_INLINE void NP_NAME(wt_tile_simd)(const int t, const int one, const uint8_t *
             NP_NAME(wt_transpose8)(w);
             for (int q = 0; q < 8; q++) aw[q] = _mm256_sign_epi8(w[q], w[q]);
         }
-        const int j = (int)(b % 8);
         if (!kq || j == 0) { /* float scalars: per block, or per K-quant super-block */
             int64_t base = kq ? (b / 8) * bb : b * bb;
             int64_t at_d = t == WT_Q2_K ? 80 : t == WT_Q3_K ? 108 : t == WT_Q6_K ? 208 : 0;
