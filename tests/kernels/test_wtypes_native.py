@@ -63,7 +63,7 @@ def check_type(name: str, seed: int = 0) -> dict:
 
 def check_extremes(name: str) -> dict:
     """All codes equal (every byte 0x00, 0xFF, 0x88), +-127 activations, float16 scales at
-    the extremes (largest normal, smallest subnormal)."""
+    the extremes (largest normal, smallest subnormal); the rows together and each alone."""
     rng = np.random.default_rng(3)
     k, n = 256, 9
     x = np.full((3, k), 127.0, F32)
@@ -85,6 +85,10 @@ def check_extremes(name: str) -> dict:
             got = blockweight.matmul(*q, w, use_native=True)
             results[f"{name} byte={byte} d={half}"] = bool(
                 np.array_equal(got.view(np.uint32), ref.view(np.uint32)))
+            for t in range(3):  # one row at a time: the T=1 path (unsigned codes + bias)
+                one = blockweight.matmul(*[a[t : t + 1] for a in q], w, use_native=True)
+                results[f"{name} byte={byte} d={half} row {t} alone"] = bool(
+                    np.array_equal(one.view(np.uint32), ref[t : t + 1].view(np.uint32)))
     return results
 
 

@@ -15,7 +15,10 @@
  * block before the next block is read, so each weight byte is read once per call whatever T
  * is; the dots use the sign trick (|q| unsigned times x with q's sign: vpmaddubsw + vpmaddwd
  * on AVX2, vpdpbusd on AVX-512 VNNI), and the 8 outputs' epilogue runs in float64 vectors
- * (the same IEEE operations per output, in the same order). Each type gets its own copy of
+ * (the same IEEE operations per output, in the same order). One activation row (decode)
+ * skips the transpose: each row's block dot by itself, the 8 rows' half sums by a hadd tree,
+ * codes unsigned where the type stores them so (wt_ubias), acc kept in registers; K-quant
+ * scales are decoded for the 8 rows at once (wt_super8). Each type gets its own copy of
  * the tile loop (a constant type folds every per-type branch). The baseline variant unpacks
  * a tile into a small buffer (np_wt_types.h wt_tile) and runs plain loops. */
 
@@ -67,18 +70,41 @@ WT_INLINE wt_sc NP_NAME(wt_scal)(const int t, const uint8_t *row, int64_t b) {
 }
 
 #if defined(NP_SIMD_AVX2)
-/* Block b's 32 codes in one vector: whole-byte shifts and masks of 32 stored bytes. */
-WT_INLINE __m256i NP_NAME(wt_codes)(int t, const uint8_t *row, int64_t b) {
-    const uint8_t *blk = row + b * wt_block_bytes(t), *k = row + (b / 8) * wt_block_bytes(t);
-    int j = (int)(b % 8), n = j / 4, jj = j % 4, g = j / 2, h = j % 2;
+/* The constant c a type's codes are stored above (code = v - c, v in 0 .. 63 unsigned), for
+ * the one-row path's unsigned dots: dot(x, v - c) = dot(x, v) - c * sum(x), exact in int32
+ * (v * x pairs stay far inside vpmaddubsw's int16). -1: signed codes, the sign trick (IQ4_NL,
+ * Q3_K, Q8_0: code ^ 0x80 = code + 128 with vpdpbusd is exact too, but measured slower on a
+ * memory-bound LM head). */
+WT_INLINE int NP_NAME(wt_ubias)(int t) {
+    switch (t) {
+    case WT_Q4_0: return 8;
+    case WT_Q5_0: return 16;
+    case WT_Q6_K: return 32;
+    case WT_Q4_1: case WT_Q5_1: case WT_Q2_K: case WT_Q4_K: case WT_Q5_K: return 0;
+    default: return -1;
+    }
+}
+
+/* Block b's 32 codes in one vector: whole-byte shifts and masks of 32 stored bytes; with
+ * `raw`, v = code + wt_ubias(t) instead (unsigned) where that bias is not -1. */
+WT_INLINE __m256i NP_NAME(wt_codes)(int t, int raw, const uint8_t *row, int64_t b, int j) {
+    const uint8_t *blk = row + b * wt_block_bytes(t), *k = row + (b >> 3) * wt_block_bytes(t);
+    int n = j / 4, jj = j % 4, g = j / 2, h = j % 2;
     const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(3), m1 = _mm256_set1_epi8(1);
     if (t == WT_Q8_0) return _mm256_loadu_si256((const __m256i *)(blk + 2));
     if (t <= WT_IQ4_NL) {
         int at = t == WT_Q4_0 || t == WT_IQ4_NL ? 2 : t == WT_Q4_1 ? 4 : t == WT_Q5_0 ? 6 : 8;
-        __m128i qs = _mm_loadu_si128((const __m128i *)(blk + at));
+        /* the 16 bytes in both lanes by a broadcast load, the high lane shifted: no
+         * cross-lane insert (the shuffle port is the busy one here) */
+        __m256i qs = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(blk + at)));
+#if defined(NP_SIMD_AVX512)
+        __m256i v = _mm256_and_si256(_mm256_srlv_epi16(qs, _mm256_set_epi64x(
+                                         0x0004000400040004LL, 0x0004000400040004LL, 0, 0)), m4);
+#else
         __m256i v = _mm256_and_si256(
-            _mm256_set_m128i(_mm_srli_epi16(qs, 4), qs), m4);
-        if (t == WT_Q4_0) return _mm256_sub_epi8(v, _mm256_set1_epi8(8));
+            _mm256_blend_epi32(qs, _mm256_srli_epi16(qs, 4), 0xF0), m4);
+#endif
+        if (t == WT_Q4_0) return raw ? v : _mm256_sub_epi8(v, _mm256_set1_epi8(8));
         if (t == WT_IQ4_NL) {
             __m128i table = _mm_loadu_si128((const __m128i *)wt_iq4nl);
             return _mm256_shuffle_epi8(_mm256_set_m128i(table, table), v);
@@ -86,6 +112,10 @@ WT_INLINE __m256i NP_NAME(wt_codes)(int t, const uint8_t *row, int64_t b) {
         if (t == WT_Q4_1) return v;
         uint32_t qh; /* Q5: bit i of qh -> byte i (ggml's bytes_from_bits_32) */
         memcpy(&qh, blk + (t == WT_Q5_0 ? 2 : 4), 4);
+#if defined(NP_SIMD_AVX512)
+        /* qh is the byte mask itself: nib + 16 = nib | 16 where the bit is set */
+        v = _mm256_mask_add_epi8(v, (__mmask32)qh, v, _mm256_set1_epi8(0x10));
+#else
         __m256i bits = _mm256_shuffle_epi8(
             _mm256_set1_epi32((int)qh),
             _mm256_set_epi64x(0x0303030303030303LL, 0x0202020202020202LL, 0x0101010101010101LL,
@@ -93,7 +123,8 @@ WT_INLINE __m256i NP_NAME(wt_codes)(int t, const uint8_t *row, int64_t b) {
         bits = _mm256_cmpeq_epi8(_mm256_or_si256(bits, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfeLL)),
                                  _mm256_set1_epi64x(-1));
         v = _mm256_or_si256(v, _mm256_and_si256(bits, _mm256_set1_epi8(0x10)));
-        return t == WT_Q5_0 ? _mm256_sub_epi8(v, _mm256_set1_epi8(16)) : v;
+#endif
+        return t == WT_Q5_0 && !raw ? _mm256_sub_epi8(v, _mm256_set1_epi8(16)) : v;
     }
     __m128i sh;
     switch (t) {
@@ -128,8 +159,8 @@ WT_INLINE __m256i NP_NAME(wt_codes)(int t, const uint8_t *row, int64_t b) {
             _mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)(k + 128 + 32 * n)),
                              _mm_cvtsi32_si128(2 * jj)),
             m2);
-        return _mm256_sub_epi8(_mm256_or_si256(low, _mm256_slli_epi16(high, 4)),
-                               _mm256_set1_epi8(32));
+        __m256i v = _mm256_or_si256(low, _mm256_slli_epi16(high, 4));
+        return raw ? v : _mm256_sub_epi8(v, _mm256_set1_epi8(32));
     }
     }
 }
@@ -185,6 +216,52 @@ WT_INLINE void NP_NAME(wt_super)(const int t, const uint8_t *k, int r, int32_t S
     }
 }
 
+/* 8 rows' 8 bytes each (v[r], byte j = column j) -> dst[j][r] as int32 (bytes signed or
+ * not): an 8 x 8 byte transpose. */
+WT_INLINE void NP_NAME(wt_t8x8)(const uint64_t *v, int sgn, int32_t dst[8][8]) {
+    const __m128i inter = _mm_setr_epi8(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15);
+    __m128i y[4], z[4];
+    for (int i = 0; i < 4; i++) /* word j of y[i]: rows 2i, 2i + 1 of column j */
+        y[i] = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)(v + 2 * i)), inter);
+    z[0] = _mm_unpacklo_epi16(y[0], y[1]), z[1] = _mm_unpackhi_epi16(y[0], y[1]);
+    z[2] = _mm_unpacklo_epi16(y[2], y[3]), z[3] = _mm_unpackhi_epi16(y[2], y[3]);
+    __m128i w[4] = {_mm_unpacklo_epi32(z[0], z[2]), _mm_unpackhi_epi32(z[0], z[2]),
+                    _mm_unpacklo_epi32(z[1], z[3]), _mm_unpackhi_epi32(z[1], z[3])};
+    for (int j = 0; j < 8; j++) { /* column j: 64-bit half j % 2 of w[j / 2] */
+        __m128i c = j % 2 ? _mm_unpackhi_epi64(w[j / 2], w[j / 2]) : w[j / 2];
+        _mm256_storeu_si256((__m256i *)dst[j],
+                            sgn ? _mm256_cvtepi8_epi32(c) : _mm256_cvtepu8_epi32(c));
+    }
+}
+
+/* A K-quant super-block's integer scales ([j][r], as wt_super gives them) for the 8 rows,
+ * whole rows at a time, for Q4_K / Q5_K (ggml's 32-bit mask form of get_scale_min_k4 gives a
+ * row's 8 scales and 8 mins as bytes) and Q6_K (16 int8 scales, even and odd split). */
+WT_INLINE void NP_NAME(wt_super8)(const int t, const uint8_t *const *rows, int64_t base,
+                                  int32_t S0[8][8], int32_t S1[8][8], int32_t U0[8][8]) {
+    uint64_t sc[8], mn[8];
+    for (int r = 0; r < WT_R; r++) {
+        if (t == WT_Q6_K) {
+            __m128i v = _mm_shuffle_epi8(
+                _mm_loadu_si128((const __m128i *)(rows[r] + base + 192)),
+                _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15));
+            sc[r] = (uint64_t)_mm_cvtsi128_si64(v);
+            mn[r] = (uint64_t)_mm_extract_epi64(v, 1);
+            continue;
+        }
+        uint32_t u[4];
+        memcpy(u, rows[r] + base + 4, 12);
+        u[3] = ((u[2] >> 4) & 0x0f0f0f0fu) | (((u[1] >> 6) & 0x03030303u) << 4);
+        const uint32_t m_low = u[1] & 0x3f3f3f3fu;
+        u[1] = (u[2] & 0x0f0f0f0fu) | (((u[0] >> 6) & 0x03030303u) << 4);
+        u[0] &= 0x3f3f3f3fu;
+        sc[r] = (uint64_t)u[0] | (uint64_t)u[1] << 32;
+        mn[r] = (uint64_t)m_low | (uint64_t)u[3] << 32;
+    }
+    NP_NAME(wt_t8x8)(sc, t == WT_Q6_K, S0);
+    NP_NAME(wt_t8x8)(mn, t == WT_Q6_K, t == WT_Q6_K ? S1 : U0);
+}
+
 /* One tile (outputs n0 .. n0 + nr - 1, rows row_bytes apart from row0) against every
  * activation row; acc [T][WT_R] float64 work space. `t` is a constant at every call. Per
  * block the 8 rows' codes are unpacked and transposed so that lane j of vector q holds quad q
@@ -203,42 +280,59 @@ WT_INLINE void NP_NAME(wt_tile_simd)(const int t, const int one, const uint8_t *
     const int off = wt_has_offset(t);
     const int64_t k_pad = nb * 32, span = WT_R * row_bytes, bb = wt_block_bytes(t);
     const uint8_t *ahead = row0 + WT_AHEAD * span;
+    const int64_t pf_step = nb ? ((span + nb - 1) / nb + 63) / 64 * 64 : 0; /* per block */
+    const int ub = one ? NP_NAME(wt_ubias)(t) : -1;
     const uint8_t *rows[WT_R];
     for (int r = 0; r < WT_R; r++) rows[r] = row0 + (r < nr ? r : 0) * row_bytes;
     int32_t S0[8][8], S1[8][8], U0[8][8], U1[8][8];
     __m256d alo = _mm256_setzero_pd(), ahi = alo, mlo = alo, mhi = alo;
+    __m256d acc_lo = alo, acc_hi = alo; /* the one-row path's acc, in registers */
     for (int64_t i = 0; i < T * WT_R; i++) acc[i] = 0.0;
-    for (int64_t b = 0; b < nb; b++) {
+    /* K-quants: the 8 blocks of a super-block unrolled, so that j (the shifts and offsets
+     * of its codes, its scale row) is a constant in each copy */
+    const int step = kq ? 8 : 1;
+    for (int64_t b0 = 0; b0 < nb; b0 += step)
+#pragma GCC unroll 8
+    for (int j = 0; j < step; j++) {
+        const int64_t b = b0 + j;
         __m256i w[WT_R], aw[WT_R];
         /* The tile after next, in address order, its share per block: the 8 rows are read
          * side by side in short runs the hardware prefetcher does not follow, and a decode
          * step is bound by this memory traffic. Prefetches never fault. */
-        for (int64_t at = b * span / nb; at < (b + 1) * span / nb; at += 64)
+        for (int64_t at = b * pf_step, end = at + pf_step < span ? at + pf_step : span;
+             at < end; at += 64)
             _mm_prefetch((const char *)(ahead + at), _MM_HINT_T0);
-        for (int r = 0; r < WT_R; r++) w[r] = NP_NAME(wt_codes)(t, rows[r], b);
-        __m256i done = _mm256_setzero_si256();
-        if (one) { /* one activation row: each row's dot, then the 8 sums by a hadd tree
-                    * (fewer shuffles than the transpose when nothing amortises it) */
+        for (int r = 0; r < WT_R; r++) w[r] = NP_NAME(wt_codes)(t, ub >= 0, rows[r], b, j);
+        __m256i done0 = _mm256_setzero_si256(), done1 = done0;
+        if (one) { /* one activation row: each row's dot, then the 8 rows' half sums by a
+                    * hadd tree (fewer shuffles than the transpose when nothing amortises
+                    * it); unsigned codes where the type allows (wt_ubias), else the sign
+                    * trick */
             __m256i xv = _mm256_loadu_si256((const __m256i *)(codes + b * 32)), p[WT_R];
             for (int r = 0; r < WT_R; r++) {
-                __m256i a = _mm256_sign_epi8(w[r], w[r]), sx = _mm256_sign_epi8(xv, w[r]);
+                __m256i a = w[r], sx = xv;
+                if (ub < 0) a = _mm256_sign_epi8(w[r], w[r]), sx = _mm256_sign_epi8(xv, w[r]);
 #if defined(NP_SIMD_AVX512)
                 p[r] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), a, sx);
 #else
                 p[r] = _mm256_madd_epi16(_mm256_maddubs_epi16(a, sx), _mm256_set1_epi16(1));
 #endif
             }
+            /* 128-bit lane 0 of p[r] is inputs 0-15, lane 1 inputs 16-31 */
             __m256i h0 = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]),
                                            _mm256_hadd_epi32(p[2], p[3]));
             __m256i h1 = _mm256_hadd_epi32(_mm256_hadd_epi32(p[4], p[5]),
                                            _mm256_hadd_epi32(p[6], p[7]));
-            done = _mm256_add_epi32(_mm256_permute2x128_si256(h0, h1, 0x20),
-                                    _mm256_permute2x128_si256(h0, h1, 0x31));
+            done0 = _mm256_permute2x128_si256(h0, h1, 0x20);
+            done1 = _mm256_permute2x128_si256(h0, h1, 0x31);
+            if (ub > 0) {
+                done0 = _mm256_sub_epi32(done0, _mm256_set1_epi32(ub * xh[2 * b]));
+                done1 = _mm256_sub_epi32(done1, _mm256_set1_epi32(ub * xh[2 * b + 1]));
+            }
         } else {
             NP_NAME(wt_transpose8)(w);
             for (int q = 0; q < 8; q++) aw[q] = _mm256_sign_epi8(w[q], w[q]);
         }
-        const int j = (int)(b % 8);
         if (!kq || j == 0) { /* float scalars: per block, or per K-quant super-block */
             int64_t base = kq ? (b / 8) * bb : b * bb;
             int64_t at_d = t == WT_Q2_K ? 80 : t == WT_Q3_K ? 108 : t == WT_Q6_K ? 208 : 0;
@@ -251,7 +345,9 @@ WT_INLINE void NP_NAME(wt_tile_simd)(const int t, const int one, const uint8_t *
                 mlo = _mm256_cvtps_pd(_mm256_castps256_ps128(m8));
                 mhi = _mm256_cvtps_pd(_mm256_extractf128_ps(m8, 1));
             }
-            if (kq)
+            if (t == WT_Q4_K || t == WT_Q5_K || t == WT_Q6_K)
+                NP_NAME(wt_super8)(t, rows, base, S0, S1, U0);
+            else if (kq)
                 for (int r = 0; r < WT_R; r++)
                     NP_NAME(wt_super)(t, rows[r] + base, r, S0, S1, U0, U1);
         }
@@ -279,7 +375,7 @@ WT_INLINE void NP_NAME(wt_tile_simd)(const int t, const int one, const uint8_t *
             mu_hi = _mm256_mul_pd(mhi, _mm256_cvtepi32_pd(_mm256_extracti128_si256(u0, 1)));
         }
         for (int64_t tt = 0; tt < T; tt++) {
-            __m256i d0 = done, d1 = _mm256_setzero_si256();
+            __m256i d0 = done0, d1 = done1;
             if (!one) {
                 const wt_i32u *x4 = (const wt_i32u *)(codes + tt * k_pad + b * 32);
                 /* four short chains (the sums are exact in any order) */
@@ -323,16 +419,22 @@ WT_INLINE void NP_NAME(wt_tile_simd)(const int t, const int one, const uint8_t *
                 }
             }
             const __m256d x = _mm256_set1_pd(xs[tt * nb + b]);
+            if (one) {
+                acc_lo = _mm256_add_pd(acc_lo, _mm256_mul_pd(ilo, x));
+                acc_hi = _mm256_add_pd(acc_hi, _mm256_mul_pd(ihi, x));
+                continue;
+            }
             double *at = acc + tt * WT_R;
             _mm256_storeu_pd(at, _mm256_add_pd(_mm256_loadu_pd(at), _mm256_mul_pd(ilo, x)));
             _mm256_storeu_pd(at + 4, _mm256_add_pd(_mm256_loadu_pd(at + 4), _mm256_mul_pd(ihi, x)));
         }
     }
+    if (one) _mm256_storeu_pd(acc, acc_lo), _mm256_storeu_pd(acc + 4, acc_hi);
 }
 
 #define WT_CASE(T_)                                                                          \
     case T_:                                                                                 \
-        if (T == 1 && T_ != WT_Q2_K && T_ != WT_Q3_K)                                        \
+        if (T == 1)                                                                          \
             NP_NAME(wt_tile_simd)(T_, 1, row0, row_bytes, nr, nb, codes, xs, xh, T, acc);    \
         else                                                                                 \
             NP_NAME(wt_tile_simd)(T_, 0, row0, row_bytes, nr, nb, codes, xs, xh, T, acc);    \
@@ -344,7 +446,7 @@ static void NP_NAME(wt_tile_any)(int t, const uint8_t *row0, int64_t row_bytes, 
     switch (t) {
     WT_CASE(WT_Q8_0) WT_CASE(WT_Q4_0) WT_CASE(WT_Q4_1) WT_CASE(WT_Q5_0) WT_CASE(WT_Q5_1)
     WT_CASE(WT_IQ4_NL) WT_CASE(WT_Q2_K) WT_CASE(WT_Q3_K) WT_CASE(WT_Q4_K) WT_CASE(WT_Q5_K)
-    default: NP_NAME(wt_tile_simd)(WT_Q6_K, 0, row0, row_bytes, nr, nb, codes, xs, xh, T, acc);
+    WT_CASE(WT_Q6_K)
     }
 }
 #undef WT_CASE
