@@ -25,7 +25,7 @@ def test_inspect_a_gguf_file(tmp_path, capsys):
     assert main(["inspect", str(path), "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
     config = json.loads((hf_fixture_dir("gemma3-tiny") / "config.json").read_text())
-    assert summary["format"] == "gguf" and summary["architecture"] == "gemma3_text"
+    assert summary["format"] == "gguf" and summary["architecture"] == "gemma3"
     geometry = summary["geometry"]
     assert (geometry["d_model"], geometry["num_layers"], geometry["num_heads"]) == (
         config["hidden_size"], config["num_hidden_layers"], config["num_attention_heads"])
