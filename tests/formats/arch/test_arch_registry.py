@@ -16,7 +16,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from gguf_family_helpers import _vocab
+from gguf_family_helpers import fixture_vocab as _vocab
 from hf_helpers import hf_fixture_dir
 from safetensors.numpy import load_file, save_file
 

@@ -223,7 +223,8 @@ def test_a_gemma2_checkpoint_runs_with_its_default_caps(tmp_path) -> None:
     (out / "config.json").write_text(json.dumps(cfg))
     spec = spec_from_config(cfg)
     assert (spec.attn_softcap, spec.final_softcap, spec.qk_norm) == (0.5, 30.0, False)
-    assert spec.windows == (16, None, 16, None, 16, None)
+    assert tuple(layer.window for layer in spec.layers) == (16, None, 16, None, 16, None)
+    assert {layer.theta for layer in spec.layers} == {10000.0}
     expect_cfg = {**cfg, "final_logit_softcapping": 30.0,
                   "layer_types": ["sliding_attention", "full_attention"] * 3}
     ids = prompt_ids()
