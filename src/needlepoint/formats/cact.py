@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import TokenizerError
-from ..kernels.cq_tensor import STORAGE_BITS, CQTensor
+from ..kernels.cq_tensor import CQTensor
+from ..kernels.wtypes import TYPES, WeightType, cq_bytes, cq_type
 from . import needle2_geometry as v2config
 from . import needle3_geometry as v3config
 from .cact_checks import HEADER_OFFSETS, RECORD_BYTES, validate_header
@@ -254,9 +255,7 @@ class CactArchive:
         """A record as float32 (CQ records are dequantised)."""
         record = self.record(name)
         if record.dtype == "cq":
-            from ..kernels.cq import dequantize
-
-            return dequantize(self.cq(name)).reshape(record.shape)
+            return self.wtype(name).dequantize(self.cq(name)).reshape(record.shape)
         return self._view(record).astype(np.float32)
 
     def cq(self, name: str) -> CQTensor:
@@ -266,18 +265,31 @@ class CactArchive:
             raise TypeError(f"{name} is {record.dtype}, not CQ")
         rows = record.shape[0]
         cols = int(np.prod(record.shape[1:])) if len(record.shape) > 1 else 1
-        in_pad = -(-cols // record.group) * record.group
-        row_bytes = in_pad * STORAGE_BITS[record.bits] // 8
+        row_bytes, groups = cq_bytes(cq_type(record.bits), rows, cols, record.group)
         blob = self._view(record)
         packed = blob[: rows * row_bytes].reshape(rows, row_bytes)
         norms = np.frombuffer(
-            self._buffer, "<f2", count=rows * (in_pad // record.group),
-            offset=record.offset + rows * row_bytes,
-        ).reshape(rows, in_pad // record.group)
+            self._buffer, "<f2", count=rows * groups, offset=record.offset + rows * row_bytes,
+        ).reshape(rows, groups)
         return CQTensor(
             record.name, rows, cols, record.bits, record.group, packed, norms,
             self.codebooks[record.bits],
         )
+
+    def wtype(self, name: str) -> WeightType:
+        """The weight type of a matrix record (`kernels.wtypes`): its CQ type by the record's
+        `bits` code, or F16 / F32."""
+        record = self.record(name)
+        if record.dtype == "cq":
+            return cq_type(record.bits)
+        if record.dtype == "raw":
+            raise TypeError(f"{name} is a RAW record, not a matrix")
+        return TYPES[record.dtype.upper()]
+
+    def table(self, name: str) -> CQTensor | np.ndarray:
+        """A row-gathered table as stored: the CQ tensor, or the FP16/FP32 view; its rows are
+        `self.wtype(name).gather(table, rows)`."""
+        return self.cq(name) if self.wtype(name).kind == "cq" else self.array(name)
 
     @property
     def directory_end(self) -> int:

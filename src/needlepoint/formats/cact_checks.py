@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import CactFormatError
-from ..kernels.cq_tensor import STORAGE_BITS
+from ..kernels.wtypes import cq_tensor_bytes, cq_type
 
 RECORD_BYTES = 44
 # Upper bound on any single header dimension: anything larger is corruption, and checking it
@@ -101,8 +101,7 @@ def validate_header(values: dict, generation: int) -> None:
 
 def cq_nbytes(rows: int, cols: int, bits: int, group: int) -> int:
     """Blob size of a CQ record: packed indices then FP16 norms (README "CQ tensors")."""
-    in_pad = -(-cols // group) * group
-    return rows * in_pad * STORAGE_BITS[bits] // 8 + rows * (in_pad // group) * 2
+    return cq_tensor_bytes(cq_type(bits), rows, cols, group)
 
 
 def expected_nbytes(dtype: str, shape: tuple[int, ...], group: int, bits: int) -> int | None:

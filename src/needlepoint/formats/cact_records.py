@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..kernels.cq_tensor import STORAGE_BITS
+from ..kernels.wtypes import CQ_CODES
 from .cact_checks import MAX_DIM, RECORD_BYTES, expected_nbytes
 from .cact_checks import header_error as _fail
 
@@ -77,7 +77,7 @@ def check_record(
         raise _fail(
             field + ".offset", where + 20, f"blob offset {offset} is not 64-byte aligned"
         )
-    if got_dtype == "cq" and bits not in STORAGE_BITS:
+    if got_dtype == "cq" and bits not in CQ_CODES:
         raise _fail(field + ".bits", where + 40, f"unsupported CQ width {bits} bits")
     if got_dtype == "cq" and (group < 8 or group & (group - 1) or group > 4096):
         raise _fail(

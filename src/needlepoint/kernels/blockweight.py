@@ -29,7 +29,7 @@ import numpy as np
 from ..errors import NonFiniteActivationError, UnsupportedTensorTypeError
 from . import native
 from .i8 import BLOCK, padded, quantize
-from .wtypes import WeightType
+from .wtype_record import WeightType
 
 F32, F64 = np.float32, np.float64
 _REFERENCE_COLUMNS = 2048  # output rows unpacked per step of the numpy reference

@@ -10,17 +10,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-# Storage width of each CQ `bits` code: 1-4 bits are that many bits per index; 5 (ternary)
-# packs its three codes in 2-bit crumbs.
-STORAGE_BITS = {1: 1, 2: 2, 3: 3, 4: 4, 5: 2}
-
 
 @dataclass(frozen=True)
 class CQTensor:
     """A Cactus-Quant matrix: packed codebook indices plus one FP16 norm per row and group.
 
     `packed` is [rows, in_pad * storage_bits / 8] uint8 and `norms` [rows, in_pad / group]
-    float16, both zero-copy views into the archive.
+    float16, both zero-copy views into the archive; its type is `kernels.wtypes.cq_type(bits)`.
     """
 
     name: str
@@ -38,7 +34,10 @@ class CQTensor:
 
     @property
     def storage_bits(self) -> int:
-        return STORAGE_BITS[self.bits]
+        """Stored bits per index, read off the codes plane's width (the weight-type table,
+        `kernels.wtypes`, says which width each `bits` code has: the reader sized the plane)."""
+        in_pad = self.in_pad
+        return self.packed.shape[1] * 8 // in_pad if in_pad else 0
 
     @property
     def nbytes(self) -> int:

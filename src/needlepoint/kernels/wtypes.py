@@ -1,52 +1,42 @@
-"""The weight types: one record per GGUF storage type (ggml's `type_traits`), the one place
-that says how a type's blocks are laid out, unpacked and dequantised.
+"""The weight types: one record per storage type (ggml's `type_traits`), the one place that
+says how a type's blocks are laid out, which activations its exact product multiplies, which
+kernels compute that product, how a row of it is gathered and how it is dequantised.
 
-An integer type's `unpack(rows u8 [R, row_bytes]) -> wtypes_unpack.Unpacked` gives the generic
-form both the numpy reference and the C kernels compute (`kernels/wtypes_unpack.py` holds the
-layouts; `kernels/native/np_wt.h` the C unpack of each, selected by `native_id`); the
-product over that form is `kernels.blockweight`. `dequantize(rows) -> float32 [R, values]` is
-ggml's dequantisation bit for bit (tested against `gguf.quants`). The float types (F32, F16,
-BF16) have `unpack=None`: in int8 numerics a 2-D float weight is turned once into Q8_0 blocks
-by `to_q8_0`.
+`TYPES` holds every record (`kernels.wtype_record.WeightType`):
 
-Adding a type: its entry in `TYPES` (ggml id, block geometry, a new `native_id`), its numpy
-unpacker in `wtypes_unpack.py`, its C unpack in `np_wt.h`, and tests in
-`tests/kernels/test_wtypes.py` (docs/architecture.md, "Where does a change go").
+* the GGUF integer types (`kind="block"`): `unpack(rows u8 [R, row_bytes]) ->
+  wtypes_unpack.Unpacked` gives the generic form both the numpy reference and the C kernels
+  compute (`kernels/wtypes_unpack.py` holds the layouts; `kernels/native/np_wt.h` the C unpack
+  of each, selected by `native_id`); the product over that form is `kernels.blockweight`
+  (A8 blocks of 32). `dequantize(rows) -> float32 [R, values]` is ggml's dequantisation bit
+  for bit (tested against `gguf.quants`).
+* the float types F32, F16, BF16 (`kind="float"`, `unpack=None`): in int8 numerics a 2-D float
+  weight is turned once into int8 blocks of 32 (`kernels.i8`, or `to_q8_0`).
+* the Needle Cactus-Quant types CQ1, CQ2, CQ3, CQ4 and CQT (ternary) of `.cact` archives
+  (`kind="cq"`, found by the archive's `bits` code with `cq_type`): a row is groups of 128
+  values, each `128 * storage_bits / 8` bytes of LSB-first codebook indices (the codes plane
+  `CQTensor.packed`) plus one FP16 norm (the norms plane), the archive's own bytes. Their
+  exact product is `kernels.exact` (A8 rows rotated per 128-group, native entry
+  `np_cq_matmul_threads` taking `storage_bits`, the same bits as `cq_matmul_reference`), their
+  row gather and dequantiser `kernels.cq` (`dequantize_rows` / `dequantize`).
+
+Adding a GGUF type: its entry in `_TABLE` (ggml id, block geometry, a new `native_id`), its
+numpy unpacker in `wtypes_unpack.py`, its C unpack in `np_wt.h`, and tests in
+`tests/kernels/test_wtypes.py`. A CQ type: its line in `_CQ_TABLE` and, if its storage width
+is new, its cases in `kernels/cq.py` and `native/np_cq*.h` (docs/architecture.md, "Where does
+a change go").
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-
 import numpy as np
 
 from ..errors import UnsupportedTensorTypeError
+from . import blockweight, cq, exact
 from . import wtypes_unpack as wu
+from .wtype_record import A8_ROTATED, CONVERTED, WeightType
 
 F32 = np.float32
-
-
-@dataclass(frozen=True)
-class WeightType:
-    """One storage type: `block_values` values in `block_bytes` bytes along a row.
-    `native_id` is the C kernels' type number (0: not an integer type)."""
-
-    name: str
-    ggml_id: int
-    block_values: int
-    block_bytes: int
-    native_id: int
-    unpack: Callable[[np.ndarray], wu.Unpacked] | None
-    dequantize: Callable[[np.ndarray], np.ndarray]
-
-    def row_bytes(self, values: int) -> int:
-        """Bytes of a row of `values` values (a whole number of blocks)."""
-        if values % self.block_values:
-            raise UnsupportedTensorTypeError(
-                f"{self.name} rows hold whole blocks of {self.block_values} values, "
-                f"not {values}")
-        return values // self.block_values * self.block_bytes
 
 
 def _rows(data: np.ndarray) -> np.ndarray:
@@ -65,7 +55,17 @@ def _integer(name: str, ggml_id: int, values: int, size: int, native_id: int, de
     def dequantize(data: np.ndarray) -> np.ndarray:
         return wu.dequantize_form(unpack(data), offset)
 
-    return WeightType(name, ggml_id, values, size, native_id, unpack, dequantize)
+    return WeightType(name, ggml_id, values, size, native_id, unpack, dequantize,
+                      product=blockweight.matmul, product_reference=blockweight.matmul_reference,
+                      gather=_gather(dequantize))
+
+
+def _gather(dequantize):
+    def gather(data: np.ndarray, rows) -> np.ndarray:
+        """float32 rows `rows` of the stored rows `data` (only those rows are read)."""
+        return dequantize(np.asarray(data)[np.asarray(rows, np.intp).reshape(-1)])
+
+    return gather
 
 
 def _float(name: str, ggml_id: int, size: int) -> WeightType:
@@ -78,7 +78,26 @@ def _float(name: str, ggml_id: int, size: int) -> WeightType:
             out = flat.view({"F32": "<f4", "F16": "<f2"}[name]).astype(F32)
         return out.reshape(rows.shape[0], -1)
 
-    return WeightType(name, ggml_id, 1, size, 0, None, dequantize)
+    def gather(data: np.ndarray, rows) -> np.ndarray:
+        """float32 rows of stored rows: uint8 bytes, or an array of the type's own values
+        (an archive's FP16 table)."""
+        data = np.asarray(data)
+        if data.dtype == np.uint8:
+            return _gather(dequantize)(data, rows)
+        return data[np.asarray(rows, np.intp).reshape(-1)].astype(F32)
+
+    return WeightType(name, ggml_id, 1, size, 0, None, dequantize, kind="float",
+                      activation=CONVERTED, native_entry="", gather=gather)
+
+
+def _cq(name: str, code: int, storage_bits: int, levels: int, native_gather: bool
+        ) -> WeightType:
+    return WeightType(
+        name, -1, exact.GROUP, exact.GROUP * storage_bits // 8 + 2, storage_bits, None,
+        cq.dequantize, kind="cq", activation=A8_ROTATED, native_entry="np_cq_matmul_threads",
+        product=exact.cq_matmul, product_reference=exact.cq_matmul_reference,
+        gather=cq.table_rows, code=code, storage_bits=storage_bits, codebook_len=levels,
+        native_gather=native_gather)
 
 
 _TABLE = [
@@ -96,10 +115,24 @@ _TABLE = [
     ("Q6_K", 14, 256, 210, 11, wu.q6_k, False),
 ]
 
+_CQ_TABLE = [
+    # name, the archive's `bits` code, stored bits per index, codebook levels (README "CQ
+    # tensors": 1 binary, 2-4 the header codebooks, 5 ternary in 2-bit crumbs), whether the
+    # native Needle 3 step gathers its rows (2- and 4-bit storage)
+    ("CQ1", 1, 1, 2, False),
+    ("CQ2", 2, 2, 4, True),
+    ("CQ3", 3, 3, 8, False),
+    ("CQ4", 4, 4, 16, True),
+    ("CQT", 5, 2, 4, True),
+]
+
 TYPES: dict[str, WeightType] = {
     **{row[0]: _integer(*row) for row in _TABLE},
     "F32": _float("F32", 0, 4), "F16": _float("F16", 1, 2), "BF16": _float("BF16", 30, 2),
+    **{row[0]: _cq(*row) for row in _CQ_TABLE},
 }
+# the CQ types by the archive record's `bits` code
+CQ_CODES: dict[int, WeightType] = {t.code: t for t in TYPES.values() if t.kind == "cq"}
 # the types whose blocks carry an offset (m * u): the others' m and u are all zero
 OFFSET_TYPES = frozenset(row[0] for row in _TABLE if row[6])
 
@@ -112,6 +145,29 @@ def weight_type(name: str) -> WeightType:
             f"weight type {name} has no integer product or decoder here "
             f"(known: {', '.join(TYPES)})")
     return found
+
+
+def cq_type(code: int) -> WeightType:
+    """The CQ type of an archive record's `bits` code."""
+    found = CQ_CODES.get(code)
+    if found is None:
+        raise UnsupportedTensorTypeError(
+            f"CQ code {code} has no weight type (known: "
+            f"{', '.join(f'{t.code} ({t.name})' for t in CQ_CODES.values())})")
+    return found
+
+
+def cq_bytes(wtype: WeightType, rows: int, cols: int, group: int) -> tuple[int, int]:
+    """(code bytes per row, norms per row) of a CQ tensor [rows, cols] stored in groups of
+    `group` (the archive's; 128 for every exact product): codes plane then FP16 norms."""
+    in_pad = -(-cols // group) * group
+    return in_pad * wtype.storage_bits // 8, in_pad // group
+
+
+def cq_tensor_bytes(wtype: WeightType, rows: int, cols: int, group: int) -> int:
+    """Blob bytes of a CQ tensor: `rows` rows of codes, then `rows` rows of FP16 norms."""
+    codes, norms = cq_bytes(wtype, rows, cols, group)
+    return rows * (codes + 2 * norms)
 
 
 def to_q8_0(w: np.ndarray) -> np.ndarray:

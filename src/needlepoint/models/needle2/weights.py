@@ -17,7 +17,6 @@ import numpy as np
 
 from ...formats.cact import CactArchive, CQTensor
 from ...formats.needle2_geometry import V2Config
-from ...kernels.cq import dequantize
 from ..ops import sigmoid
 from .ladder import kept_engram_sites
 
@@ -114,9 +113,10 @@ def _layer(archive: CactArchive, cfg: V2Config, index: int) -> LayerWeights:
 
 def _mhc(archive: CactArchive, cfg: V2Config, kept: tuple[int, ...]) -> tuple[MhcWeights, ...]:
     n = cfg.mhc_lanes
-    phi_pre = dequantize(archive.cq("mhc_phi_pre"))
-    phi_post = dequantize(archive.cq("mhc_phi_post"))
-    phi_res = dequantize(archive.cq("mhc_phi_res"))
+    # CQ records dequantised by their weight type (`CactArchive.floats`)
+    phi_pre = archive.floats("mhc_phi_pre")
+    phi_post = archive.floats("mhc_phi_post")
+    phi_res = archive.floats("mhc_phi_res")
     a_pre, a_post, a_res = (archive.floats(f"mhc_a_{k}") for k in ("pre", "post", "res"))
     b_pre, b_post, b_res = (archive.floats(f"mhc_b_{k}") for k in ("pre", "post", "res"))
     out = []
@@ -179,7 +179,7 @@ def load_weights(
 ) -> V2Weights:
     """Decode the blocks in `kept` (all of them for the full model) and the shared tensors."""
     return V2Weights(
-        embedding=dequantize(archive.cq("embedding")),
+        embedding=archive.floats("embedding"),
         layers=tuple(_layer(archive, full, index) for index in kept),
         mhc=_mhc(archive, full, kept),
         engrams=_engrams(archive, full, rung, kept),

@@ -23,10 +23,10 @@ class DeployUnsupportedError(NeedlepointError, ValueError):
 def exact_slot(archive: CactArchive, slot: Slot, threads: int = 1) -> list[ExactMatrix]:
     pieces = []
     for name, first, end in slot.parts:
-        record = archive.record(name)
-        if record.dtype != "cq":
+        wtype = archive.wtype(name)
+        if wtype.kind != "cq" or wtype.product is None:
             raise DeployUnsupportedError(
-                f"{name} is stored as {record.dtype}; deploy numerics need CQ matrices "
+                f"{name} is stored as {wtype.name}; deploy numerics need CQ matrices "
                 "(load with numerics='float')"
             )
         pieces.append((archive.cq(name), first, end))

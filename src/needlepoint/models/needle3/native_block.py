@@ -26,6 +26,7 @@ from ...kernels import native
 from ...kernels.cq import _H128 as H128
 from ...kernels.cq_tensor import CQTensor
 from ...kernels.exact import GROUP, ExactMatrix
+from ...kernels.wtypes import cq_type
 
 if TYPE_CHECKING:  # pragma: no cover
     from .exact_attention import Int8LayerCache
@@ -142,7 +143,7 @@ class NativePlan:
         c_sites = (native.V3Site * len(sites))()
         for entry, site in zip(c_sites, sites, strict=True):
             table, kv = site.tables, site.key_value
-            if not (isinstance(table, CQTensor) and table.storage_bits in (2, 4)
+            if not (isinstance(table, CQTensor) and cq_type(table.bits).native_gather
                     and table.group == GROUP and isinstance(kv, list) and kv
                     and isinstance(kv[0], ExactMatrix)):
                 return False

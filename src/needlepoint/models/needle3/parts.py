@@ -99,10 +99,9 @@ def head_weights(
         )
         for s in _kept_sites(archive, kept)
     )
-    record = archive.record("embedding")
-    table = archive.cq("embedding") if record.dtype == "cq" else archive.array("embedding")
     return V3Weights(
-        embedding_table=table, lm_head=mats["lm_head"], layers=(), engram=engram,
+        embedding_table=archive.table("embedding"), embedding_type=archive.wtype("embedding"),
+        lm_head=mats["lm_head"], layers=(), engram=engram,
         final_norm=_one_plus(archive, "final_norm"),
         hada_p1=archive.floats("hada_p1").astype(np.int64),
         hada_p2=archive.floats("hada_p2").astype(np.int64),

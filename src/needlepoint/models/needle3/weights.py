@@ -36,8 +36,9 @@ import numpy as np
 
 from ...formats.cact import CactArchive, CQTensor
 from ...formats.needle3_geometry import V3Config
-from ...kernels.cq import dequantize_rows, rotated_into, table_rows
+from ...kernels.cq import dequantize_rows, rotated_into
 from ...kernels.fwht import fwht_groups, hadamard_matrix
+from ...kernels.wtypes import WeightType
 from .. import weight_cache
 from ..ops import sigmoid
 
@@ -140,10 +141,11 @@ class V3Weights:
     hada_p1: np.ndarray  # int64 [hada_n]
     hada_p2: np.ndarray
     confidence: ConfidenceWeights | None
+    embedding_type: WeightType | None = None  # the table's weight type: its row gather
 
     def embedding_rows(self, tokens: np.ndarray | list[int]) -> np.ndarray:
         """Dequantised embedding rows [len(tokens), d] (bit-identical to the full matrix's)."""
-        return table_rows(self.embedding_table, tokens)
+        return self.embedding_type.gather(self.embedding_table, tokens)
 
 
 # -- the matrix arena ------------------------------------------------------------------------
@@ -205,8 +207,9 @@ class Filler:
 
     def __call__(self, slot: Slot, out: np.ndarray) -> None:
         archive = self.archive
-        records = [archive.record(name) for name, _, _ in slot.parts]
-        if not all(r.dtype == "cq" and r.group == ROTATION for r in records):
+        names = [name for name, _, _ in slot.parts]
+        if not all(archive.wtype(name).kind == "cq" and archive.record(name).group == ROTATION
+                   for name in names):
             self._by_rows(slot, out)
         elif slot.rotated:
             for column, name, rows in _columns(slot):
@@ -248,7 +251,7 @@ class Filler:
         archive = self.archive
         for column, name, rows in _columns(slot):
             record = archive.record(name)
-            cq = archive.cq(name) if record.dtype == "cq" else None
+            cq = archive.cq(name) if archive.wtype(name).kind == "cq" else None
             for first in range(rows.start, rows.stop, CHUNK_ROWS):
                 last = min(rows.stop, first + CHUNK_ROWS)
                 if cq is not None:
@@ -384,10 +387,9 @@ def load_weights(
         )
         for s in kept_sites
     )
-    record = archive.record("embedding")
-    table = archive.cq("embedding") if record.dtype == "cq" else archive.array("embedding")
     return V3Weights(
-        embedding_table=table,
+        embedding_table=archive.table("embedding"),
+        embedding_type=archive.wtype("embedding"),
         lm_head=mats["lm_head"],
         layers=layers,
         engram=engram,
