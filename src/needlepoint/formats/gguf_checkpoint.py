@@ -92,6 +92,10 @@ class GGUFCheckpoint:
                 self._tensors[mapped[0]] = (tensor, mapped[1])
         self.config = self._config()
 
+    def source_files(self) -> list[Path]:
+        """The one file the tensors and the config come from."""
+        return [self.path]
+
     # ------------------------------------------------------------------ metadata
     def value(self, key: str, default: Any = None) -> Any:
         value = self.metadata.get(key)

@@ -70,6 +70,10 @@ class HFCheckpoint:
     def dtype(self, name: str) -> str:
         return self._file(name).dtype(name)
 
+    def source_files(self) -> list[Path]:
+        """The files the tensors and their geometry come from: config, then weight files."""
+        return [self.path / CONFIG] + [self._files[name].path for name in sorted(self._files)]
+
     def tensor(self, name: str) -> np.ndarray:
         """Tensor `name` as float32, in its stored (Hugging Face) layout."""
         return self._file(name).array(name)

@@ -67,8 +67,9 @@ def load(
     `numerics="deploy"` (A8 activations, int8 KV: what the archive is meant to run at) or
     `"float"` (the stored weights with no activation or KV quantisation). For a transformer
     model `numerics` is "float", "int8" (block-scaled int8 products, pinned elementwise parts,
-    int8 KV: the same bits on every machine) or "deploy", which is "int8". `cache` (Needle 3):
-    reuse/write the prepared weights in the on-disk cache (`needlepoint.weight_cache`; None =
+    int8 KV: the same bits on every machine) or "deploy", which is "int8". `cache` (Needle 3,
+    and a transformer's int8 weights converted from float): reuse/write the prepared weights in
+    the on-disk cache (`needlepoint.weight_cache`, `models/transformer/int8_cache.py`; None =
     on unless the environment sets NEEDLEPOINT_CACHE=0). `threads`: CPU threads for the
     model's products (`resolve_threads`: default 1); it also caps the process's BLAS/OpenMP
     pools (threadpoolctl), so no pool is left spinning on a busy machine.
@@ -84,7 +85,8 @@ def load(
     if source.family == "transformer":
         from .transformer.model import load_transformer
 
-        return load_transformer(source.path, layers=layers, numerics=numerics, threads=threads)
+        return load_transformer(source.path, layers=layers, numerics=numerics, threads=threads,
+                                cache=cache)
     if source.family == "needle3":
         from .needle3.model import V3Model
 

@@ -50,6 +50,9 @@ ALIGN = 16  # floats: every matrix starts 64-byte aligned
 SAMPLE_STRIDE = 1 << 20
 SAMPLE_BYTES = 4096
 OFF = ("0", "false", "no", "off")
+# read-only cache maps: populated (every page faulted in one pass, not one by one in the first
+# forward) where the platform can
+MAP_FLAGS = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
 log = logging.getLogger(__name__)
 _writers: list[threading.Thread] = []
 
@@ -171,9 +174,7 @@ def _read(path: Path, key: bytes, total: int) -> np.ndarray | None:
         if os.fstat(handle).st_size != HEADER_BYTES + payload_bytes + FOOTER.size:
             log.debug("weight cache %s: wrong size, rebuilding", path)
             return None
-        # populate: fault every page in now (one pass), not one by one in the first forward
-        flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
-        mapped = mmap.mmap(handle, 0, flags=flags, prot=mmap.PROT_READ)
+        mapped = mmap.mmap(handle, 0, flags=MAP_FLAGS, prot=mmap.PROT_READ)
     finally:
         os.close(handle)
     view = memoryview(mapped)
@@ -192,6 +193,16 @@ def _read(path: Path, key: bytes, total: int) -> np.ndarray | None:
     return np.frombuffer(mapped, np.float32, count=total, offset=HEADER_BYTES)
 
 
+def install(temp: str | Path, path: Path) -> None:
+    """Rename a finished cache file `temp` to `path` (`<stem>-<tag>-<key><suffix>`, atomic on
+    POSIX) and remove the older files of the same stem and tag (another key: stale)."""
+    os.replace(temp, path)
+    prefix = path.name.rsplit("-", 1)[0] + "-"
+    for old in path.parent.iterdir():
+        if old.name.startswith(prefix) and old.suffix == path.suffix and old != path:
+            old.unlink(missing_ok=True)
+
+
 def _write(path: Path, key: bytes, data: np.ndarray) -> None:
     """Write the arena atomically (temp file + rename); failures are logged, never raised."""
     temp = None
@@ -204,12 +215,8 @@ def _write(path: Path, key: bytes, data: np.ndarray) -> None:
             out.write(header.ljust(HEADER_BYTES, b"\0"))
             out.write(payload)
             out.write(FOOTER.pack(FOOTER_MAGIC, key, _sample_crc(payload)))
-        os.replace(temp, path)
+        install(temp, path)
         temp = None
-        prefix = path.name.rsplit("-", 1)[0] + "-"
-        for old in path.parent.iterdir():  # older versions of this archive path and rung
-            if old.name.startswith(prefix) and old.suffix == ".npw" and old != path:
-                old.unlink(missing_ok=True)
     except Exception as error:  # noqa: BLE001 - unwritable cache: the model is built anyway
         log.debug("weight cache %s not written: %s", path, error)
     finally:

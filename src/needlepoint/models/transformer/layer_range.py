@@ -78,7 +78,7 @@ class TransformerPart(WrapsModelText):
         checkpoint = open_checkpoint(path)
         spec = model_spec(checkpoint, layers)
         span = range(0) if head else range(*blocks)
-        weights = load_weights(checkpoint, spec, strategy, blocks=span, head=head)
+        weights = load_weights(checkpoint, spec, strategy, blocks=span, head=head, cache=cache)
         return cls(TransformerModel(checkpoint, spec, weights, strategy), span, head)
 
     def block_bytes(self) -> list[int]:

@@ -111,6 +111,29 @@ def make_int8_linear(weight: np.ndarray, bias: np.ndarray | None, *, in_out: boo
     return Int8Linear([part], bias)
 
 
+def _root(array: np.ndarray) -> np.ndarray:
+    while isinstance(array.base, np.ndarray):
+        array = array.base
+    return array
+
+
+def joined(first: np.ndarray, second: np.ndarray) -> np.ndarray:
+    """`np.concatenate([first, second])`, as a read-only view when `second`'s bytes follow
+    `first`'s inside one array (parts of a mapped cache file, laid out end to end: no copy);
+    else a copy."""
+    root = _root(first)
+    if (first.flags.c_contiguous and second.flags.c_contiguous and first.dtype == second.dtype
+            and first.shape[1:] == second.shape[1:] and _root(second) is root
+            and root.flags.c_contiguous
+            and first.ctypes.data + first.nbytes == second.ctypes.data):
+        shape = (first.shape[0] + second.shape[0], *first.shape[1:])
+        view = np.ndarray(shape, first.dtype, buffer=root,
+                          offset=first.ctypes.data - root.ctypes.data)
+        view.flags.writeable = False
+        return view
+    return np.concatenate([first, second])
+
+
 def _merge(parts: Sequence[i8.I8Weight | BlockWeight]) -> list[i8.I8Weight | BlockWeight]:
     """Adjacent packed parts of one storage kind whose outputs fill whole groups of 8 become
     one part (one kernel call; every output still its own sum). A BlockWeight stays a part
@@ -122,10 +145,10 @@ def _merge(parts: Sequence[i8.I8Weight | BlockWeight]) -> list[i8.I8Weight | Blo
                 and last.n_out % i8.LANES == 0 and last.bits == part.bits
                 and (last.offset is None) == (part.offset is None)
                 and last.blocks == part.blocks and last.half == part.half):
-            offset = None if part.offset is None else np.concatenate([last.offset, part.offset])
+            offset = None if part.offset is None else joined(last.offset, part.offset)
             merged[-1] = i8.I8Weight(last.n_out + part.n_out, last.k_in, last.bits,
-                                     np.concatenate([last.data, part.data]),
-                                     np.concatenate([last.scale, part.scale]), offset,
+                                     joined(last.data, part.data),
+                                     joined(last.scale, part.scale), offset,
                                      max(last.threads, part.threads))
         else:
             merged.append(part)

@@ -71,12 +71,15 @@ class TransformerModel:
 
     @classmethod
     def from_checkpoint(cls, checkpoint: Any, *, layers: int | None = None,
-                        numerics: str = "float", threads: int = 1) -> TransformerModel:
+                        numerics: str = "float", threads: int = 1,
+                        cache: bool | None = None) -> TransformerModel:
         """The model of an opened checkpoint (`layers=N`: only its first N blocks;
-        `numerics` "float" or "int8"/"deploy"; `threads` for the int8 kernels)."""
+        `numerics` "float" or "int8"/"deploy"; `threads` for the int8 kernels; `cache` the
+        int8 weight cache, `int8_cache.py`)."""
         strategy = numerics_named(numerics, threads)
         spec = model_spec(checkpoint, layers)
-        return cls(checkpoint, spec, load_weights(checkpoint, spec, strategy), strategy)
+        weights = load_weights(checkpoint, spec, strategy, cache=cache)
+        return cls(checkpoint, spec, weights, strategy)
 
     @cached_property
     def tokenizer(self) -> Any:
@@ -151,10 +154,11 @@ class TransformerModel:
 
 def load_transformer(
     path: str | os.PathLike[str], *, layers: int | None = None, numerics: str = "float",
-    threads: int = 1,
+    threads: int = 1, cache: bool | None = None,
 ) -> TransformerModel:
     """A Hugging Face model directory or a `.gguf` file as a model (`numerics`: "float", or
-    "int8" = "deploy"; `threads`: CPU threads of the int8 products, same bits for any)."""
+    "int8" = "deploy"; `threads`: CPU threads of the int8 products, same bits for any;
+    `cache`: the int8 weight cache, `int8_cache.py`)."""
     numerics_named(numerics)  # a bad name fails before the file is opened
     return TransformerModel.from_checkpoint(open_checkpoint(path), layers=layers,
-                                            numerics=numerics, threads=threads)
+                                            numerics=numerics, threads=threads, cache=cache)

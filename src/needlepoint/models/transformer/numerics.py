@@ -52,8 +52,12 @@ class TransformerFloat:
              center: bool) -> Norm:
         return Norm(weight, bias, eps, center)
 
-    def linear(self, weight: np.ndarray, bias: np.ndarray | None, in_out: bool) -> Linear:
-        return make_linear(weight, bias, in_out=in_out)
+    def linear(self, fetch: Any, name: str, shape: tuple[int, int], bias: np.ndarray | None,
+               prefixed: bool = True) -> Linear:
+        """The projection of float tensor `name` (`shape` as stored) read through `fetch`
+        (`weights._Fetcher`)."""
+        return make_linear(fetch.get(name, shape, prefixed=prefixed), bias,
+                           in_out=fetch.names.in_out)
 
     def stored(self, blocks: Blocks, bias: np.ndarray | None) -> None:
         return None  # the checkpoint's dequantised float32 weight is used
@@ -99,8 +103,21 @@ class TransformerInt8:
              center: bool) -> PinnedNorm:
         return PinnedNorm(weight, bias, eps, center)
 
-    def linear(self, weight: np.ndarray, bias: np.ndarray | None, in_out: bool) -> Int8Linear:
-        return make_int8_linear(weight, bias, in_out=in_out, threads=self.threads)
+    def linear(self, fetch: Any, name: str, shape: tuple[int, int], bias: np.ndarray | None,
+               prefixed: bool = True) -> Int8Linear:
+        """The int8 projection of float tensor `name`: converted once (`fetch.converted`: from
+        the int8 weight cache when one is open, `int8_cache.py`)."""
+        n_out, k_in = shape[::-1] if fetch.names.in_out else shape
+
+        def build() -> Any:
+            weight = fetch.get(name, shape, prefixed=prefixed)
+            return self._converted(weight, fetch.names.in_out)
+
+        part = fetch.converted(fetch.full_name(name, prefixed), n_out, k_in, build)
+        return Int8Linear([part], bias)
+
+    def _converted(self, weight: np.ndarray, in_out: bool) -> Any:
+        return make_int8_linear(weight, None, in_out=in_out, threads=self.threads).parts[0]
 
     def stored(self, blocks: Blocks, bias: np.ndarray | None) -> Int8Linear | None:
         """A weight the file stores in an integer ggml type, multiplied as stored (None:
@@ -131,7 +148,9 @@ class TransformerInt8:
             if stored is not None:
                 return embed, Int8Linear([stored], None)
             table = fetch.get(names.embed, (vocab, d))
-            return table, make_int8_linear(table, None, in_out=False, threads=self.threads)
+            head = fetch.converted(fetch.full_name(names.embed) + "@lm_head", vocab, d,
+                                   lambda: self._converted(table, False))
+            return table, Int8Linear([head], None)
         head = fetch.linear(names.lm_head, d, vocab, False, prefixed=False)
         return (fetch.get(names.embed, (vocab, d)) if embed is None else embed), head
 

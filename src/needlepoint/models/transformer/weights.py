@@ -13,14 +13,17 @@ What each object is comes from the numerics strategy (`numerics.py`): int8 build
 `PinnedNorm`s and `Int8Linear`s (`int8.py`, `linear.py`): a checkpoint with `blocks(name)`
 (GGUF) hands over every weight of an integer ggml type (`kernels.wtypes`) as the file stores
 it, multiplied in place (`kernels.blockweight`); every float weight (safetensors, GGUF
-F16 / BF16 / F32) is quantised to int8 per block of 32 inputs at load.
+F16 / BF16 / F32) is quantised to int8 per block of 32 inputs at load, once: later loads map
+the int8 weight cache (`int8_cache.py`, `_Fetcher.converted`).
 q | k | v and gate | up are joined (one input quantisation each). Norm weights applied as
 `1 + w` (Gemma, `spec.norm_offset`) are added here, once, in float32.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -29,7 +32,9 @@ from ...errors import MissingTensorError, TensorShapeError
 from ...formats.arch.base import TensorNames, bias_name
 from ...formats.arch.registry import by_name
 from ...kernels.blockweight import BlockWeight
+from ..weight_cache import enabled
 from .int8 import BlockEmbedding, PinnedNorm
+from .int8_cache import Int8Store, open_store
 from .layers import Norm
 from .linear import Int8Linear, Linear
 from .spec import BlockSpec
@@ -81,14 +86,24 @@ class _Fetcher:
     (GPT-2's optional `transformer.`) is the first under which the embedding exists; the LM
     head sits outside it (`lm_head.weight`)."""
 
-    def __init__(self, checkpoint: Any, names: TensorNames, numerics: Any) -> None:
+    def __init__(self, checkpoint: Any, names: TensorNames, numerics: Any,
+                 store: Int8Store | None = None) -> None:
         self.checkpoint = checkpoint
         self.names = names
         self.numerics = numerics
+        self.store = store
         present = set(checkpoint.names())
         self.present = present
         self.prefix = next((p for p in names.prefixes if p + names.embed in present),
                            names.prefixes[0])
+
+    def full_name(self, name: str, prefixed: bool = True) -> str:
+        return self.prefix + name if prefixed else name
+
+    def converted(self, key: str, n_out: int, k_in: int, build: Callable[[], Any]) -> Any:
+        """A weight converted at load (`build()`: int8 blocks of a float tensor), or the same
+        weight from the int8 weight cache when one is open (`int8_cache.Int8Store`)."""
+        return build() if self.store is None else self.store.weight(key, n_out, k_in, build)
 
     def has(self, name: str) -> bool:
         return self.prefix + name in self.present
@@ -131,8 +146,7 @@ class _Fetcher:
         if found is not None:
             return found
         shape = (n_in, n_out) if self.names.in_out else (n_out, n_in)
-        return self.numerics.linear(self.get(name, shape, prefixed=prefixed), b,
-                                    self.names.in_out)
+        return self.numerics.linear(self, name, shape, b, prefixed)
 
     def norm(self, name: str, spec: BlockSpec, width: int | None = None) -> Norm | PinnedNorm:
         """A norm over `width` (default d_model) values; its weight plus `spec.norm_offset`."""
@@ -181,15 +195,24 @@ def _layer(fetch: _Fetcher, spec: BlockSpec, i: int) -> LayerWeights:
 
 
 def load_weights(checkpoint: Any, spec: BlockSpec, numerics: Any,
-                 blocks: range | None = None, head: bool = True) -> TransformerWeights:
+                 blocks: range | None = None, head: bool = True,
+                 cache: bool | None = None) -> TransformerWeights:
     """Every tensor `spec` needs, shape-checked, as the block's objects built by `numerics`
     (a `numerics.TransformerFloat` / `TransformerInt8`). A part of the model
     (`layer_range.py`): `blocks` only those blocks (the others None), `head=False` no
-    embedding, positions, final norm or LM head."""
+    embedding, positions, final norm or LM head. `cache`: keep the float weights' int8
+    conversion in the int8 weight cache (`int8_cache.py`; None: on unless
+    NEEDLEPOINT_CACHE=0; int8 numerics only)."""
     names = by_name(spec.architecture).names
-    fetch = _Fetcher(checkpoint, names, numerics)
-    d = spec.d_model
     blocks = range(spec.num_layers) if blocks is None else blocks
+    store = None
+    if numerics.copies_weights and enabled(cache):
+        part = (f"{spec.architecture}|{spec.num_layers} layers|blocks {blocks.start}-"
+                f"{blocks.stop}|head {head}|{numerics.name}")
+        store = open_store(checkpoint.source_files(), Path(checkpoint.path).name, part, cache,
+                           numerics.threads)
+    fetch = _Fetcher(checkpoint, names, numerics, store)
+    d = spec.d_model
     positions = fetch.get(names.positions, (spec.max_seq_len, d)) \
         if spec.learned_positions and head else None
     # the layers' int8 weights are copies: the file's pages can go after each
@@ -205,6 +228,8 @@ def load_weights(checkpoint: Any, spec: BlockSpec, numerics: Any,
         final_norm = fetch.norm(names.final_norm, spec)
     if release is not None:
         release()
+    if store is not None:
+        store.finish()
     return TransformerWeights(
         embed=embed, positions=positions, layers=layers,
         final_norm=final_norm, lm_head=lm_head, numerics=numerics.name,
