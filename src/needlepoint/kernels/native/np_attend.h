@@ -75,23 +75,32 @@ static inline int16_t np_q16_lo(int16_t q) {
 #endif
 
 #if defined(NP_SIMD_AVX2)
-/* the int32 dots of 4 int16 keys with one digit row d (qk a multiple of 16, at most 512) */
-static inline __m128i NP_NAME(np_att_dot4_16)(const __m256i *d, int64_t chunks,
-                                              const int16_t *k0, const int16_t *k1,
-                                              const int16_t *k2, const int16_t *k3) {
-    __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
-#define NP_ATT_MADD16(acc, k)                                                                   \
-    acc = _mm256_add_epi32(acc, _mm256_madd_epi16(q, _mm256_loadu_si256((const __m256i *)((k) + 16 * c))))
+/* the int32 dots of 4 int16 keys with the query's two digit rows dh, dl (qk a multiple of 16,
+ * at most 512), each key chunk loaded once for both: *high, *low (4 keys each) */
+static inline void NP_NAME(np_att_dot4_16)(const __m256i *dh, const __m256i *dl, int64_t chunks,
+                                           const int16_t *k0, const int16_t *k1,
+                                           const int16_t *k2, const int16_t *k3, __m128i *high,
+                                           __m128i *low) {
+    __m256i h0 = _mm256_setzero_si256(), h1 = h0, h2 = h0, h3 = h0;
+    __m256i l0 = h0, l1 = h0, l2 = h0, l3 = h0;
+#define NP_ATT_MADD16(hacc, lacc, k)                                                            \
+    do {                                                                                       \
+        __m256i kv_ = _mm256_loadu_si256((const __m256i *)((k) + 16 * c));                     \
+        hacc = _mm256_add_epi32(hacc, _mm256_madd_epi16(qh, kv_));                             \
+        lacc = _mm256_add_epi32(lacc, _mm256_madd_epi16(ql, kv_));                             \
+    } while (0)
     for (int64_t c = 0; c < chunks; c++) {
-        __m256i q = d[c];
-        NP_ATT_MADD16(a0, k0);
-        NP_ATT_MADD16(a1, k1);
-        NP_ATT_MADD16(a2, k2);
-        NP_ATT_MADD16(a3, k3);
+        __m256i qh = dh[c], ql = dl[c];
+        NP_ATT_MADD16(h0, l0, k0);
+        NP_ATT_MADD16(h1, l1, k1);
+        NP_ATT_MADD16(h2, l2, k2);
+        NP_ATT_MADD16(h3, l3, k3);
     }
 #undef NP_ATT_MADD16
-    __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(a0, a1), _mm256_hadd_epi32(a2, a3));
-    return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+    __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(h0, h1), _mm256_hadd_epi32(h2, h3));
+    __m256i l = _mm256_hadd_epi32(_mm256_hadd_epi32(l0, l1), _mm256_hadd_epi32(l2, l3));
+    *high = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+    *low = _mm_add_epi32(_mm256_castsi256_si128(l), _mm256_extracti128_si256(l, 1));
 }
 #endif
 
@@ -123,8 +132,8 @@ static void NP_NAME(np_att_scores16)(const int16_t *q, float qscale, int64_t qk,
             int64_t s2 = np_kv_slot(kv, j + 2), s3 = np_kv_slot(kv, j + 3);
             const int16_t *k0 = kv->k16 + s0 * kv->k_step, *k1 = kv->k16 + s1 * kv->k_step;
             const int16_t *k2 = kv->k16 + s2 * kv->k_step, *k3 = kv->k16 + s3 * kv->k_step;
-            __m128i high = NP_NAME(np_att_dot4_16)(dh, qk / 16, k0, k1, k2, k3);
-            __m128i low = NP_NAME(np_att_dot4_16)(dl, qk / 16, k0, k1, k2, k3);
+            __m128i high, low;
+            NP_NAME(np_att_dot4_16)(dh, dl, qk / 16, k0, k1, k2, k3, &high, &low);
             /* 256 * high + low: exact in float64 (|dot| < 2^40) */
             __m256d dot = _mm256_add_pd(_mm256_mul_pd(_mm256_cvtepi32_pd(high), v256),
                                         _mm256_cvtepi32_pd(low));
