@@ -72,6 +72,15 @@ def _cache(rng, capacity, kv_heads, hd):
     return keys, scales(), values, scales()
 
 
+def _queries(rng, rows, hd):
+    """int16 query codes (A16: within +-32767) with the extremes in the first rows."""
+    qcode = rng.integers(-32767, 32768, (rows, hd)).astype(np.int16)
+    qcode[0] = -32767
+    qcode[1, ::2] = 32767
+    qcode[2, : min(hd, 40)] = np.arange(-20, 20)[: min(hd, 40)] * 128 + 64  # digit edges
+    return qcode
+
+
 # head sizes: one 16-code chunk; not a multiple of 16 (the AVX2 scalar dots, 8-wide values);
 # 64 and 80 (the value sums four vectors at a time, and a remainder); not a multiple of 4 (no
 # vector scores); chunks from position 0, of 1..3 rows (no vector scores either) and over
@@ -84,8 +93,7 @@ def test_causal_attention_equals_the_pinned_reference(lib, hd, start, count) -> 
     heads, kv_heads = 6, 2
     capacity = start + count + 3
     kcode, kscale, vcode, vscale = _cache(rng, capacity, kv_heads, hd)
-    qcode = rng.integers(-128, 128, (count * heads, hd)).astype(np.int8)
-    qcode[0] = -128
+    qcode = _queries(rng, count * heads, hd)
     qscale = rng.uniform(0.01, 0.5, count * heads).astype(F32)
     # the reference: every query row's key slots listed by hand
     slots = np.zeros((count * heads, start + count), np.int64)
@@ -119,7 +127,7 @@ def test_listed_slots_with_int16_keys_equal_the_reference(lib, hd) -> None:
     keys, kscale, values, vscale = _cache(rng, 12, 1, hd)
     keys, values = keys.reshape(12, hd), values.reshape(12, hd)
     kscale, vscale = kscale.reshape(12), vscale.reshape(12)
-    qcode = rng.integers(-128, 128, (5, hd)).astype(np.int8)
+    qcode = _queries(rng, 5, hd)
     qscale = rng.uniform(0.01, 0.5, 5).astype(F32)
     slots = np.stack([rng.permutation(12)[:9] for _ in range(5)]).astype(np.int64)
     seen = np.array([9, 1, 4, 7, 5], np.int64)
@@ -131,3 +139,44 @@ def test_listed_slots_with_int16_keys_equal_the_reference(lib, hd) -> None:
         lib.np_force_variant(variant)
         np.testing.assert_array_equal(
             pinned.attend(qcode, qscale, keys, kscale, values, vscale, slots, seen), ref)
+
+
+@pytest.mark.parametrize("hd", [64, 256])
+def test_sixteen_bit_scores_are_exact_at_the_extremes(lib, hd) -> None:
+    """Queries and keys all at +-32767 (every digit dot at its int32 bound): the scores of
+    every variant are the exact integer dots' (the reference's)."""
+    rng = np.random.default_rng(70 + hd)
+    n = 37
+    keys = np.where(rng.random((n, hd)) < 0.5, -32767, 32767).astype(np.int16)
+    keys[:4] = -32767
+    values = rng.integers(-127, 128, (n, hd)).astype(np.int8)
+    kscale = np.full(n, 1e-5, F32)
+    vscale = rng.uniform(0.001, 0.2, n).astype(F32)
+    qcode = np.stack([np.full(hd, -32767), np.full(hd, 32767),
+                      np.where(np.arange(hd) % 3 == 0, 32767, -32767)]).astype(np.int16)
+    qscale = np.full(3, 1e-5, F32)
+    slots = np.tile(np.arange(n, dtype=np.int64), (3, 1))
+    seen = np.array([n, 4, n - 1], np.int64)
+    ref = pinned.attend_reference(qcode, qscale, keys, kscale, values, vscale, slots, seen)
+    for variant in (2, 1, 0):
+        lib.np_force_variant(variant)
+        np.testing.assert_array_equal(
+            pinned.attend(qcode, qscale, keys, kscale, values, vscale, slots, seen), ref)
+        causal = i8_rows.attend_causal(np.repeat(qcode[:1], n, 0), np.repeat(qscale[:1], n),
+                                       0, 1, keys.reshape(n, 1, hd), kscale.reshape(n, 1),
+                                       values.reshape(n, 1, hd), vscale.reshape(n, 1))
+        np.testing.assert_array_equal(causal[-1], ref[0])
+
+
+def test_query_codes_must_match_the_keys_width(lib) -> None:
+    """int8 queries against int16 keys (or the reverse) are refused, not misread."""
+    rng = np.random.default_rng(90)
+    keys, kscale, values, vscale = _cache(rng, 6, 1, 16)
+    q8 = rng.integers(-127, 128, (2, 16)).astype(np.int8)
+    slots, seen = np.zeros((2, 6), np.int64), np.array([1, 1], np.int64)
+    with pytest.raises(TypeError, match="int16"):
+        pinned.attend(q8, np.ones(2, F32), keys.reshape(6, 16), kscale.reshape(6),
+                      values.reshape(6, 16), vscale.reshape(6), slots, seen)
+    with pytest.raises(TypeError, match="int16"):
+        i8_rows.attend_causal(q8, np.ones(2, F32), 0, 2, keys[:, :1], kscale[:, :1],
+                              values[:, :1], vscale[:, :1])

@@ -186,13 +186,13 @@ LEVEL16 = F32(32767.0)
 
 def a16_codes_reference(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(codes int16 [T, cols], scale [T]): A8's rule with 32767 levels: the transformer int8
-    numerics' cached keys (docs/numerics.md "int8 attention")."""
-    return _row_codes_reference(x, LEVEL16, np.int16, "A16 key")
+    numerics' cached keys and queries (docs/numerics.md "int8 attention")."""
+    return _row_codes_reference(x, LEVEL16, np.int16, "A16 quantiser")
 
 
 def a16_codes(x: np.ndarray, use_native: bool | None = None) -> tuple[np.ndarray, np.ndarray]:
     """`a16_codes_reference` of x [T, cols], by the native kernel when it is built."""
-    return _row_codes(x, use_native, LEVEL16, np.int16, "np_a16_codes", "A16 key")
+    return _row_codes(x, use_native, LEVEL16, np.int16, "np_a16_codes", "A16 quantiser")
 
 
 def a8_rotate_reference(x: np.ndarray, in_pad: int) -> tuple[np.ndarray, np.ndarray]:

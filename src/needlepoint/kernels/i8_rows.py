@@ -31,10 +31,10 @@ def causal_slots(start: int, count: int, heads: int, kv_heads: int
 def attend_causal(qcode: np.ndarray, qscale: np.ndarray, start: int, heads: int,
                   kcode: np.ndarray, kscale: np.ndarray, vcode: np.ndarray,
                   vscale: np.ndarray, use_native: bool | None = None) -> np.ndarray:
-    """`pinned.attend_reference` of query rows (t, h) = qcode [T*heads, hd] at positions
-    start.. over a cache of int16 keys kcode and int8 values vcode [capacity, kv_heads, hd]
-    (scales
-    [capacity, kv_heads]), causally -> [T, heads*hd] float32."""
+    """`pinned.attend_reference` of query rows (t, h) = qcode [T*heads, hd] (int16 A16 codes)
+    at positions start.. over a cache of int16 keys kcode and int8 values vcode
+    [capacity, kv_heads, hd] (scales [capacity, kv_heads]), causally -> [T, heads*hd]
+    float32."""
     rows, hd = qcode.shape
     count = rows // heads
     kv_heads = kcode.shape[1]
@@ -46,10 +46,10 @@ def attend_causal(qcode: np.ndarray, qscale: np.ndarray, start: int, heads: int,
                                       kscale.reshape(flat), vcode.reshape(flat, hd),
                                       vscale.reshape(flat), slots, seen)
         return out.reshape(count, heads * hd)
-    qcode = np.ascontiguousarray(qcode, np.int8)
+    if kcode.dtype != np.int16 or qcode.dtype != np.int16:
+        raise TypeError("the transformer int8 attention takes int16 keys and queries")
+    qcode = np.ascontiguousarray(qcode, np.int16)
     qscale = np.ascontiguousarray(qscale, F32)
-    if kcode.dtype != np.int16:
-        raise TypeError("the transformer int8 cache keeps int16 keys")
     out = np.empty((count, heads * hd), F32)
     work = np.empty(start + count, F32)
     lib.i8_attend_causal(qcode.ctypes.data, qscale.ctypes.data, count, start, heads, kv_heads,

@@ -130,9 +130,9 @@ def attend_reference(
     vcode: np.ndarray, vscale: np.ndarray, slots: np.ndarray, count: np.ndarray,
     softcap: float | None = None,
 ) -> np.ndarray:
-    """Query rows qcode [Q, qk] int8 (scales [Q]) over the key/value slots `slots[i, :count[i]]`
-    of kcode [S, qk] (int8, or int16 keys) / vcode [S, vd] int8 (scales [S]) -> [Q, vd]
-    float32, as `np_attend`:
+    """Query rows qcode [Q, qk] (scales [Q]) over the key/value slots `slots[i, :count[i]]`
+    of kcode [S, qk] / vcode [S, vd] int8 (scales [S]) -> [Q, vd] float32, as `np_attend`;
+    queries and keys both int8, or both int16 (A16 codes, within +-32767):
     score_j = float32(((dot_j * sq) * sk_j) / sqrt(qk)); softmax with the pinned exp and a
     float32 sum in slot-list order; out = sum_j p_j * (vcode_j * sv_j) in that order. With
     `softcap` the scores are `softcap32(score, softcap)` before the softmax (no native form:
@@ -178,14 +178,17 @@ def attend(
         return attend_reference(qcode, qscale, kcode, kscale, vcode, vscale, slots, count)
     rows, qk = qcode.shape
     vd = vcode.shape[1]
-    qcode = np.ascontiguousarray(qcode, np.int8)
+    key16 = kcode.dtype == np.int16
+    if (qcode.dtype == np.int16) != key16:
+        raise TypeError("attend takes int8 queries with int8 keys, int16 with int16")
+    width = np.int16 if key16 else np.int8
+    qcode = np.ascontiguousarray(qcode, width)
     qscale = np.ascontiguousarray(qscale, F32)
     slots = np.ascontiguousarray(slots, np.int64)
     count = np.ascontiguousarray(count, np.int64)
     out = np.empty((rows, vd), F32)
     work = np.empty(max(1, slots.shape[1]), F32)
-    key16 = kcode.dtype == np.int16
-    kcode = np.ascontiguousarray(kcode, np.int16 if key16 else np.int8)
+    kcode = np.ascontiguousarray(kcode, width)
     lib.np_attend(
         qcode.ctypes.data, qscale.ctypes.data, rows, qk, kcode.ctypes.data, int(key16),
         kscale.ctypes.data,

@@ -202,7 +202,7 @@ void np_matmul_seq(const float *x, int64_t T, int64_t K, int64_t x_stride, const
 
 float np_exp32(float x) { return NP_DISPATCH(np_exp32, x); }
 
-void np_attend(const int8_t *qcode, const float *qscale, int64_t Q, int64_t qk,
+void np_attend(const void *qcode, const float *qscale, int64_t Q, int64_t qk,
                const void *kcode, int key16, const float *kscale, const int8_t *vcode,
                const float *vscale, int64_t vd, const int64_t *slots, const int64_t *count,
                int64_t slots_stride, double inv_sqrt_qk, float *out, float *work) {

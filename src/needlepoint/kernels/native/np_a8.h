@@ -121,7 +121,7 @@ static int NP_NAME(np_a8_codes)(const float *x, int64_t T, int64_t cols, int8_t 
     return NP_NAME(np_row_codes)(x, T, cols, 127.0f, codes, NULL, scale);
 }
 
-/* A16 codes, 32767 levels: the transformer int8 numerics' cached keys. */
+/* A16 codes, 32767 levels: the transformer int8 numerics' cached keys and its queries. */
 static int NP_NAME(np_a16_codes)(const float *x, int64_t T, int64_t cols, int16_t *codes,
                                  float *scale) {
     return NP_NAME(np_row_codes)(x, T, cols, 32767.0f, NULL, codes, scale);

@@ -5,9 +5,10 @@
  *
  * One query row (a head of one position) against `n` int8 keys/values of its kv head, in
  * position order: score_j = f32(((f64(dot_j) * f64(sq)) * f64(sk_j)) * inv_sqrt_qk) with dot_j
- * the exact int32 product of the codes; m = max_j score_j; e_j = exp32(score_j - m) (f32
- * subtraction); total = sum_j e_j (f32, j ascending); p_j = e_j / total; out = sum_j p_j *
- * f32(vcode_j * sv_j) (f32, j ascending from 0, each product and sum rounded). Every caller
+ * the exact integer product of the codes (int8 x int8; int16 x int16 for the transformer);
+ * m = max_j score_j; e_j = exp32(score_j - m) (f32 subtraction); total = sum_j e_j (f32, j
+ * ascending); p_j = e_j / total; out = sum_j p_j * f32(vcode_j * sv_j) (f32, j ascending from
+ * 0, each product and sum rounded). Every caller
  * ran exactly these operations in this order before they shared this code (their separate
  * copies did); the SIMD variants run the same operations: the integer dots in any order
  * (exact), the float ones across independent keys (scores, exps, p_j) or across independent
@@ -25,9 +26,10 @@ typedef struct {
     int64_t k_step, v_step, s_step;
     int64_t first, wrap;
     const int64_t *slots;
-    /* Where set, the keys are int16 codes at k16 + s_j * k_step (k unused): the transformer
-     * int8 numerics keep keys at 16 bits, since a few large key channels (Qwen's k bias)
-     * leave the rest of an 8-bit row with too few levels (docs/numerics.md). */
+    /* Where set, the keys are int16 codes at k16 + s_j * k_step (k unused), and the query
+     * rows int16 codes too: the transformer int8 numerics keep keys and queries at 16 bits,
+     * since a few large channels (Qwen's k bias, Gemma 3's q/k norm weights) leave the rest
+     * of an 8-bit row with too few levels (docs/numerics.md). */
     const int16_t *k16;
 } np_kv_view;
 
@@ -60,30 +62,51 @@ static inline __m128i NP_NAME(np_att_dot4)(const __m256i *q16, int64_t chunks, c
 }
 #endif
 
-#if defined(NP_SIMD_AVX2)
-/* dot_j for 4 int16 keys at once (qk a multiple of 16, at most 512: every partial sum of
- * 128 * 32768 * 512 fits in int32) */
-static inline __m128i NP_NAME(np_att_dot4_16)(const __m256i *q16, int64_t chunks,
-                                              const int16_t *k0, const int16_t *k1,
-                                              const int16_t *k2, const int16_t *k3) {
-    __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
-#define NP_ATT_MADD16(acc, k)                                                                   \
-    acc = _mm256_add_epi32(acc, _mm256_madd_epi16(q, _mm256_loadu_si256((const __m256i *)((k) + 16 * c))))
-    for (int64_t c = 0; c < chunks; c++) {
-        __m256i q = q16[c];
-        NP_ATT_MADD16(a0, k0);
-        NP_ATT_MADD16(a1, k1);
-        NP_ATT_MADD16(a2, k2);
-        NP_ATT_MADD16(a3, k3);
-    }
-#undef NP_ATT_MADD16
-    __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(a0, a1), _mm256_hadd_epi32(a2, a3));
-    return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+#ifndef NP_Q16_DIGITS_DEFINED
+#define NP_Q16_DIGITS_DEFINED
+/* A 16-bit query code q in [-32767, 32767] (A16 codes never reach -32768) as balanced byte
+ * digits q = 256 hi + lo, hi = (q + 128) >> 8 in [-128, 128], lo in [-128, 127]: against
+ * int16 keys (|k| <= 32767) each digit's dot over at most 512 codes stays inside int32
+ * (512 * 128 * 32767 < 2^31), and dot = 256 * dot_hi + dot_lo exactly. */
+static inline int16_t np_q16_hi(int16_t q) { return (int16_t)(((int32_t)q + 128) >> 8); }
+static inline int16_t np_q16_lo(int16_t q) {
+    return (int16_t)((int32_t)q - 256 * (((int32_t)q + 128) >> 8));
 }
 #endif
 
-/* np_att_scores over int16 keys (kv->k16): the same scale chain, the dot exact in int64. */
-static void NP_NAME(np_att_scores16)(const int8_t *q, float qscale, int64_t qk,
+#if defined(NP_SIMD_AVX2)
+/* the int32 dots of 4 int16 keys with the query's two digit rows dh, dl (qk a multiple of 16,
+ * at most 512), each key chunk loaded once for both: *high, *low (4 keys each) */
+static inline void NP_NAME(np_att_dot4_16)(const __m256i *dh, const __m256i *dl, int64_t chunks,
+                                           const int16_t *k0, const int16_t *k1,
+                                           const int16_t *k2, const int16_t *k3, __m128i *high,
+                                           __m128i *low) {
+    __m256i h0 = _mm256_setzero_si256(), h1 = h0, h2 = h0, h3 = h0;
+    __m256i l0 = h0, l1 = h0, l2 = h0, l3 = h0;
+#define NP_ATT_MADD16(hacc, lacc, k)                                                            \
+    do {                                                                                       \
+        __m256i kv_ = _mm256_loadu_si256((const __m256i *)((k) + 16 * c));                     \
+        hacc = _mm256_add_epi32(hacc, _mm256_madd_epi16(qh, kv_));                             \
+        lacc = _mm256_add_epi32(lacc, _mm256_madd_epi16(ql, kv_));                             \
+    } while (0)
+    for (int64_t c = 0; c < chunks; c++) {
+        __m256i qh = dh[c], ql = dl[c];
+        NP_ATT_MADD16(h0, l0, k0);
+        NP_ATT_MADD16(h1, l1, k1);
+        NP_ATT_MADD16(h2, l2, k2);
+        NP_ATT_MADD16(h3, l3, k3);
+    }
+#undef NP_ATT_MADD16
+    __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(h0, h1), _mm256_hadd_epi32(h2, h3));
+    __m256i l = _mm256_hadd_epi32(_mm256_hadd_epi32(l0, l1), _mm256_hadd_epi32(l2, l3));
+    *high = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+    *low = _mm_add_epi32(_mm256_castsi256_si128(l), _mm256_extracti128_si256(l, 1));
+}
+#endif
+
+/* np_att_scores over int16 keys (kv->k16) with int16 query codes: the same scale chain, the
+ * dot exact in int64 (the SIMD path: its two digit dots in int32, combined exactly). */
+static void NP_NAME(np_att_scores16)(const int16_t *q, float qscale, int64_t qk,
                                      const np_kv_view *kv, int64_t n, double inv_sqrt_qk,
                                      float *work) {
     const double sq = (double)qscale;
@@ -92,17 +115,29 @@ static void NP_NAME(np_att_scores16)(const int8_t *q, float qscale, int64_t qk,
     int64_t j = 0;
 #if defined(NP_SIMD_AVX2)
     if (qk % 16 == 0 && qk <= 512) {
-        __m256i q16[32];
-        for (int64_t ch = 0; ch < qk / 16; ch++)
-            q16[ch] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(q + 16 * ch)));
+        __m256i dh[32], dl[32];
+        for (int64_t ch = 0; ch < qk / 16; ch++) {
+            int16_t hi[16], lo[16];
+            for (int e = 0; e < 16; e++) {
+                hi[e] = np_q16_hi(q[16 * ch + e]);
+                lo[e] = np_q16_lo(q[16 * ch + e]);
+            }
+            dh[ch] = _mm256_loadu_si256((const __m256i *)hi);
+            dl[ch] = _mm256_loadu_si256((const __m256i *)lo);
+        }
         const __m256d vsq = _mm256_set1_pd(sq), vinv = _mm256_set1_pd(inv_sqrt_qk);
+        const __m256d v256 = _mm256_set1_pd(256.0);
         for (; j + 4 <= n; j += 4) {
             int64_t s0 = np_kv_slot(kv, j), s1 = np_kv_slot(kv, j + 1);
             int64_t s2 = np_kv_slot(kv, j + 2), s3 = np_kv_slot(kv, j + 3);
-            __m128i dot = NP_NAME(np_att_dot4_16)(
-                q16, qk / 16, kv->k16 + s0 * kv->k_step, kv->k16 + s1 * kv->k_step,
-                kv->k16 + s2 * kv->k_step, kv->k16 + s3 * kv->k_step);
-            __m256d t = _mm256_mul_pd(_mm256_cvtepi32_pd(dot), vsq);
+            const int16_t *k0 = kv->k16 + s0 * kv->k_step, *k1 = kv->k16 + s1 * kv->k_step;
+            const int16_t *k2 = kv->k16 + s2 * kv->k_step, *k3 = kv->k16 + s3 * kv->k_step;
+            __m128i high, low;
+            NP_NAME(np_att_dot4_16)(dh, dl, qk / 16, k0, k1, k2, k3, &high, &low);
+            /* 256 * high + low: exact in float64 (|dot| < 2^40) */
+            __m256d dot = _mm256_add_pd(_mm256_mul_pd(_mm256_cvtepi32_pd(high), v256),
+                                        _mm256_cvtepi32_pd(low));
+            __m256d t = _mm256_mul_pd(dot, vsq);
             t = _mm256_mul_pd(t, _mm256_set_pd((double)ks[s3 * ss], (double)ks[s2 * ss],
                                                (double)ks[s1 * ss], (double)ks[s0 * ss]));
             t = _mm256_mul_pd(t, vinv);
@@ -122,14 +157,15 @@ static void NP_NAME(np_att_scores16)(const int8_t *q, float qscale, int64_t qk,
     }
 }
 
-/* work[j] = score_j for j < n */
-static void NP_NAME(np_att_scores)(const int8_t *q, float qscale, int64_t qk,
+/* work[j] = score_j for j < n; q: int8 codes, or int16 codes where the keys are int16 */
+static void NP_NAME(np_att_scores)(const void *qv, float qscale, int64_t qk,
                                    const np_kv_view *kv, int64_t n, double inv_sqrt_qk,
                                    float *work) {
     if (kv->k16) {
-        NP_NAME(np_att_scores16)(q, qscale, qk, kv, n, inv_sqrt_qk, work);
+        NP_NAME(np_att_scores16)((const int16_t *)qv, qscale, qk, kv, n, inv_sqrt_qk, work);
         return;
     }
+    const int8_t *q = (const int8_t *)qv;
     const double sq = (double)qscale;
     int64_t j = 0;
 #if defined(NP_SIMD_AVX2)
@@ -245,8 +281,9 @@ static void NP_NAME(np_att_values)(const np_kv_view *kv, int64_t n, int64_t vd, 
     }
 }
 
-/* The row: o [vd] of query q (codes, scale) against the n keys of `kv`; work: n floats. */
-static void NP_NAME(np_att_row)(const int8_t *q, float qscale, int64_t qk, int64_t vd,
+/* The row: o [vd] of query q (codes, scale: int16 codes where the keys are int16, else
+ * int8) against the n keys of `kv`; work: n floats. */
+static void NP_NAME(np_att_row)(const void *q, float qscale, int64_t qk, int64_t vd,
                                 const np_kv_view *kv, int64_t n, double inv_sqrt_qk, float *o,
                                 float *work) {
     NP_NAME(np_att_scores)(q, qscale, qk, kv, n, inv_sqrt_qk, work);
@@ -256,9 +293,9 @@ static void NP_NAME(np_att_row)(const int8_t *q, float qscale, int64_t qk, int64
 }
 
 /* Q query rows, row i against the count[i] slots listed at slots + i * slots_stride of kcode
- * [S, qk] (int8, or int16 where key16) / vcode [S, vd] (scales [S]) -> out [Q, vd]
- * (kernels/pinned.py attend). */
-static void NP_NAME(np_attend)(const int8_t *qcode, const float *qscale, int64_t Q, int64_t qk,
+ * [S, qk] (int8, or int16 where key16: then the query codes are int16 too) / vcode [S, vd]
+ * (scales [S]) -> out [Q, vd] (kernels/pinned.py attend). */
+static void NP_NAME(np_attend)(const void *qcode, const float *qscale, int64_t Q, int64_t qk,
                                const void *kcode, int key16, const float *kscale,
                                const int8_t *vcode, const float *vscale, int64_t vd,
                                const int64_t *slots, const int64_t *count, int64_t slots_stride,
@@ -267,7 +304,9 @@ static void NP_NAME(np_attend)(const int8_t *qcode, const float *qscale, int64_t
         np_kv_view kv = {key16 ? NULL : (const int8_t *)kcode, vcode, kscale, vscale, qk, vd,
                          1, 0, 0, slots + i * slots_stride,
                          key16 ? (const int16_t *)kcode : NULL};
-        NP_NAME(np_att_row)(qcode + i * qk, qscale[i], qk, vd, &kv, count[i], inv_sqrt_qk,
-                            out + i * vd, work);
+        const void *q = key16 ? (const void *)((const int16_t *)qcode + i * qk)
+                              : (const void *)((const int8_t *)qcode + i * qk);
+        NP_NAME(np_att_row)(q, qscale[i], qk, vd, &kv, count[i], inv_sqrt_qk, out + i * vd,
+                            work);
     }
 }

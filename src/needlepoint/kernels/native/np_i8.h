@@ -118,7 +118,7 @@ int i8_matmul(const int8_t *codes, const float *xscale, const int32_t *xsums, in
     return I8_OK;
 }
 
-void i8_attend_causal(const int8_t *qcode, const float *qscale, int64_t T, int64_t start,
+void i8_attend_causal(const int16_t *qcode, const float *qscale, int64_t T, int64_t start,
                       int64_t heads, int64_t kv_heads, int64_t hd, const int16_t *kcode,
                       const float *kscale, const int8_t *vcode, const float *vscale,
                       float *out, float *work) {

@@ -2,8 +2,8 @@
  *
  * The same operations, in the same order, as the Python block over the kernels one at a time
  * (models/transformer/block.py with int8 weights: norm, int8 q|k|v product, RoPE, int8 KV
- * rows (keys at 16 bits), pinned attention, int8 o product, residual, norm, int8 gate|up product, pinned
- * activation, int8 down product, residual); every float operation is one IEEE operation, so
+ * rows (keys and queries at 16 bits), pinned attention, int8 o product, residual, norm, int8
+ * gate|up product, pinned activation, int8 down product, residual); every float operation is one IEEE operation, so
  * both give the same bits (tests/models/transformer/test_transformer_int8_fused.py). It only
  * saves the interpreter's work between the kernels, which dominates a decode step. */
 
@@ -64,7 +64,8 @@ int i8_block(const i8_layer *L, float *h, int64_t T, int64_t start, const float 
     size_t floats = (size_t)(T * d + T * wide + T * nq * 2 + T * L->d_ff + T * d + (start + T) +
                              hd + T * (kmax / 32) + T * H);
     float *buf = (float *)malloc(sizeof(float) * floats);
-    int8_t *codes = (int8_t *)malloc((size_t)(T * I8_MAX(kmax, nq)));
+    /* the activation codes of each product, and the queries' int16 codes in turn */
+    int8_t *codes = (int8_t *)malloc((size_t)(T * I8_MAX(kmax, 2 * nq)));
     int32_t *sums = (int32_t *)malloc(sizeof(int32_t) * (size_t)(T * (kmax / 32)));
     int st = I8_NOMEM;
     if (!buf || !codes || !sums) goto done;
@@ -102,9 +103,9 @@ int i8_block(const i8_layer *L, float *h, int64_t T, int64_t start, const float 
             if (st) goto done;
         }
     }
-    st = NP_DISPATCH(np_a8_codes, qrows, T * H, hd, codes, qscale);
+    st = NP_DISPATCH(np_a16_codes, qrows, T * H, hd, (int16_t *)codes, qscale);
     if (st) goto done;
-    NP_DISPATCH(i8_attend_causal, codes, qscale, T, start, H, G, hd, kcode, kscale, vcode,
+    NP_DISPATCH(i8_attend_causal, (const int16_t *)codes, qscale, T, start, H, G, hd, kcode, kscale, vcode,
                 vscale, att, work);
     st = i8_apply(&L->o, att, T, ob, codes, xs, sums);
     if (st) goto done;

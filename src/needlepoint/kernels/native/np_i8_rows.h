@@ -97,12 +97,12 @@ static inline np_kv_view NP_NAME(i8_view)(const int16_t *kcode, const float *ksc
     return kv;
 }
 
-/* R query rows (R <= 4, constant where inlined) of one position and kv head (rows q0, q0 +
- * hd, ...; scales sq[0 ..]) against its n keys: the one attention row's scores (or, where kt
+/* R query rows (R <= 4, constant where inlined) of one position and kv head (int16 codes,
+ * rows q0, q0 + hd, ...; scales sq[0 ..]) against its n keys: the one attention row's scores (or, where kt
  * is not NULL, the same scores from the keys prepared by i8_keys_t), exps and normalisation
  * per row, then the value sums of the R rows together from the head's values as float32
  * (i8_values, i8_weighted): the same operations, the same bits. work: R * n floats. */
-static inline void NP_NAME(i8_attend_vf)(const int8_t *q0, const float *sq, const int R,
+static inline void NP_NAME(i8_attend_vf)(const int16_t *q0, const float *sq, const int R,
                                          int64_t n, const np_kv_view *kv, int64_t hd,
                                          const float *vf, const int16_t *kt,
                                          const double *ksc,
@@ -129,10 +129,11 @@ static inline void NP_NAME(i8_attend_vf)(const int8_t *q0, const float *sq, cons
         break;
 
 /* Causal attention of T positions start .. start+T-1: query rows (t, h) of qcode [T*H, hd]
+ * (int16 A16 codes, like the keys)
  * against the cache's positions 0 .. start+t of kv head h / (H / Hkv) -> out [T, H*hd].
  * Kv head by kv head, its values dequantised once (i8_values); without memory for them,
  * row by row (np_att_row): the same bits either way. */
-static void NP_NAME(i8_attend_causal)(const int8_t *qcode, const float *qscale, int64_t T,
+static void NP_NAME(i8_attend_causal)(const int16_t *qcode, const float *qscale, int64_t T,
                                       int64_t start, int64_t heads, int64_t kv_heads,
                                       int64_t hd, const int16_t *kcode, const float *kscale,
                                       const int8_t *vcode, const float *vscale, float *out,

@@ -16,7 +16,8 @@ on how many other positions share its chunk, on the chunk size, on the thread co
   channels, as Qwen's k bias makes, leave an 8-bit row too few levels for the rest; 16-bit
   keys bring int8's worst logit error on Qwen2.5 from 2.7 to 0.43, the products' own) and
   values as int8 rows (A8, `kernels.exact.a8_codes_reference`), one scale per position and kv
-  head; queries A8 per position and head, and
+  head; queries A16 per position and head (Gemma 3's q norm weights make a few large query
+  channels the same way: 8-bit queries were its largest loss, docs/numerics.md), and
   `kernels.pinned.attend_reference`'s attention (exact integer scores, pinned softmax: pinned
   exp, sums in position order; values summed in position order), native in
   `kernels.i8_rows`. Its score scale is `1/sqrt(head_dim)`; another scale multiplies q first.
@@ -97,14 +98,14 @@ class RopeTable:
 
 
 def query_codes(q: np.ndarray, scale: float) -> tuple[np.ndarray, np.ndarray]:
-    """A8 codes and scales of query rows q [T, H, hd] -> [T*H, hd], [T*H]: the kernels'
+    """A16 codes and scales of query rows q [T, H, hd] -> [T*H, hd], [T*H]: the kernels'
     score scale is 1/sqrt(hd), so another `scale` first multiplies q by scale * sqrt(hd)."""
     count, heads, head_dim = q.shape
     factor = F32(scale * math.sqrt(head_dim))
     rows = np.ascontiguousarray(q, F32).reshape(count * heads, head_dim)
     if factor != F32(1.0):
         rows = rows * factor
-    return exact.a8_codes(rows)
+    return exact.a16_codes(rows)
 
 
 class Int8KVCache(KVRows):
