@@ -74,6 +74,10 @@ def byte_mode_of(decoder: Mapping[str, Any] | None) -> str:
 class HFTokenizer:
     """A `tokenizers.Tokenizer` plus special ids, byte tables and the chat template."""
 
+    # `tokenizer.json`'s own normalizer or pre-tokenizer places any prefix space, so a text
+    # encoded mid-sequence has no SentencePiece dummy prefix to strip (`needle_wire`)
+    add_dummy_prefix = False
+
     def __init__(
         self,
         backend: Any,

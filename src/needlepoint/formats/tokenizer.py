@@ -24,8 +24,9 @@ import math
 import operator
 import re
 import struct
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from enum import IntEnum
+from types import MappingProxyType
 
 import numpy as np
 
@@ -64,6 +65,11 @@ def _utf8_replace(data: bytes) -> str:
 
 class Tokenizer:
     """SentencePiece-compatible BPE tokenizer built from an archive's tokenizer blob."""
+
+    # what `formats.chat_format.ChatTokenizer` reads: an archive carries no chat template
+    chat_template: str | None = None
+    source = ""
+    special_tokens: Mapping[str, str] = MappingProxyType({})
 
     def __init__(
         self,

@@ -213,7 +213,7 @@ class RayTransport:
             spec = self.specs[silent]
             lost = StageLostError(f"{spec.name} did not answer within {waited:.0f} s "
                                   f"(call_timeout_s); the request is abandoned", silent)
-            lost.timed_out = True  # type: ignore[attr-defined]  # recovery.py restarts it
+            lost.timed_out = True  # recovery.py restarts it
             return lost
         if isinstance(error, exceptions.RayError):
             spec = self.specs[stage]
