@@ -28,7 +28,7 @@ import numpy as np
 
 from ..errors import NonFiniteActivationError, UnsupportedTensorTypeError
 from . import native
-from .i8 import BLOCK, output_rows, padded, quantize
+from .i8 import BLOCK, output_rows, padded
 from .wtypes import WeightType
 
 F32, F64 = np.float32, np.float64
@@ -193,10 +193,3 @@ def _matmul_native(lib, codes: np.ndarray, xscale: np.ndarray, xsums: np.ndarray
     if status:
         raise MemoryError(f"wt_matmul failed ({status})")
     return out
-
-
-def linear(x: np.ndarray, w: BlockWeight, bias: np.ndarray | None = None,
-           use_native: bool | None = None) -> np.ndarray:
-    """Quantise float32 rows x [T, k_in] (`kernels.i8.quantize`), then `matmul`."""
-    codes, scale, sums = quantize(x, w.k_pad, use_native)
-    return matmul(codes, scale, sums, w, bias, use_native=use_native)

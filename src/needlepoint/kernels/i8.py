@@ -272,6 +272,8 @@ def _matmul_native(lib, codes: np.ndarray, xscale: np.ndarray, xsums: np.ndarray
 
 def linear(x: np.ndarray, w: I8Weight, bias: np.ndarray | None = None,
            use_native: bool | None = None) -> np.ndarray:
-    """`quantize` then `matmul`: the int8 product of float32 rows x [T, k_in]."""
+    """`quantize` then `matmul`: the int8 product of float32 rows x [T, k_in] (`w` an
+    `I8Weight`, or a `kernels.blockweight.BlockWeight`, which `matmul` hands its own
+    product)."""
     codes, scale, sums = quantize(x, w.k_pad, use_native)
     return matmul(codes, scale, sums, w, bias, use_native=use_native)
