@@ -6,8 +6,9 @@ deterministic noise keyed by the absolute position. It records every prefill and
 tests can check how the generator drives a session.
 
 It is written only against `models/protocol.py` (`ModelProtocol`, `SessionProtocol`) and
-declares no optional capability beyond the confidence head (issue 27 item 3): no `extend`,
-`rewind`, `fork` or `run_batch`, so everything above the models must work with the core.
+declares no optional capability beyond the confidence head: no `extend`, `rewind`, `fork`
+or `run_batch`, so everything above the models must work with the core. `LogitSession` is
+the core session the scripted ones here and in the generation tests build on.
 """
 
 from __future__ import annotations
@@ -21,12 +22,12 @@ from needlepoint.formats.chat_format import NeedleFormat
 from needlepoint.models.protocol import ModelCapabilities, SessionCapabilities
 
 
-class ScriptedSession:
-    def __init__(self, model: ScriptedModel) -> None:
-        self.model = model
+class LogitSession:
+    """A session of prefill and step only (no optional capability) whose logits are
+    `_logits()` of the ids so far; `turn_start` is where the last prefill ended."""
+
+    def __init__(self) -> None:
         self.ids: list[int] = []
-        self.prefills: list[tuple[list[int], bool]] = []
-        self.steps: list[int] = []
         self.turn_start = 0
 
     @property
@@ -38,6 +39,31 @@ class ScriptedSession:
         return SessionCapabilities()  # prefill and step only
 
     def _logits(self) -> np.ndarray:
+        raise NotImplementedError
+
+    def _check(self) -> None:
+        """Raise once the ids are past what the session holds (nothing here)."""
+
+    def prefill(self, ids, logits: bool = True):
+        self.ids.extend(int(t) for t in ids)
+        self.turn_start = len(self.ids)
+        self._check()
+        return self._logits() if logits else None
+
+    def step(self, token_id: int) -> np.ndarray:
+        self.ids.append(int(token_id))
+        self._check()
+        return self._logits()
+
+
+class ScriptedSession(LogitSession):
+    def __init__(self, model: ScriptedModel) -> None:
+        super().__init__()
+        self.model = model
+        self.prefills: list[tuple[list[int], bool]] = []
+        self.steps: list[int] = []
+
+    def _logits(self) -> np.ndarray:
         model = self.model
         noise = np.random.default_rng([len(self.ids), self.ids[-1] if self.ids else 0])
         logits = noise.normal(0.0, model.noise, model.vocab).astype(np.float32)
@@ -47,23 +73,20 @@ class ScriptedSession:
             logits[script[k]] += model.strength
         return logits
 
+    def _check(self) -> None:
+        if len(self.ids) > self.model.config.max_seq_len:
+            raise ValueError("context exhausted")
+
     def prefill(self, ids, logits: bool = True):
         ids = [int(t) for t in ids]
         if not ids:
             raise ValueError("empty prefill")
         self.prefills.append((ids, logits))
-        self.ids.extend(ids)
-        self.turn_start = len(self.ids)
-        if len(self.ids) > self.model.config.max_seq_len:
-            raise ValueError("context exhausted")
-        return self._logits() if logits else None
+        return super().prefill(ids, logits)
 
     def step(self, token_id: int) -> np.ndarray:
         self.steps.append(int(token_id))
-        self.ids.append(int(token_id))
-        if len(self.ids) > self.model.config.max_seq_len:
-            raise ValueError("context exhausted")
-        return self._logits()
+        return super().step(token_id)
 
 
 class ScriptedModel:

@@ -1,7 +1,10 @@
-"""Random GGUF weight rows of every integer type (random bytes, finite float16 scales), shared
-by the weight-type tests."""
+"""Random GGUF weight rows of every integer type (random bytes, finite float16 scales), and
+whether a weight is still the file's own bytes (`maps_the_file`), shared by the weight-type
+tests."""
 
 from __future__ import annotations
+
+import mmap
 
 import numpy as np
 
@@ -29,3 +32,12 @@ def random_rows(name: str, rows: int, values: int, rng: np.random.Generator,
             h = rng.choice(np.asarray(halves, np.float16), blocks.shape[0])
         blocks[:, at : at + 2] = h.reshape(-1, 1).view(np.uint8)
     return data
+
+
+def maps_the_file(array) -> bool:
+    """Whether `array` is a view whose memory is a file mapping (no copy in between)."""
+    while array is not None:
+        if isinstance(array, mmap.mmap):
+            return True
+        array = getattr(array, "base", None)
+    return False

@@ -24,15 +24,13 @@ SPEC: `engine` ("llama.cpp", "needlepoint-float", "needlepoint-int8"; the engine
 
 from __future__ import annotations
 
-import json
 import sys
 import time
-import traceback
-from pathlib import Path
 
 import numpy as np
 
-from .hf_worker import make, peak_rss_mb
+from .hf_worker import main as run_job
+from .hf_worker import make, peak_rss_mb, timed
 
 STRIDE = 32  # fidelity: every STRIDE-th position, and the last
 
@@ -66,22 +64,8 @@ def load(spec: dict) -> dict:
 
 
 def speed(spec: dict) -> dict:
-    ids, decode = spec["ids"], spec["decode"]
     engine, load_s, first = _loaded(spec)
-    engine.prefill(ids[:16])  # warm-up: first-call allocations, caches of small shapes
-    for token in decode[:4]:
-        engine.step(token)
-    prefill = []
-    for _ in range(int(spec["reps"])):
-        t = time.perf_counter()
-        engine.prefill(ids)
-        prefill.append(time.perf_counter() - t)
-    steps = []
-    for token in decode:
-        t = time.perf_counter()
-        engine.step(token)
-        steps.append(time.perf_counter() - t)
-    return {"load_s": load_s, "first_token_s": first, "prefill_s": prefill, "step_s": steps,
+    return {"load_s": load_s, "first_token_s": first, **timed(engine, spec),
             "vmhwm_mb": peak_rss_mb(), "version": engine.version,
             "variant": getattr(engine, "variant", None)}
 
@@ -139,13 +123,7 @@ JOBS = {"peer_info": peer_info, "tokenize": tokenize, "load": load, "speed": spe
 
 
 def main(argv: list[str]) -> int:
-    spec = json.loads(Path(argv[0]).read_text())
-    try:
-        result = JOBS[spec["job"]](spec)
-    except Exception:  # noqa: BLE001 - reported to the parent
-        result = {"job_error": traceback.format_exc()[-3000:]}
-    Path(spec["out"]).write_text(json.dumps(result))
-    return 0 if "job_error" not in result else 1
+    return run_job(argv, JOBS)
 
 
 if __name__ == "__main__":

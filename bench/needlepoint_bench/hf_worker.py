@@ -90,12 +90,21 @@ def make(spec: dict, all_logits: bool = False):
     return Needlepoint(gguf, threads, engine.removeprefix("needlepoint-"))
 
 
-def speed(spec: dict) -> dict:
+def step_times(engine, decode: list[int]) -> list[float]:
+    """Seconds of one decode step per token of `decode`."""
+    steps = []
+    for token in decode:
+        t = time.perf_counter()
+        engine.step(token)
+        steps.append(time.perf_counter() - t)
+    return steps
+
+
+def timed(engine, spec: dict) -> dict:
+    """After a warm-up (first-call allocations, caches of small shapes): the seconds of
+    `reps` prefills of spec's ids (`prefill_s`) and of a step per decode token (`step_s`)."""
     ids, decode = spec["ids"], spec["decode"]
-    t0 = time.perf_counter()
-    engine = make(spec)
-    load_s = time.perf_counter() - t0
-    engine.prefill(ids[:16])  # warm-up: first-call allocations, caches of small shapes
+    engine.prefill(ids[:16])
     for token in decode[:4]:
         engine.step(token)
     prefill = []
@@ -103,13 +112,14 @@ def speed(spec: dict) -> dict:
         t = time.perf_counter()
         engine.prefill(ids)
         prefill.append(time.perf_counter() - t)
-    steps = []
-    for token in decode:
-        t = time.perf_counter()
-        engine.step(token)
-        steps.append(time.perf_counter() - t)
-    return {"load_s": load_s, "prefill_s": prefill, "step_s": steps,
-            "peak_rss_mb": peak_rss_mb(),
+    return {"prefill_s": prefill, "step_s": step_times(engine, decode)}
+
+
+def speed(spec: dict) -> dict:
+    t0 = time.perf_counter()
+    engine = make(spec)
+    load_s = time.perf_counter() - t0
+    return {"load_s": load_s, **timed(engine, spec), "peak_rss_mb": peak_rss_mb(),
             "version": engine.version, "variant": getattr(engine, "variant", None)}
 
 
@@ -150,11 +160,7 @@ def profile(spec: dict) -> dict:
     for label, fused in (("fused", True), ("kernels", False)):
         engine.model.fused = fused
         engine.prefill(ids)
-        steps = []
-        for token in decode:
-            t = time.perf_counter()
-            engine.step(token)
-            steps.append(time.perf_counter() - t)
+        steps = step_times(engine, decode)
         out[label] = _profiled(engine, ids, decode)
         out[label]["step_s_unprofiled"] = float(np.median(steps))
     engine.model.fused = True
@@ -164,10 +170,12 @@ def profile(spec: dict) -> dict:
 JOBS = {"speed": speed, "logits": logits, "profile": profile}
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], jobs: dict = JOBS) -> int:
+    """Run the job a spec file names (`jobs`) and write its result (or its error) where the
+    spec says: one job per process, so each measures a fresh process."""
     spec = json.loads(Path(argv[0]).read_text())
     try:
-        result = JOBS[spec["job"]](spec)
+        result = jobs[spec["job"]](spec)
     except Exception:  # noqa: BLE001 - reported to the parent
         result = {"job_error": traceback.format_exc()[-3000:]}
     Path(spec["out"]).write_text(json.dumps(result))

@@ -1,9 +1,9 @@
 """The `needlepoint` command: the subcommands of `cli/` plus `serve` from `server/`.
 
 `cli/` and `server/` are the two front ends, side by side: neither imports the other. The
-command line needs both, so it is put together here, one layer above them (
-`serve` used to be loaded by module name inside `cli/main.py`, an import the layer test could
-not see). The `needlepoint` console script and `python -m needlepoint` run `main`.
+command line needs both, so it is put together here, one layer above them: a plain import
+the layer test can see, where loading `serve` by module name from `cli/` would hide an upward
+import. The `needlepoint` console script and `python -m needlepoint` run `main`.
 """
 
 from __future__ import annotations

@@ -102,7 +102,10 @@ class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
 class StageError(NeedlepointError, RuntimeError):
     """A pipeline stage of a model cut into stages (`needlepoint.load(path, stages=...)`)
     failed; `stage` is its index (None: the head, or no one stage) and the message names it
-    and its layers."""
+    and its layers. `timed_out`: the stage stayed silent past `call_timeout_s` rather than
+    dying, so recovery restarts it instead of waiting for Ray to."""
+
+    timed_out = False
 
     def __init__(self, message: str, stage: int | None = None) -> None:
         super().__init__(message)

@@ -1,5 +1,5 @@
-"""A template model that calls the same tool again and again (issue 28 item 4: qwen3-tiny's
-own weights do, with `tool_choice="required"`): near the end of the token budget the answer
+"""A template model that calls the same tool again and again (qwen3-tiny's own weights do,
+with `tool_choice="required"`): near the end of the token budget the answer
 ends with the call blocks it has (`text_markers.end_when_short`) instead of opening one more
 that the budget cuts off unparseable. One call object per marker pair (Qwen's `<tool_call>`
 blocks, FunctionGemma's `<start_function_call>` blocks), over the fixtures' own tokenizers."""
@@ -10,6 +10,7 @@ import json
 
 import numpy as np
 import pytest
+from fake_model import LogitSession
 from hf_helpers import hf_reference
 
 from needlepoint.formats.chat_format import TemplateFormat
@@ -19,7 +20,6 @@ from needlepoint.generation.syntaxes import syntax_for
 from needlepoint.generation.text_markers import CLOSE_RESERVE, end_when_short
 from needlepoint.generation.turn import run_turn
 from needlepoint.generation.turn_config import GenerationConfig
-from needlepoint.models.protocol import SessionCapabilities
 
 TOOLS = [
     {"name": "set_alarm", "description": "Set an alarm.", "parameters": {
@@ -32,35 +32,19 @@ TOOLS = [
 ]
 
 
-class LoopingSession:
+class LoopingSession(LogitSession):
     """Logits that always favour opening another call block and never the end of the turn
     (deterministic noise elsewhere, keyed by position)."""
 
     def __init__(self, vocab: int, favoured: list[int], ends: list[int]) -> None:
+        super().__init__()
         self.vocab, self.favoured, self.ends = vocab, favoured, ends
-        self.ids: list[int] = []
-
-    @property
-    def position(self) -> int:
-        return len(self.ids)
-
-    @property
-    def capabilities(self) -> SessionCapabilities:
-        return SessionCapabilities()
 
     def _logits(self) -> np.ndarray:
         logits = np.random.default_rng(len(self.ids)).normal(0, 1, self.vocab)
         logits[self.favoured] += 12.0
         logits[self.ends] -= 12.0
         return logits.astype(np.float32)
-
-    def prefill(self, ids, logits: bool = True):
-        self.ids.extend(int(t) for t in ids)
-        return self._logits() if logits else None
-
-    def step(self, token: int) -> np.ndarray:
-        self.ids.append(int(token))
-        return self._logits()
 
 
 def test_end_when_short_keeps_only_the_end_once_a_block_would_not_fit() -> None:

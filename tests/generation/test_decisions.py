@@ -14,6 +14,7 @@ import math
 
 import numpy as np
 import pytest
+from fake_model import LogitSession
 from hf_helpers import hf_reference
 
 from needlepoint.api.confidence import Calibration, answer_evidence, fit_calibration
@@ -26,7 +27,6 @@ from needlepoint.generation.decisions import CallCursor
 from needlepoint.generation.syntaxes import syntax_for
 from needlepoint.generation.turn import run_turn
 from needlepoint.generation.turn_config import GenerationConfig
-from needlepoint.models.protocol import SessionCapabilities
 
 TOOLS = [
     {"name": "set_alarm", "description": "Set an alarm.", "parameters": {
@@ -39,40 +39,22 @@ OFF = -60.0
 TOL = 1e-7  # the logits are float32: log(1/3) and friends are rounded
 
 
-class ScriptSession:
+class ScriptSession(LogitSession):
     """Logits for an answer: at step k, 0 on `answer[k]`, `alternatives[k]` (id -> logit)
     on others, OFF elsewhere."""
 
     def __init__(self, vocab: int, answer: list[int], alternatives: dict[int, dict[int, float]]):
+        super().__init__()
         self.vocab, self.answer, self.alternatives = vocab, answer, alternatives
-        self.ids: list[int] = []
-        self.start = 0
-
-    @property
-    def position(self) -> int:
-        return len(self.ids)
-
-    @property
-    def capabilities(self) -> SessionCapabilities:
-        return SessionCapabilities()
 
     def _logits(self) -> np.ndarray:
-        k = len(self.ids) - self.start
+        k = len(self.ids) - self.turn_start
         logits = np.full(self.vocab, OFF, np.float32)
         if k < len(self.answer):
             logits[self.answer[k]] = 0.0
             for token, value in self.alternatives.get(k, {}).items():
                 logits[token] = value
         return logits
-
-    def prefill(self, ids, logits: bool = True):
-        self.ids.extend(int(t) for t in ids)
-        self.start = len(self.ids)
-        return self._logits() if logits else None
-
-    def step(self, token: int) -> np.ndarray:
-        self.ids.append(int(token))
-        return self._logits()
 
 
 @pytest.fixture(scope="module")

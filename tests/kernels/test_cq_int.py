@@ -10,21 +10,17 @@ thread splits."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 from conftest import get_fixture, toy_model_path
+from kernel_helpers import variant_results
 
 from needlepoint import open_archive
 from needlepoint.kernels import exact, native
 
 F32 = np.float32
-HERE = Path(__file__).resolve().parent
 # rows of activations: decode (1, 2: level sums on AVX-512), digit tiles of 4 and their tails
 ROWS = (1, 2, 3, 4, 5, 9)
 # 2-bit products of every width the archives have (1 to 6 groups) and, per archive, a 4-bit one
@@ -168,25 +164,6 @@ def _cpu_has_avx2() -> bool:
 def test_the_integer_kernel_is_built():
     assert native.LIBRARY is not None, native.UNAVAILABLE_REASON
     assert native.simd_variant() in native.VARIANTS
-
-
-def variant_results(cap: str, module: str, call: str) -> dict:
-    """`module.call` (a module of tests/kernels) run in a fresh process with the C library's
-    variant capped at `cap` ("best": no cap), as the dict it prints (the library picks its
-    variant once per process); the process must exit 0."""
-    script = (
-        f"import json, sys; sys.path.insert(0, {str(HERE)!r}); "
-        f"sys.path.insert(0, {str(HERE.parent)!r}); "
-        f"import {module} as t; print(json.dumps(t.{call}))"
-    )
-    env = dict(os.environ)
-    env.pop("NEEDLEPOINT_NATIVE_VARIANT", None)
-    if cap != "best":
-        env["NEEDLEPOINT_NATIVE_VARIANT"] = cap
-    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
-                          text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 @pytest.mark.parametrize("cap", ["0", "1", "best"])

@@ -22,6 +22,7 @@ F32 = np.float32
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import test_cq_int as base  # noqa: E402  (the shared cases: archives, adversarial groups)
+from kernel_helpers import variant_results  # noqa: E402
 
 
 def _digits(v: np.ndarray) -> list[np.ndarray]:
@@ -141,7 +142,7 @@ def check_lookup(pick: int) -> dict:
 def test_lookup_kernel_gives_the_reference_bits(cap, pick):
     """Each variant in a fresh process (the library picks its variant once per process): the
     lookup kernel at every row count (pick 2) and the default pick by row count (pick 0)."""
-    results = base.variant_results(cap, "test_cq_lut", f"check_lookup({pick})")
+    results = variant_results(cap, "test_cq_lut", f"check_lookup({pick})")
     variant = results.pop("variant")
     if cap == "0":
         assert variant == "baseline"

@@ -6,15 +6,12 @@ extremes (all codes equal, +-127 activations, float16 scales at their limits); a
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
-from kernel_helpers import native_lib  # noqa: F401 (the `lib` fixture, requested by name)
+from kernel_helpers import (
+    native_lib,  # noqa: F401 (the `lib` fixture, requested by name)
+    variant_results,
+)
 from wtype_helpers import INTEGER_TYPES, random_rows
 
 from needlepoint.kernels import blockweight, i8, native, wtypes
@@ -22,7 +19,6 @@ from needlepoint.kernels.blockweight import BlockWeight
 from needlepoint.models.transformer.linear import Int8Linear, fuse
 
 F32 = np.float32
-HERE = Path(__file__).resolve().parent
 
 
 def _activations(rng, rows: int, k: int) -> np.ndarray:
@@ -112,23 +108,9 @@ def test_native_equals_reference_every_variant(lib, name) -> None:
         assert [case for case, equal in results.items() if not equal] == [], variant
 
 
-def _variant_results(cap: str) -> dict:
-    script = (f"import json, sys; sys.path.insert(0, {str(HERE)!r}); "
-              f"sys.path.insert(0, {str(HERE.parent)!r}); "
-              "import test_wtypes_native as t; print(json.dumps(t.check_everything()))")
-    env = dict(os.environ)
-    env.pop("NEEDLEPOINT_NATIVE_VARIANT", None)
-    if cap != "best":
-        env["NEEDLEPOINT_NATIVE_VARIANT"] = cap
-    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
-                          text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
 @pytest.mark.parametrize("cap", ["0", "1", "best"])
 def test_every_variant_in_a_fresh_process(cap) -> None:
-    results = _variant_results(cap)
+    results = variant_results(cap, "test_wtypes_native", "check_everything()")
     variant = results.pop("variant")
     if cap == "0":
         assert variant == "baseline"

@@ -69,6 +69,16 @@ def _alternate(count: int) -> list[str]:
     return ["node_a" if k % 2 == 0 else "node_b" for k in range(count)]
 
 
+def _assert_staged_bits(staged, ids, expected, prefill: int, what: str) -> None:
+    """`staged`'s forward of `ids`, and a session prefilled with the first `prefill` ids then
+    stepped through the rest, bit-identical to one process's `expected` logits."""
+    assert_bits(staged.forward(ids), expected, what)
+    session = staged.session(chunk=16)
+    assert_bits(session.prefill(ids[:prefill]), expected[prefill - 1], f"{what} prefill")
+    assert_bits(np.stack([session.step(int(t)) for t in ids[prefill:]]), expected[prefill:],
+                f"{what} steps")
+
+
 def test_isolated_to_loopback(cluster):
     import ray
 
@@ -370,11 +380,7 @@ def test_qwen_and_gemma_across_two_nodes(cluster):
         expected = reference.forward(ids)
         for cuts in cut_sets:
             with _ray(path, cuts, _alternate(len(cuts)), numerics="int8") as staged:
-                assert_bits(staged.forward(ids), expected, f"{name} {cuts}")
-                session = staged.session(chunk=16)
-                assert_bits(session.prefill(ids[:60]), expected[59], f"{name} {cuts} prefill")
-                assert_bits(np.stack([session.step(int(t)) for t in ids[60:]]), expected[60:],
-                            f"{name} {cuts} steps")
+                _assert_staged_bits(staged, ids, expected, 60, f"{name} {cuts}")
 
 
 def test_gguf_weights_in_place_across_two_nodes(cluster, tmp_path):
@@ -389,11 +395,7 @@ def test_gguf_weights_in_place_across_two_nodes(cluster, tmp_path):
         ids = np.random.default_rng(4).integers(3, reference.config.vocab, 64)
         expected = reference.forward(ids)
         with _ray(path, cuts, _alternate(len(cuts)), numerics="int8") as staged:
-            assert_bits(staged.forward(ids), expected, f"{name} gguf")
-            session = staged.session(chunk=16)
-            assert_bits(session.prefill(ids[:56]), expected[55], f"{name} gguf prefill")
-            assert_bits(np.stack([session.step(int(t)) for t in ids[56:]]), expected[56:],
-                        f"{name} gguf steps")
+            _assert_staged_bits(staged, ids, expected, 56, f"{name} gguf")
 
 
 def test_rewind_across_nodes(cluster):

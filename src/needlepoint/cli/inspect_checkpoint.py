@@ -31,7 +31,7 @@ def _chat(checkpoint: Any) -> dict[str, Any]:
     from ..generation.syntaxes import syntax_for
 
     tokenizer = checkpoint.tokenizer
-    template = getattr(tokenizer, "chat_template", None)
+    template = tokenizer.chat_template
     out: dict[str, Any] = {"tokenizer_vocab": int(tokenizer.vocab_size),
                            "chat_template": bool(template), "call_syntax": None}
     if not template:

@@ -29,6 +29,7 @@ from . import needle3_geometry as v3config
 from .cact_checks import HEADER_OFFSETS, RECORD_BYTES, validate_header
 from .cact_checks import header_error as _fail
 from .cact_records import DTYPE_NAMES, TensorRecord, check_disjoint, check_record
+from .geometry_common import unpack_words
 
 if TYPE_CHECKING:
     from .tokenizer import Tokenizer
@@ -73,7 +74,7 @@ class CactArchive:
             raise _fail(
                 "header", 0, f"truncated: {self.size} bytes, header needs {module.HEADER_BYTES}"
             )
-        words, rope_theta = module.unpack_header(self._buffer)
+        words, rope_theta = unpack_words(self._buffer, module.HEADER_U32)
         values = module.parse_header(words, rope_theta)
         validate_header(values, generation)
         if generation == 3:

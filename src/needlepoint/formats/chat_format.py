@@ -27,13 +27,26 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from ..errors import TokenizerError, ToolFormatError
 from . import needle_wire as wire
 from .chat_template import render_chat_template
 
 Message = Mapping[str, Any]
+
+
+class ChatTokenizer(Protocol):
+    """What a chat template reads from its tokenizer besides encoding: the template (None for
+    a base model), where it came from (for messages), its added tokens by text (`markers`)
+    and the special tokens' texts by role (`special_tokens`: "bos_token", "eos_token", ...).
+    `formats.hf_tokenizer.HFTokenizer` and `formats.tokenizer.Tokenizer` declare all four."""
+
+    chat_template: str | None
+    source: str
+    markers: Mapping[str, int]
+    special_tokens: Mapping[str, str]
+
 END_MARKERS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|endoftext|>")
 HERMES_SYSTEM = (
     "You are a function calling AI model. You are provided with function signatures within "
@@ -155,10 +168,10 @@ class TemplateFormat:
     name = "template"
     json_style = "spaced"  # calls as json.dumps writes them: `{"name": ..., "arguments": ...}`
 
-    def __init__(self, tokenizer: Any, tool_format: str | None = None,
+    def __init__(self, tokenizer: ChatTokenizer, tool_format: str | None = None,
                  template_kwargs: Mapping[str, Any] | None = None) -> None:
-        if not getattr(tokenizer, "chat_template", None):
-            where = getattr(tokenizer, "source", None) or "this model"
+        if not tokenizer.chat_template:
+            where = tokenizer.source or "this model"
             raise TokenizerError(
                 f"{where} has no chat template (a base model): it cannot chat or call tools; "
                 "continue plain text with `needlepoint run --raw TEXT --model MODEL` "
@@ -168,8 +181,8 @@ class TemplateFormat:
         self.template_kwargs = dict(template_kwargs or {})
         self.tool_format = "auto" if tool_format is None else str(tool_format)
         self._variants: dict[Any, TemplateFormat] = {}
-        self.markers: dict[str, int] = dict(getattr(tokenizer, "markers", {}))
-        self.special_tokens: dict[str, str] = dict(getattr(tokenizer, "special_tokens", {}))
+        self.markers: dict[str, int] = dict(tokenizer.markers)
+        self.special_tokens: dict[str, str] = dict(tokenizer.special_tokens)
         self.tools_shape = self._tools_shape()
         self.renders_tools = self.tools_shape is not None
         # the Hermes-style prompt shows the tools when asked for, or when the template has no

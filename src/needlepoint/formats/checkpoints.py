@@ -5,12 +5,45 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
 
 from ..errors import CheckpointError
 from .hf_checkpoint import is_hf_directory, open_hf_directory
 
+if TYPE_CHECKING:
+    from ..kernels.blockweight import BlockWeight
+
 GGUF_MAGIC = b"GGUF"
+
+
+class TensorCheckpoint(Protocol):
+    """What a model loader reads from a checkpoint (`formats.hf_checkpoint.HFCheckpoint`,
+    `formats.gguf_checkpoint.GGUFCheckpoint`): tensors by their Hugging Face names, and what
+    a file-backed format adds, declared so the loader never asks."""
+
+    path: Path
+
+    def names(self) -> list[str]: ...
+
+    def shape(self, name: str) -> tuple[int, ...]: ...
+
+    def tensor(self, name: str) -> np.ndarray:
+        """Tensor `name` as float32 in its Hugging Face layout."""
+        ...
+
+    def source_name(self, name: str) -> str | None:
+        """The name the file stores `name` under, when it differs (GGUF), else None."""
+        ...
+
+    def stored_weight(self, name: str, threads: int = 1) -> BlockWeight | None:
+        """The 2-D weight as the file stores it (GGUF integer blocks, in place), or None."""
+        ...
+
+    def release_pages(self) -> None:
+        """Drop the process's resident pages of a file mapping (a no-op without one)."""
+        ...
 
 
 def _as_path(path: object) -> Path | None:

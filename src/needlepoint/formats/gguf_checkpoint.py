@@ -21,7 +21,6 @@ other `general.architecture`, unsupported RoPE scaling, or a `rope_freqs` tensor
 
 from __future__ import annotations
 
-import mmap
 import os
 import re
 from functools import cached_property
@@ -211,12 +210,7 @@ class GGUFCheckpoint:
         """Drop this process's resident pages of the file mapping (they are read again from
         the page cache if touched later): a loader that has copied what it needs (the int8
         weights) keeps the file out of its resident set."""
-        handle = getattr(self.reader.data, "_mmap", None)
-        if handle is not None and hasattr(mmap, "MADV_DONTNEED"):
-            try:
-                handle.madvise(mmap.MADV_DONTNEED)
-            except (OSError, ValueError):  # pragma: no cover - platform without madvise
-                pass
+        self.reader.release_pages()
 
     @cached_property
     def tokenizer(self) -> HFTokenizer:

@@ -16,6 +16,7 @@ malformation).
 
 from __future__ import annotations
 
+import mmap
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -119,6 +120,16 @@ class GGUFFile:
             if isinstance(error, GGUFFormatError):
                 raise
             raise self._error(str(error)) from None
+
+    def release_pages(self) -> None:
+        """Drop this process's resident pages of the mapping; touched again, they are read
+        back from the page cache."""
+        mapping = self.data.base  # a memmap's base is its mmap.mmap
+        if isinstance(mapping, mmap.mmap) and hasattr(mmap, "MADV_DONTNEED"):  # not everywhere
+            try:
+                mapping.madvise(mmap.MADV_DONTNEED)
+            except (OSError, ValueError):  # pragma: no cover - platform without madvise
+                pass
 
     def _error(self, message: str, tensor: str | None = None,
                offset: int | None = None) -> GGUFFormatError:

@@ -67,6 +67,17 @@ class HFCheckpoint:
     def shape(self, name: str) -> tuple[int, ...]:
         return self._file(name).shape(name)
 
+    def source_name(self, name: str) -> str | None:
+        """The file's own name for tensor `name`: None, safetensors store Hugging Face names."""
+        return None
+
+    def stored_weight(self, name: str, threads: int = 1) -> None:
+        """None: a safetensors weight is a float tensor, quantised by the numerics at load."""
+        return None
+
+    def release_pages(self) -> None:
+        """Nothing to drop: each tensor is read into its own array (`tensor`)."""
+
     def dtype(self, name: str) -> str:
         return self._file(name).dtype(name)
 
@@ -81,10 +92,11 @@ class HFCheckpoint:
     @cached_property
     def tokenizer(self) -> HFTokenizer:
         tokenizer = HFTokenizer.from_directory(self.path)
-        for key, attr in (("bos_token_id", "bos_id"), ("eos_token_id", "eos_id")):
-            value = self.config.get(key)
-            if getattr(tokenizer, attr) is None and isinstance(value, int):
-                setattr(tokenizer, attr, value)
+        bos, eos = self.config.get("bos_token_id"), self.config.get("eos_token_id")
+        if tokenizer.bos_id is None and isinstance(bos, int):
+            tokenizer.bos_id = bos
+        if tokenizer.eos_id is None and isinstance(eos, int):
+            tokenizer.eos_id = eos
         return tokenizer
 
     @cached_property

@@ -28,7 +28,7 @@ import numpy as np
 from ..errors import TokenizerError
 from .chat_template import render_chat_template
 from .hf_extra import hf_extra
-from .tokenizer import PieceType, UnknownPieceError
+from .tokenizer import PieceType, UnknownPieceError, marker_in
 
 SPACE = "\u2581"
 BYTE_LEVEL, METASPACE, PLAIN = "byte_level", "metaspace", "plain"
@@ -73,6 +73,10 @@ def byte_mode_of(decoder: Mapping[str, Any] | None) -> str:
 
 class HFTokenizer:
     """A `tokenizers.Tokenizer` plus special ids, byte tables and the chat template."""
+
+    # `tokenizer.json`'s own normalizer or pre-tokenizer places any prefix space, so a text
+    # encoded mid-sequence has no SentencePiece dummy prefix to strip (`needle_wire`)
+    add_dummy_prefix = False
 
     def __init__(
         self,
@@ -221,11 +225,7 @@ class HFTokenizer:
 
     def marker_id(self, text: str) -> int:
         """Id of an added token (chat marker) such as "<|im_start|>" or "<tool_call>"."""
-        try:
-            return self.markers[text]
-        except KeyError:
-            raise UnknownPieceError(f"marker {text!r} is not an added token of this "
-                                    f"tokenizer") from None
+        return marker_in(self.markers, text, "an added token")
 
     # ------------------------------------------------------------------ chat template
     def apply_chat_template(

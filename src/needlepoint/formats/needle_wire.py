@@ -88,8 +88,7 @@ def continuation_ids(tokenizer: Any, text: str) -> list[int]:
     exist, so it is removed again; continuation texts start with a newline or a marker, which
     no piece merges with, so the prefix is always a lone U+2581 piece."""
     ids = tokenizer.encode(text)
-    dummy = getattr(tokenizer, "add_dummy_prefix", False)
-    if dummy and ids and tokenizer.token_bytes(ids[0]) == b" ":
+    if tokenizer.add_dummy_prefix and ids and tokenizer.token_bytes(ids[0]) == b" ":
         ids = ids[1:]
     return ids
 

@@ -24,8 +24,9 @@ import math
 import operator
 import re
 import struct
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from enum import IntEnum
+from types import MappingProxyType
 
 import numpy as np
 
@@ -56,6 +57,15 @@ class UnknownPieceError(TokenizerError, KeyError):
     __str__ = BaseException.__str__  # plain message, not KeyError's repr-quoted one
 
 
+def marker_in(markers: Mapping[str, int], text: str, kind: str) -> int:
+    """The id of chat marker `text` in a tokenizer's `markers`, else an UnknownPieceError
+    that says what the tokenizer keeps its markers as (`kind`)."""
+    try:
+        return markers[text]
+    except KeyError:
+        raise UnknownPieceError(f"marker {text!r} is not {kind} of this tokenizer") from None
+
+
 def _utf8_replace(data: bytes) -> str:
     """UTF-8 decode with one U+FFFD per invalid byte, as SentencePiece's decoder does
     (Python's errors="replace" would fold a truncated multi-byte sequence into one U+FFFD)."""
@@ -64,6 +74,11 @@ def _utf8_replace(data: bytes) -> str:
 
 class Tokenizer:
     """SentencePiece-compatible BPE tokenizer built from an archive's tokenizer blob."""
+
+    # what `formats.chat_format.ChatTokenizer` reads: an archive carries no chat template
+    chat_template: str | None = None
+    source = ""
+    special_tokens: Mapping[str, str] = MappingProxyType({})
 
     def __init__(
         self,
@@ -338,11 +353,7 @@ class Tokenizer:
 
     def marker_id(self, text: str) -> int:
         """Id of a chat marker (USER_DEFINED piece) such as "<|im_start|>" or "<tool_call>"."""
-        try:
-            return self.markers[text]
-        except KeyError:
-            raise UnknownPieceError(f"marker {text!r} is not a user-defined piece of this "
-                                    f"tokenizer") from None
+        return marker_in(self.markers, text, "a user-defined piece")
 
     def __repr__(self) -> str:
         return (f"Tokenizer(vocab_size={self.vocab_size}, markers={len(self.markers)}, "

@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .json_text import string_step
+
 ROUTE, CALL, BETWEEN = "route", "call", "between"
 
 
@@ -109,12 +111,7 @@ class CallCursor:
             if self.depth >= 2 or (ch == "{" and self.depth == 1 and not self.in_string):
                 self.current.append(ch)
             if self.in_string:
-                if self.escaped:
-                    self.escaped = False
-                elif ch == "\\":
-                    self.escaped = True
-                elif ch == '"':
-                    self.in_string = False
+                self.in_string, self.escaped = string_step(ch, self.escaped)
             elif ch == '"':
                 self.in_string = True
             elif ch in "[{":

@@ -28,7 +28,7 @@ import numpy as np
 
 from ..errors import NonFiniteActivationError, UnsupportedTensorTypeError
 from . import native
-from .i8 import BLOCK, padded, quantize
+from .i8 import BLOCK, output_rows, padded
 from .wtype_record import WeightType
 
 F32, F64 = np.float32, np.float64
@@ -122,16 +122,19 @@ class BlockWeight:
 
 
 def matmul_reference(codes: np.ndarray, xscale: np.ndarray, xsums: np.ndarray, w: BlockWeight,
-                     bias: np.ndarray | None = None) -> np.ndarray:
+                     bias: np.ndarray | None = None, out: np.ndarray | None = None
+                     ) -> np.ndarray:
     """y [T, n_out] float32 of A8 rows (codes int8 [T, k_pad], xscale float32 [T, nb], xsums)
-    times `w` (module doc). `xsums` is not needed: the half sums are taken from the codes."""
+    times `w` (module doc), written to the first n_out columns of `out` when given. `xsums`
+    is not needed: the half sums are taken from the codes."""
     del xsums  # the M term needs the sums of each half block, taken from the codes
+    _check_activations(codes, xscale, w)
     rows, nb = codes.shape[0], w.blocks
     xb = codes.reshape(rows, nb, 2, 16)
     xhalf = xb.astype(np.int64).sum(axis=-1)  # [T, nb, 2]
     xf = xb.transpose(1, 2, 0, 3).astype(F32)  # [nb, 2, T, 16]
     xs = xscale.astype(F64)
-    out = np.empty((rows, w.n_out), F32)
+    out = output_rows(out, rows, w.n_out)
     for first in range(0, w.n_out, _REFERENCE_COLUMNS):
         last = min(w.n_out, first + _REFERENCE_COLUMNS)
         form = w.wtype.unpack(w.data[first:last])
@@ -154,27 +157,28 @@ def matmul_reference(codes: np.ndarray, xscale: np.ndarray, xsums: np.ndarray, w
     return out
 
 
+def _check_activations(codes: np.ndarray, xscale: np.ndarray, w: BlockWeight) -> None:
+    if codes.shape[1] != w.k_pad or xscale.shape != (codes.shape[0], w.blocks):
+        raise ValueError(f"activations {list(codes.shape)} do not match the weight's "
+                         f"{w.k_pad} inputs")
+
+
 def matmul(codes: np.ndarray, xscale: np.ndarray, xsums: np.ndarray, w: BlockWeight,
            bias: np.ndarray | None = None, out: np.ndarray | None = None,
            use_native: bool | None = None) -> np.ndarray:
     """`matmul_reference`, by the native kernel when it is built (same bits). `out`, if given,
     is float32 [T, >= n_out] whose first n_out columns receive the result (rows may be
     strided: a column slice of a wider output)."""
-    lib = native.library(use_native)
+    return native.dispatch(use_native, matmul_reference, _matmul_native, codes, xscale, xsums,
+                           w, bias, out)
+
+
+def _matmul_native(lib, codes: np.ndarray, xscale: np.ndarray, xsums: np.ndarray,
+                   w: BlockWeight, bias: np.ndarray | None, out: np.ndarray | None
+                   ) -> np.ndarray:
+    _check_activations(codes, xscale, w)
     rows = codes.shape[0]
-    if codes.shape[1] != w.k_pad or xscale.shape != (rows, w.blocks):
-        raise ValueError(f"activations {list(codes.shape)} do not match the weight's "
-                         f"{w.k_pad} inputs")
-    if lib is None:
-        y = matmul_reference(codes, xscale, xsums, w, bias)
-        if out is None:
-            return y
-        out[:, : w.n_out] = y
-        return out
-    if out is None:
-        out = np.empty((rows, w.n_out), F32)
-    if out.dtype != F32 or out.strides[1] != 4 or out.shape[0] != rows:
-        raise ValueError("out must be float32 [T, n] with contiguous rows")
+    out = output_rows(out, rows, w.n_out)
     codes = np.ascontiguousarray(codes, np.int8)
     xscale = np.ascontiguousarray(xscale, F32)
     xsums = np.ascontiguousarray(xsums, np.int32)
@@ -189,10 +193,3 @@ def matmul(codes: np.ndarray, xscale: np.ndarray, xsums: np.ndarray, w: BlockWei
     if status:
         raise MemoryError(f"wt_matmul failed ({status})")
     return out
-
-
-def linear(x: np.ndarray, w: BlockWeight, bias: np.ndarray | None = None,
-           use_native: bool | None = None) -> np.ndarray:
-    """Quantise float32 rows x [T, k_in] (`kernels.i8.quantize`), then `matmul`."""
-    codes, scale, sums = quantize(x, w.k_pad, use_native)
-    return matmul(codes, scale, sums, w, bias, use_native=use_native)

@@ -156,17 +156,13 @@ def _row_codes_reference(x: np.ndarray, level: np.float32, dtype: type, what: st
     return codes, scale
 
 
-def _row_codes(x: np.ndarray, use_native: bool | None, level: np.float32, dtype: type,
-               entry: str, what: str) -> tuple[np.ndarray, np.ndarray]:
-    """`_row_codes_reference`, by the native kernel `entry` when it is built."""
-    lib = native.library(use_native)
-    if lib is None:
-        return _row_codes_reference(x, level, dtype, what)
+def _row_codes(entry, x: np.ndarray, dtype: type, what: str) -> tuple[np.ndarray, np.ndarray]:
+    """`_row_codes_reference` by the native kernel `entry` (`np_a8_codes`, `np_a16_codes`)."""
     x = np.ascontiguousarray(x, F32)
     rows, cols = x.shape
     codes = np.empty((rows, cols), dtype)
     scale = np.empty(rows, F32)
-    if getattr(lib, entry)(x.ctypes.data, rows, cols, codes.ctypes.data, scale.ctypes.data):
+    if entry(x.ctypes.data, rows, cols, codes.ctypes.data, scale.ctypes.data):
         raise NonFiniteActivationError(f"non-finite activation entering an {what}")
     return codes, scale
 
@@ -176,9 +172,13 @@ def a8_codes_reference(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return _row_codes_reference(x, LEVEL, np.int8, "A8 quantiser")
 
 
+def _a8_codes_native(lib, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    return _row_codes(lib.np_a8_codes, x, np.int8, "A8 quantiser")
+
+
 def a8_codes(x: np.ndarray, use_native: bool | None = None) -> tuple[np.ndarray, np.ndarray]:
     """`a8_codes_reference` of x [T, cols], by the native kernel when it is built."""
-    return _row_codes(x, use_native, LEVEL, np.int8, "np_a8_codes", "A8 quantiser")
+    return native.dispatch(use_native, a8_codes_reference, _a8_codes_native, x)
 
 
 LEVEL16 = F32(32767.0)
@@ -190,9 +190,13 @@ def a16_codes_reference(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return _row_codes_reference(x, LEVEL16, np.int16, "A16 quantiser")
 
 
+def _a16_codes_native(lib, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    return _row_codes(lib.np_a16_codes, x, np.int16, "A16 quantiser")
+
+
 def a16_codes(x: np.ndarray, use_native: bool | None = None) -> tuple[np.ndarray, np.ndarray]:
     """`a16_codes_reference` of x [T, cols], by the native kernel when it is built."""
-    return _row_codes(x, use_native, LEVEL16, np.int16, "np_a16_codes", "A16 quantiser")
+    return native.dispatch(use_native, a16_codes_reference, _a16_codes_native, x)
 
 
 def a8_rotate_reference(x: np.ndarray, in_pad: int) -> tuple[np.ndarray, np.ndarray]:
@@ -213,11 +217,13 @@ def a8_rotate_reference(x: np.ndarray, in_pad: int) -> tuple[np.ndarray, np.ndar
     return padded, scale
 
 
-def a8_rotate(x: np.ndarray, in_pad: int, use_native: bool | None = None):
+def a8_rotate(x: np.ndarray, in_pad: int, use_native: bool | None = None
+              ) -> tuple[np.ndarray, np.ndarray]:
     """`a8_rotate_reference`, by the native kernel when it is built (same bits)."""
-    lib = native.library(use_native)
-    if lib is None:
-        return a8_rotate_reference(x, in_pad)
+    return native.dispatch(use_native, a8_rotate_reference, _a8_rotate_native, x, in_pad)
+
+
+def _a8_rotate_native(lib, x: np.ndarray, in_pad: int) -> tuple[np.ndarray, np.ndarray]:
     x = np.ascontiguousarray(x, F32)
     rows, cols = x.shape
     v = np.empty((rows, in_pad), np.int32)
@@ -273,9 +279,10 @@ def cq_matmul(
     v: np.ndarray, scale: np.ndarray, matrix: ExactMatrix, use_native: bool | None = None
 ) -> np.ndarray:
     """`cq_matmul_reference`, by the native kernel when it is built (same bits)."""
-    lib = native.library(use_native)
-    if lib is None:
-        return cq_matmul_reference(v, scale, matrix)
+    return native.dispatch(use_native, cq_matmul_reference, _cq_matmul_native, v, scale, matrix)
+
+
+def _cq_matmul_native(lib, v: np.ndarray, scale: np.ndarray, matrix: ExactMatrix) -> np.ndarray:
     rows = v.shape[0]
     first = matrix.parts[0].out_col
     width = matrix.parts[-1].out_col + matrix.parts[-1].rows - first

@@ -61,11 +61,14 @@ def quantize_reference(x: np.ndarray, k_pad: int) -> tuple[np.ndarray, np.ndarra
     return codes.reshape(rows, k_pad), scale, sums
 
 
-def quantize(x: np.ndarray, k_pad: int, use_native: bool | None = None):
+def quantize(x: np.ndarray, k_pad: int, use_native: bool | None = None
+             ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """`quantize_reference`, by the native kernel when it is built (same bits)."""
-    lib = native.library(use_native)
-    if lib is None:
-        return quantize_reference(x, k_pad)
+    return native.dispatch(use_native, quantize_reference, _quantize_native, x, k_pad)
+
+
+def _quantize_native(lib, x: np.ndarray, k_pad: int
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     x = np.ascontiguousarray(x, F32)
     rows, cols = x.shape
     nb = k_pad // BLOCK
@@ -196,9 +199,21 @@ def pack_weight(codes: np.ndarray, scale: np.ndarray, offset: np.ndarray | None 
 
 
 # -- the product -----------------------------------------------------------------------------
+def output_rows(out: np.ndarray | None, rows: int, n_out: int) -> np.ndarray:
+    """A product's output: `out` checked (float32 [rows, >= n_out], contiguous rows that may
+    be strided: a column slice of a wider output), or a new float32 [rows, n_out]."""
+    if out is None:
+        return np.empty((rows, n_out), F32)
+    if out.dtype != F32 or out.strides[1] != 4 or out.shape[0] != rows:
+        raise ValueError("out must be float32 [T, n] with contiguous rows")
+    return out
+
+
 def matmul_reference(codes: np.ndarray, xscale: np.ndarray, xsums: np.ndarray, w: I8Weight,
-                     bias: np.ndarray | None = None) -> np.ndarray:
-    """y [T, n_out] float32 of quantised rows (codes, scale, sums) times `w` (module doc)."""
+                     bias: np.ndarray | None = None, out: np.ndarray | None = None
+                     ) -> np.ndarray:
+    """y [T, n_out] float32 of quantised rows (codes, scale, sums) times `w` (module doc),
+    written to the first n_out columns of `out` when given."""
     rows = codes.shape[0]
     nb = w.blocks
     xb = codes.reshape(rows, nb, BLOCK).transpose(1, 0, 2).astype(F32)  # [nb, T, 32]
@@ -206,7 +221,7 @@ def matmul_reference(codes: np.ndarray, xscale: np.ndarray, xsums: np.ndarray, w
     wscale, woffset = w.scales()
     xs = xscale.astype(F64)
     ssum = xsums.astype(F64)
-    out = np.empty((rows, w.n_out), F32)
+    out = output_rows(out, rows, w.n_out)
     for first in range(0, w.n_out, _REFERENCE_COLUMNS):
         last = min(w.n_out, first + _REFERENCE_COLUMNS)
         wb = wcodes[first:last].reshape(last - first, nb, BLOCK).transpose(1, 2, 0)
@@ -235,18 +250,14 @@ def matmul(codes: np.ndarray, xscale: np.ndarray, xsums: np.ndarray, w: I8Weight
     `w.product`, with the same arguments."""
     if not isinstance(w, I8Weight):
         return w.product(codes, xscale, xsums, bias, out, use_native)
-    lib = native.library(use_native)
+    return native.dispatch(use_native, matmul_reference, _matmul_native, codes, xscale, xsums,
+                           w, bias, out)
+
+
+def _matmul_native(lib, codes: np.ndarray, xscale: np.ndarray, xsums: np.ndarray,
+                   w: I8Weight, bias: np.ndarray | None, out: np.ndarray | None) -> np.ndarray:
     rows = codes.shape[0]
-    if lib is None:
-        y = matmul_reference(codes, xscale, xsums, w, bias)
-        if out is None:
-            return y
-        out[:, : w.n_out] = y
-        return out
-    if out is None:
-        out = np.empty((rows, w.n_out), F32)
-    if out.dtype != F32 or out.strides[1] != 4 or out.shape[0] != rows:
-        raise ValueError("out must be float32 [T, n] with contiguous rows")
+    out = output_rows(out, rows, w.n_out)
     offset = 0 if w.offset is None else w.offset.ctypes.data
     status = lib.i8_matmul(
         codes.ctypes.data, xscale.ctypes.data, xsums.ctypes.data, rows, w.blocks, w.bits,
@@ -261,6 +272,8 @@ def matmul(codes: np.ndarray, xscale: np.ndarray, xsums: np.ndarray, w: I8Weight
 
 def linear(x: np.ndarray, w: I8Weight, bias: np.ndarray | None = None,
            use_native: bool | None = None) -> np.ndarray:
-    """`quantize` then `matmul`: the int8 product of float32 rows x [T, k_in]."""
+    """`quantize` then `matmul`: the int8 product of float32 rows x [T, k_in] (`w` an
+    `I8Weight`, or a `kernels.blockweight.BlockWeight`, which `matmul` hands its own
+    product)."""
     codes, scale, sums = quantize(x, w.k_pad, use_native)
     return matmul(codes, scale, sums, w, bias, use_native=use_native)

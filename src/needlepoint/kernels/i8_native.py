@@ -1,7 +1,7 @@
 """The int8 kernels' names in the one native library (`kernels/native`: np_i8.h and its
 headers, bound and loaded there). `LIBRARY` is that library, or None when it is not built or
-disabled with `NEEDLEPOINT_NATIVE=0`. Every int8 wrapper picks its path through
-`native.library` (the one helper), so `kernels.i8` runs its numpy reference, which computes
+disabled with `NEEDLEPOINT_NATIVE=0`. Every kernel wrapper picks its path through
+`native.dispatch` (the one helper), so `kernels.i8` runs its numpy reference, which computes
 the same bits, when `native.LIBRARY` is None. The variants table and `simd_variant` are the
 library's own (one table, one environment variable).
 """

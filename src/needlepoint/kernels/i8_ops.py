@@ -38,8 +38,9 @@ def tree_sum(v: np.ndarray) -> np.ndarray:
 
 def norm_reference(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None, eps: float,
                    center: bool) -> np.ndarray:
-    """LayerNorm (`center`) or RMSNorm of each row of x [T, d] (module doc)."""
-    x64 = np.asarray(x, F32).astype(F64)
+    """LayerNorm (`center`) or RMSNorm of each row of x [..., d] (module doc)."""
+    shape = np.shape(x)
+    x64 = np.asarray(x, F32).reshape(-1, shape[-1]).astype(F64)
     d = x64.shape[1]
     if center:
         mean = tree_sum(x64) / F64(d)
@@ -52,17 +53,20 @@ def norm_reference(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None, e
     y = y * weight.astype(F64)
     if bias is not None:
         y = y + bias.astype(F64)
-    return y.astype(F32)
+    return y.astype(F32).reshape(shape)
 
 
 def norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None, eps: float,
          center: bool, use_native: bool | None = None) -> np.ndarray:
     """`norm_reference` of x [..., d], by the native kernel when it is built (same bits)."""
-    lib = native.library(use_native)
+    return native.dispatch(use_native, norm_reference, _norm_native, x, weight, bias, eps,
+                           center)
+
+
+def _norm_native(lib, x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None, eps: float,
+                 center: bool) -> np.ndarray:
     shape = x.shape
     x = np.ascontiguousarray(x, F32).reshape(-1, shape[-1])
-    if lib is None:
-        return norm_reference(x, weight, bias, eps, center).reshape(shape)
     out = np.empty_like(x)
     status = lib.i8_norm(x.ctypes.data, x.shape[0], x.shape[1], weight.ctypes.data,
                          0 if bias is None else bias.ctypes.data, float(eps), int(center),

@@ -15,7 +15,9 @@ from .pinned import exp32
 
 F32 = np.float32
 
-__all__ = ["a8_codes", "attend_causal", "causal_slots", "exp32"]
+__all__ = ["a8_codes", "attend_causal", "attend_causal_reference", "causal_slots", "exp32"]
+
+
 def causal_slots(start: int, count: int, heads: int, kv_heads: int
                  ) -> tuple[np.ndarray, np.ndarray]:
     """slots [count*heads, start+count] and keys seen per query row (t, h): the cache rows
@@ -28,24 +30,37 @@ def causal_slots(start: int, count: int, heads: int, kv_heads: int
     return slots.reshape(count * heads, total), seen
 
 
-def attend_causal(qcode: np.ndarray, qscale: np.ndarray, start: int, heads: int,
-                  kcode: np.ndarray, kscale: np.ndarray, vcode: np.ndarray,
-                  vscale: np.ndarray, use_native: bool | None = None) -> np.ndarray:
-    """`pinned.attend_reference` of query rows (t, h) = qcode [T*heads, hd] (int16 A16 codes)
-    at positions start.. over a cache of int16 keys kcode and int8 values vcode
+def attend_causal_reference(qcode: np.ndarray, qscale: np.ndarray, start: int, heads: int,
+                            kcode: np.ndarray, kscale: np.ndarray, vcode: np.ndarray,
+                            vscale: np.ndarray) -> np.ndarray:
+    """`pinned.attend_reference` of query rows (t, h) = qcode [T*heads, hd] (int16 A16
+    codes) at positions start.. over a cache of int16 keys kcode and int8 values vcode
     [capacity, kv_heads, hd] (scales [capacity, kv_heads]), causally -> [T, heads*hd]
     float32."""
     rows, hd = qcode.shape
     count = rows // heads
     kv_heads = kcode.shape[1]
-    lib = native.library(use_native)
     flat = kcode.shape[0] * kv_heads
-    if lib is None:
-        slots, seen = causal_slots(start, count, heads, kv_heads)
-        out = pinned.attend_reference(qcode, qscale, kcode.reshape(flat, hd),
-                                      kscale.reshape(flat), vcode.reshape(flat, hd),
-                                      vscale.reshape(flat), slots, seen)
-        return out.reshape(count, heads * hd)
+    slots, seen = causal_slots(start, count, heads, kv_heads)
+    out = pinned.attend_reference(qcode, qscale, kcode.reshape(flat, hd), kscale.reshape(flat),
+                                  vcode.reshape(flat, hd), vscale.reshape(flat), slots, seen)
+    return out.reshape(count, heads * hd)
+
+
+def attend_causal(qcode: np.ndarray, qscale: np.ndarray, start: int, heads: int,
+                  kcode: np.ndarray, kscale: np.ndarray, vcode: np.ndarray,
+                  vscale: np.ndarray, use_native: bool | None = None) -> np.ndarray:
+    """`attend_causal_reference`, by the native kernel when it is built (same bits)."""
+    return native.dispatch(use_native, attend_causal_reference, _attend_causal_native, qcode,
+                           qscale, start, heads, kcode, kscale, vcode, vscale)
+
+
+def _attend_causal_native(lib, qcode: np.ndarray, qscale: np.ndarray, start: int, heads: int,
+                          kcode: np.ndarray, kscale: np.ndarray, vcode: np.ndarray,
+                          vscale: np.ndarray) -> np.ndarray:
+    rows, hd = qcode.shape
+    count = rows // heads
+    kv_heads = kcode.shape[1]
     if kcode.dtype != np.int16 or qcode.dtype != np.int16:
         raise TypeError("the transformer int8 attention takes int16 keys and queries")
     qcode = np.ascontiguousarray(qcode, np.int16)

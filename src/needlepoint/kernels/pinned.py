@@ -38,14 +38,14 @@ def exp64_reference(x: np.ndarray) -> np.ndarray:
     """The float64 exp polynomial of `np_exp64` (C), operation for operation."""
     x = np.asarray(x, F64)
     nan = np.isnan(x)
-    x = np.where(np.isfinite(x), x, np.where(x > 0, 1000.0, -1000.0))
-    k = np.rint(x * LOG2E)
-    r = x - k * LN2_HI
-    r = r - k * LN2_LO
-    p = np.full_like(r, TAYLOR[0])
-    for coefficient in TAYLOR[1:]:
-        p = p * r + coefficient
     with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+        x = np.where(np.isfinite(x), x, np.where(x > 0, 1000.0, -1000.0))
+        k = np.rint(x * LOG2E)
+        r = x - k * LN2_HI
+        r = r - k * LN2_LO
+        p = np.full_like(r, TAYLOR[0])
+        for coefficient in TAYLOR[1:]:
+            p = p * r + coefficient
         out = np.ldexp(p, np.clip(k, -2000, 2000).astype(np.int32))
     out = np.where(x < -745.0, 0.0, out)
     out = np.where(x > 709.0, np.inf, out)
@@ -60,25 +60,28 @@ def exp32_reference(x: np.ndarray) -> np.ndarray:
 
 def exp32(x: np.ndarray, use_native: bool | None = None) -> np.ndarray:
     """`exp32_reference`, by the native kernel when it is built (same bits)."""
-    lib = native.library(use_native)
-    if lib is None:
-        return exp32_reference(x)
-    x = np.ascontiguousarray(x, F32)
-    out = np.empty_like(x)
-    lib.np_exp32_array(x.ctypes.data, x.size, out.ctypes.data)
-    return out
+    return native.dispatch(use_native, exp32_reference, _exp32_native, x)
 
 
 def exp64(x: np.ndarray, use_native: bool | None = None) -> np.ndarray:
     """`exp64_reference` of float64 values, by the native kernel when it is built."""
-    lib = native.library(use_native)
-    if lib is None:
-        with np.errstate(over="ignore", invalid="ignore"):
-            return exp64_reference(x)
-    x = np.ascontiguousarray(x, F64)
+    return native.dispatch(use_native, exp64_reference, _exp64_native, x)
+
+
+def _exp_array(entry, x: np.ndarray, dtype: type) -> np.ndarray:
+    """The native exp `entry` (`np_exp32_array`, `np_exp64_array`) of x as `dtype`."""
+    x = np.ascontiguousarray(x, dtype)
     out = np.empty_like(x)
-    lib.np_exp64_array(x.ctypes.data, x.size, out.ctypes.data)
+    entry(x.ctypes.data, x.size, out.ctypes.data)
     return out
+
+
+def _exp32_native(lib, x: np.ndarray) -> np.ndarray:
+    return _exp_array(lib.np_exp32_array, x, F32)
+
+
+def _exp64_native(lib, x: np.ndarray) -> np.ndarray:
+    return _exp_array(lib.np_exp64_array, x, F64)
 
 
 def sigmoid(x: np.ndarray) -> np.ndarray:
@@ -112,9 +115,10 @@ def matmul_seq_reference(x: np.ndarray, w: np.ndarray) -> np.ndarray:
 
 def matmul_seq(x: np.ndarray, w: np.ndarray, use_native: bool | None = None) -> np.ndarray:
     """`matmul_seq_reference`, by the native kernel when it is built (same bits)."""
-    lib = native.library(use_native)
-    if lib is None:
-        return matmul_seq_reference(x, w)
+    return native.dispatch(use_native, matmul_seq_reference, _matmul_seq_native, x, w)
+
+
+def _matmul_seq_native(lib, x: np.ndarray, w: np.ndarray) -> np.ndarray:
     x = np.ascontiguousarray(x, F32)
     w = np.ascontiguousarray(w, F32)
     rows, depth = x.shape
@@ -173,9 +177,13 @@ def attend(
     use_native: bool | None = None,
 ) -> np.ndarray:
     """`attend_reference`, by the native kernel when it is built (same bits)."""
-    lib = native.library(use_native)
-    if lib is None:
-        return attend_reference(qcode, qscale, kcode, kscale, vcode, vscale, slots, count)
+    return native.dispatch(use_native, attend_reference, _attend_native, qcode, qscale, kcode,
+                           kscale, vcode, vscale, slots, count)
+
+
+def _attend_native(lib, qcode: np.ndarray, qscale: np.ndarray, kcode: np.ndarray,
+                   kscale: np.ndarray, vcode: np.ndarray, vscale: np.ndarray, slots: np.ndarray,
+                   count: np.ndarray) -> np.ndarray:
     rows, qk = qcode.shape
     vd = vcode.shape[1]
     key16 = kcode.dtype == np.int16
@@ -247,9 +255,10 @@ def dequant_rows_reference(rotated: np.ndarray, h: float) -> np.ndarray:
 
 def dequant_rows(rotated: np.ndarray, h: float, use_native: bool | None = None) -> np.ndarray:
     """`dequant_rows_reference`, by the native kernel when it is built (same bits)."""
-    lib = native.library(use_native)
-    if lib is None:
-        return dequant_rows_reference(rotated, h)
+    return native.dispatch(use_native, dequant_rows_reference, _dequant_rows_native, rotated, h)
+
+
+def _dequant_rows_native(lib, rotated: np.ndarray, h: float) -> np.ndarray:
     rotated = np.ascontiguousarray(rotated, F32)
     rows, groups, _ = rotated.shape
     out = np.empty((rows, groups * GROUP), F32)
@@ -267,7 +276,7 @@ def hadamard_mlp_native(
     not the one it takes (conditioning rank 8). `vectors` = d1, d2, b2, d3, d4 and
     `factors` = w1a, w1b, w2a, w2b, w3a, w3b, all float32 C-contiguous; `keep` holds the
     pointer tables between calls (one list per weight set)."""
-    lib = native.LIBRARY
+    lib = native.library()
     if lib is None or cond_v.shape[1] != 8:
         return None
     if not keep:

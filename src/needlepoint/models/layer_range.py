@@ -57,9 +57,18 @@ class LayerRange(Protocol):
     exact: bool  # exact numerics: same bits for any chunking, split, batch; rewind exact
     blocks: range  # the blocks whose weights this part holds
     max_rewind: int | None  # positions a rewind may undo (None: any)
+    stacks: bool  # run_layers_batch stacks a micro-batch in one pass (else one by one)
+    kv_windows: bool  # `range_state(kv_window=)` bounds the attention caches
 
     @property
     def has_confidence_head(self) -> bool: ...
+
+    def window_cuts(self, kv_window: int | None, position: int) -> bool:
+        """Whether `kv_window` has cut some block's attention by `position` (False where
+        `kv_windows` is False)."""
+
+    def confidence_rows(self, state: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """(peak, total, pooled) of this part's confidence rows (None without the head)."""
 
     def check_ids(self, ids: Any, position: int = 0) -> np.ndarray: ...
 

@@ -82,13 +82,15 @@ def sinkhorn(logits: np.ndarray, rounds: int = 20) -> np.ndarray:
     Sinkhorn of Needle 2 and Needle 3 in either numerics, by the native
     kernel when the library is loaded (`np_sinkhorn`), else `sinkhorn_reference`: the same
     bits."""
-    lib = native.library()
-    if lib is not None:
-        z = np.ascontiguousarray(logits, F32)
-        out = np.empty_like(z)
-        if lib.np_sinkhorn(z.ctypes.data, z.shape[0], z.shape[1], rounds, out.ctypes.data) == 0:
-            return out
-    return sinkhorn_reference(logits, rounds)
+    return native.dispatch(None, sinkhorn_reference, _sinkhorn_native, logits, rounds)
+
+
+def _sinkhorn_native(lib, logits: np.ndarray, rounds: int) -> np.ndarray:
+    z = np.ascontiguousarray(logits, F32)
+    out = np.empty_like(z)
+    if lib.np_sinkhorn(z.ctypes.data, z.shape[0], z.shape[1], rounds, out.ctypes.data) == 0:
+        return out
+    return sinkhorn_reference(logits, rounds)  # its log-domain form where a scaling overflows
 
 
 def sinkhorn_reference(logits: np.ndarray, rounds: int = 20) -> np.ndarray:

@@ -35,6 +35,13 @@ class NeedleArchiveText:
 
     archive: Any
 
+    def __init__(self, archive: Any, config: Any, layer_indices: tuple[int, ...]) -> None:
+        """A model of `archive`: the geometry of the ladder rung it runs (`config`) and the
+        archive blocks that rung keeps (`layer_indices`)."""
+        self.archive = archive
+        self.config = config
+        self.layer_indices = layer_indices
+
     @property
     def tokenizer(self) -> Any:
         return self.archive.tokenizer

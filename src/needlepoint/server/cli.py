@@ -98,7 +98,7 @@ def serve(
     if mcp is not None:
         from ..api.mcp_tools import McpTools
 
-        tools = McpTools(mcp)  # a server that does not start is an error now, naming it
+        tools = McpTools(mcp)  # at startup: a server that does not start is an error naming it
     try:
         app = create_app(model, workers=workers, max_queue=max_queue,
                          max_body_bytes=max_body_bytes, batching=batching,

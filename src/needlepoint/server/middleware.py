@@ -51,7 +51,7 @@ class BodyLimitMiddleware:
     client gets the 413 instead of a reset connection, but only up to a bound, after which
     the connection is dropped rather than reading an endless body. A body not complete
     `timeout` seconds after the first read gets a 408 (a client that sends the headers and
-    stalls no longer holds its connection forever).
+    stalls cannot hold its connection forever).
     """
 
     DRAIN_FACTOR = 64

@@ -13,6 +13,7 @@ import json
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from ..generation.json_text import string_step
 from .schemas import (
     ChatCompletionChunk,
     ChoiceLogprobs,
@@ -45,12 +46,7 @@ class JsonSpacer:
         for ch in text:
             if self.in_string:
                 out.append(ch)
-                if self.escape:
-                    self.escape = False
-                elif ch == "\\":
-                    self.escape = True
-                elif ch == '"':
-                    self.in_string = False
+                self.in_string, self.escape = string_step(ch, self.escape)
             elif ch in " \t\r\n":
                 continue
             else:
@@ -91,14 +87,9 @@ class CallSplitter:
     def _char(self, ch: str, out: list[tuple[str, int, str]]) -> None:
         if self.in_string:
             self._capture(ch, out)
-            if self.escape:
-                self.escape = False
-            elif ch == "\\":
-                self.escape = True
-            elif ch == '"':
-                self.in_string = False
-                if self.depth == 2 and self.value_kind is not None:
-                    self._end_value(out)  # a string key or value at the call level ended
+            self.in_string, self.escape = string_step(ch, self.escape)
+            if not self.in_string and self.depth == 2 and self.value_kind is not None:
+                self._end_value(out)  # a string key or value at the call level ended
             return
         if ch in " \t\r\n":
             if self.value_kind is not None and self.depth > 2:

@@ -14,9 +14,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from .stage import Stage, StageSpec
+from .transport import Transport
 
 
-class LocalTransport:
+class LocalTransport(Transport):
     kind = "local"
 
     def __init__(self, specs: Sequence[StageSpec]) -> None:
@@ -39,12 +40,6 @@ class LocalTransport:
     def gather(self, pending: Sequence[Future], timeout: float | None = None) -> list[Any]:
         """Results in order; the first failure (in order) is raised as it was raised."""
         return [future.result() for future in pending]
-
-    def call(self, stage: int, method: str, *args: Any) -> Any:
-        return self.gather([self.submit(stage, method, *args)])[0]
-
-    def call_all(self, method: str, *args: Any) -> list[Any]:
-        return self.gather([self.submit(k, method, *args) for k in range(len(self.stages))])
 
     def fire(self, stage: int, method: str, *args: Any) -> None:
         """Queue a call whose result and errors nobody waits for (closing a session)."""

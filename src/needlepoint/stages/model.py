@@ -101,7 +101,7 @@ class StagedModel:
         per chunk (default: the family's single-process prefill chunk)."""
         if trace is not None:
             raise StagePlanError("trace= is not supported on a model cut into stages")
-        if kv_window is not None and not hasattr(self.part, "window_cuts"):
+        if kv_window is not None and not self.part.kv_windows:
             raise ModelInputError("kv_window= bounds Needle 3 attention rings; this model's "
                                   "caches keep every position")
         return StagedSession(self, kv_window=kv_window,
@@ -139,8 +139,7 @@ class StagedModel:
             self._calls += 1
             alone = self._calls == 1
         try:
-            stacks = getattr(self.part, "stacks", False)
-            micro = self.micro_batches or (1 if stacks and not alone else None)
+            micro = self.micro_batches or (1 if self.part.stacks and not alone else None)
             return self.recovery.run([session for session, _, _ in requests],
                                      lambda: run_batch(self, requests, micro), regroup=True)
         finally:

@@ -54,7 +54,7 @@ def _chunks(session: StagedSession, tokens: np.ndarray, every: bool) -> tuple[np
 
 def default_micro_batches(model: StagedModelView, requests: int) -> int:
     """One per request, or 2 per stage where the stages stack a micro-batch in one pass."""
-    if getattr(model.part, "stacks", False):
+    if model.part.stacks:
         return min(requests, 2 * len(model.plan))
     return requests
 

@@ -25,6 +25,7 @@ from typing import Any
 from ..errors import StageError, StageLostError, StagePlanError, StageStartError
 from .placement import check_fits, demand_of, local_node, nodes_of
 from .stage import Stage, StageSpec
+from .transport import Transport
 
 # Ray actor options a placement entry may give (everything else is refused by name)
 ACTOR_OPTIONS = {"resources", "label_selector", "num_cpus", "memory", "scheduling_strategy",
@@ -103,7 +104,7 @@ class _Pending:
         self.stage, self.ref = stage, ref
 
 
-class RayTransport:
+class RayTransport(Transport):
     kind = "ray"
 
     def __init__(self, specs: Sequence[StageSpec], address: str | None,
@@ -213,7 +214,7 @@ class RayTransport:
             spec = self.specs[silent]
             lost = StageLostError(f"{spec.name} did not answer within {waited:.0f} s "
                                   f"(call_timeout_s); the request is abandoned", silent)
-            lost.timed_out = True  # type: ignore[attr-defined]  # recovery.py restarts it
+            lost.timed_out = True  # recovery.py restarts it
             return lost
         if isinstance(error, exceptions.RayError):
             spec = self.specs[stage]
@@ -231,12 +232,6 @@ class RayTransport:
             if ref.hex() not in answered:
                 return k
         return default
-
-    def call(self, stage: int, method: str, *args: Any) -> Any:
-        return self.gather([self.submit(stage, method, *args)])[0]
-
-    def call_all(self, method: str, *args: Any) -> list[Any]:
-        return self.gather([self.submit(k, method, *args) for k in range(len(self.actors))])
 
     def fire(self, stage: int, method: str, *args: Any) -> None:
         if self.closed:

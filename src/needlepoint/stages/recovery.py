@@ -136,7 +136,7 @@ class Recovery:
     def _recover(self, stage: int, error: StageError, failed: Sequence[Any]) -> None:
         """Bring `stage` back and replay; re-raises `error` (unchanged) if bounded out."""
         transport = self.model.transport
-        if not self.policy.max_stage_recoveries or not hasattr(transport, "wait_back"):
+        if not self.policy.max_stage_recoveries:
             raise error
         with self._lock:
             started = time.monotonic()
@@ -148,7 +148,7 @@ class Recovery:
             self.recovering.add(stage)
             try:
                 known = self.incarnations.get(stage)
-                if getattr(error, "timed_out", False):
+                if error.timed_out:
                     transport.restart(stage)  # silent, not dead: make Ray restart it
                 try:
                     back = transport.wait_back(stage, self.policy.recovery_timeout_s)
@@ -183,7 +183,7 @@ class Recovery:
         if self._new_loss(stage, error):
             self._count_loss(stage, error)
             self.down.add(stage)
-            if getattr(error, "timed_out", False):
+            if error.timed_out:
                 self.model.transport.restart(stage)
             busy = {s.sid for s in failed}
             with self._state:

@@ -123,8 +123,7 @@ class Stage:
 
     def pool_rows(self, sid: str):
         """(peak, total, pooled) of this stage's confidence rows (None without the head)."""
-        rows = getattr(self.part, "confidence_rows", None)
-        return None if rows is None else rows(self._session(sid).state)
+        return self.part.confidence_rows(self._session(sid).state)
 
     def _session(self, sid: str) -> _Session:
         session = self.sessions.get(sid)

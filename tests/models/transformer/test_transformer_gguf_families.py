@@ -7,12 +7,11 @@ quantisation at load)."""
 
 from __future__ import annotations
 
-import mmap
-
 import numpy as np
 import pytest
 from gguf_family_helpers import FAMILY_FIXTURES, write_family_gguf
 from hf_helpers import assert_logits_match, greedy_tokens, hf_reference, write_fixture_gguf
+from wtype_helpers import maps_the_file
 
 import needlepoint
 
@@ -52,15 +51,6 @@ def test_gguf_int8_logits_equal_the_safetensors_int8_logits(gguf_paths, name) ->
         np.testing.assert_array_equal(from_gguf.forward(ids), from_safetensors.forward(ids))
 
 
-def _maps_the_file(array) -> bool:
-    """Whether `array` is a view whose memory is a file mapping (no copy in between)."""
-    while array is not None:
-        if isinstance(array, mmap.mmap):
-            return True
-        array = getattr(array, "base", None)
-    return False
-
-
 @pytest.mark.parametrize("name", ["qwen3-tiny", "gemma3-tiny"])
 def test_q4_k_m_style_gguf_runs_its_k_quants_as_stored_in_int8(tmp_path, name) -> None:
     """`ffn_down` Q4_K (even layers) / Q6_K (odd), the rest Q8_0: in int8 numerics every one
@@ -77,7 +67,7 @@ def test_q4_k_m_style_gguf_runs_its_k_quants_as_stored_in_int8(tmp_path, name) -
     assert [stored[i].wtype.name for i in (0, 1)] == ["Q4_K", "Q6_K"]
     assert layers[0].qkv.parts[0].wtype.name == "Q8_0"
     for weight in stored.values():  # views of the mapped file: nothing was copied
-        assert _maps_the_file(weight.data)
+        assert maps_the_file(weight.data)
     ids = hf_reference(name)["p3_ids"][:120]
     logits = int8.forward(ids)
     np.testing.assert_array_equal(int8.session(chunk=7).prefill(ids.tolist()), logits[-1])

@@ -14,7 +14,6 @@ output norms, ff 2048, 5:1 sliding/full layers, tied head) on small random GGUFs
 
 from __future__ import annotations
 
-import mmap
 import os
 import subprocess
 import sys
@@ -23,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from real_geometry_helpers import GEMMA, QWEN, write_real_geometry_gguf
-from wtype_helpers import INTEGER_TYPES
+from wtype_helpers import INTEGER_TYPES, maps_the_file
 
 import needlepoint
 from needlepoint.kernels import i8, i8_native, wtypes
@@ -59,15 +58,6 @@ def case(request, cases) -> Case:
     return cases[request.param]
 
 
-def _maps_the_file(array) -> bool:
-    """Whether `array` is a view whose memory is a file mapping (no copy in between)."""
-    while array is not None:
-        if isinstance(array, mmap.mmap):
-            return True
-        array = getattr(array, "base", None)
-    return False
-
-
 def _stored_parts(case: Case, layer: int) -> dict[str, object]:
     """Each GGUF weight of block `layer` and the int8 part that multiplies it."""
     weights = case.model.weights.layers[layer]
@@ -100,14 +90,14 @@ def test_every_integer_weight_is_multiplied_where_the_file_holds_it(case) -> Non
                 assert isinstance(part, i8.I8Weight), name
                 continue
             assert isinstance(part, BlockWeight) and part.wtype.name == kind, (name, part)
-            assert _maps_the_file(part.data), name
+            assert maps_the_file(part.data), name
     weights = case.model.weights
     assert isinstance(weights.embed, BlockEmbedding)
     assert weights.embed.weight.wtype.name == case.types["token_embd.weight"]
-    assert _maps_the_file(weights.embed.weight.data)
+    assert maps_the_file(weights.embed.weight.data)
     (head,) = weights.lm_head.parts
     if "output.weight" in case.types:  # Qwen: its own Q8_0 head
-        assert head.wtype.name == case.types["output.weight"] and _maps_the_file(head.data)
+        assert head.wtype.name == case.types["output.weight"] and maps_the_file(head.data)
     else:  # Gemma: the tied head multiplies the embedding's own blocks
         assert head is weights.embed.weight
 

@@ -14,12 +14,15 @@ import ctypes
 import importlib.machinery
 import os
 import warnings
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
 ABI_VERSION = 13
 HERE = Path(__file__).resolve().parent
 
 c_int64_p = ctypes.POINTER(ctypes.c_int64)
+T = TypeVar("T")
 
 
 class CQPart(ctypes.Structure):
@@ -219,8 +222,17 @@ if LIBRARY is None and not UNAVAILABLE_REASON.startswith("disabled"):
 def library(use_native: bool | None = None) -> ctypes.CDLL | None:
     """The library a kernel wrapper calls, or None for its numpy reference: None when the
     library is not loaded (or `LIBRARY` was set to None) or the caller passes
-    `use_native=False`. Every `kernels` wrapper picks its path through this."""
+    `use_native=False`."""
     return LIBRARY if use_native is not False else None
+
+
+def dispatch(use_native: bool | None, reference: Callable[..., T],
+             kernel: Callable[..., T], *args: Any) -> T:
+    """`kernel(lib, *args)` with the loaded library, else `reference(*args)`, the numpy
+    reference that computes the same bits (`library(use_native)` decides): the one place a
+    `kernels` wrapper picks its path, so every wrapper is this call and its native half."""
+    lib = library(use_native)
+    return reference(*args) if lib is None else kernel(lib, *args)
 
 
 VARIANTS = ("baseline", "avx2+fma", "avx512vnni")

@@ -78,27 +78,33 @@ int i8_norm(const float *x, int64_t T, int64_t d, const float *w, const float *b
     return NP_DISPATCH(i8_norm, x, T, d, w, bias, eps, center, out);
 }
 
+/* What every pooled product job shares: T quantised rows of nb blocks in, n_out outputs
+ * (+ bias) written to rows out_stride floats apart. */
 typedef struct {
     const int8_t *codes;
+    int64_t T, nb, n_out;
+    const float *bias;
+    float *out;
+    int64_t out_stride;
+} i8_io;
+
+typedef struct {
+    i8_io io;
     const float *xscale;
     const int32_t *xsums;
-    int64_t T, nb;
     int bits;
     const uint8_t *wdata;
     const void *wscale, *woffset;
     int half;
-    int64_t g_first, g_last, n_out;
-    const float *bias;
-    float *out;
-    int64_t out_stride;
 } i8_job;
 
 static void i8_groups(void *arg, int64_t lo, int64_t hi, int64_t share) {
     const i8_job *j = (const i8_job *)arg;
+    const i8_io *io = &j->io;
     (void)share;
-    NP_DISPATCH(i8_matmul_groups, j->codes, j->xscale, j->xsums, j->T, j->nb, j->bits, j->wdata,
-                j->wscale, j->woffset, j->half, lo, hi, j->n_out, j->bias, j->out,
-                j->out_stride);
+    NP_DISPATCH(i8_matmul_groups, io->codes, j->xscale, j->xsums, io->T, io->nb, j->bits,
+                j->wdata, j->wscale, j->woffset, j->half, lo, hi, io->n_out, io->bias, io->out,
+                io->out_stride);
 }
 
 /* y [T, n_out] (row stride out_stride) of quantised rows times a packed weight of `groups`
@@ -112,8 +118,8 @@ int i8_matmul(const int8_t *codes, const float *xscale, const int32_t *xsums, in
               float *out, int64_t out_stride, int threads) {
     if ((bits != 8 && bits != 4) || n_out > groups * 8) return I8_BADARG;
     if (T * groups * 8 * nb * 32 < NP_POOL_MIN_WORK) threads = 1;
-    i8_job job = {codes, xscale, xsums, T, nb, bits, wdata, wscale, woffset, half,
-                  0, groups, n_out, bias, out, out_stride};
+    i8_job job = {{codes, T, nb, n_out, bias, out, out_stride}, xscale, xsums, bits, wdata,
+                  wscale, woffset, half};
     np_pool_run(i8_groups, &job, groups, threads);
     return I8_OK;
 }
@@ -128,24 +134,21 @@ void i8_attend_causal(const int16_t *qcode, const float *qscale, int64_t T, int6
 
 /* -- products over GGUF blocks as stored (np_wt.h) ---------------------------------------- */
 typedef struct {
-    const int8_t *codes;
+    i8_io io;
     const double *xs;
     const int32_t *xh;
-    int64_t T, nb;
     int wtype;
     const uint8_t *data;
-    int64_t row_bytes, n_out;
-    const float *bias;
-    float *out;
-    int64_t out_stride;
+    int64_t row_bytes;
     int status[NP_POOL_MAX];
 } wt_job;
 
 static void wt_tiles(void *arg, int64_t lo, int64_t hi, int64_t share) {
     wt_job *j = (wt_job *)arg;
-    j->status[share] = NP_DISPATCH(wt_matmul_tiles, j->codes, j->xs, j->xh, j->T, j->nb,
-                                   j->wtype, j->data, j->row_bytes, j->n_out, j->bias, j->out,
-                                   j->out_stride, lo, hi);
+    const i8_io *io = &j->io;
+    j->status[share] = NP_DISPATCH(wt_matmul_tiles, io->codes, j->xs, j->xh, io->T, io->nb,
+                                   j->wtype, j->data, j->row_bytes, io->n_out, io->bias,
+                                   io->out, io->out_stride, lo, hi);
 }
 
 /* y [T, n_out] (row stride out_stride) of quantised rows times a weight of GGUF type `wtype`
@@ -174,8 +177,8 @@ int wt_matmul(const int8_t *codes, const float *xscale, const int32_t *xsums, in
             xh[2 * i + 1] = h1;
         }
         if (T * n_out * nb * 32 < NP_POOL_MIN_WORK) threads = 1;
-        wt_job job = {codes, xs, xh, T, nb, wtype, data, row_bytes, n_out, bias, out,
-                      out_stride, {0}};
+        wt_job job = {{codes, T, nb, n_out, bias, out, out_stride}, xs, xh, wtype, data,
+                      row_bytes, {0}};
         np_pool_run(wt_tiles, &job, (n_out + WT_R - 1) / WT_R, threads);
         st = I8_OK;
         for (int i = 0; i < NP_POOL_MAX; i++)

@@ -36,17 +36,9 @@ class V2Model(NeedleArchiveText):
 
     generation = 2
 
-    def __init__(
-        self,
-        archive: CactArchive,
-        config: V2Config,
-        core: Core,
-        kept: tuple[int, ...],
-        numerics: str,
-    ) -> None:
-        self.archive = archive
-        self.config = config
-        self.layer_indices = kept
+    def __init__(self, archive: CactArchive, config: V2Config, core: Core,
+                 kept: tuple[int, ...], numerics: str) -> None:
+        super().__init__(archive, config, kept)
         self.numerics = numerics
         self._core = core
 

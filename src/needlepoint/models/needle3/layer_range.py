@@ -101,12 +101,14 @@ class V3Part(NeedleArchiveText):
 
     max_rewind = MAX_REWIND
     chunk = CHUNK  # positions per prefill chunk, as a single-process session
+    kv_windows = True  # kv_window= bounds the attention rings (`window_cuts`)
 
     def __init__(self, archive: CactArchive, config: V3Config, weights: V3Weights,
                  kept: tuple[int, ...], numerics: str, blocks: range, threads: int = 1) -> None:
-        self.archive, self.config, self.weights = archive, config, weights
+        super().__init__(archive, config, kept)
+        self.weights = weights
         self.num = make_numerics(numerics, threads)  # the numerics strategy (`numerics.py`)
-        self.layer_indices, self.numerics = kept, self.num.name
+        self.numerics = self.num.name
         self.exact = self.num.exact
         self.blocks, self.threads = blocks, threads
         self.stacks = self.num.stacks  # run_layers_batch stacks a micro-batch in one pass
@@ -155,7 +157,7 @@ class V3Part(NeedleArchiveText):
         for layer in self.weights.layers[self.blocks.start : self.blocks.stop]:
             for matrix in (layer.qkvg, layer.out_proj, layer.mhc.phi):
                 parts = matrix if isinstance(matrix, list) else [matrix]
-                total += sum(int(getattr(p, "nbytes", 0)) for p in parts)
+                total += sum(int(p.nbytes) for p in parts)
         return total
 
     # -- the head -----------------------------------------------------------------------------

@@ -34,18 +34,10 @@ from .weights import V3Weights, load_weights
 class V3Model(NeedleArchiveText):
     """A loaded Needle 3 model (optionally a ladder rung). Use `needlepoint.load`."""
 
-    def __init__(
-        self,
-        archive: CactArchive,
-        config: V3Config,
-        weights: V3Weights,
-        layer_indices: tuple[int, ...],
-        num: Numerics,
-    ) -> None:
-        self.archive = archive
-        self.config = config
+    def __init__(self, archive: CactArchive, config: V3Config, weights: V3Weights,
+                 layer_indices: tuple[int, ...], num: Numerics) -> None:
+        super().__init__(archive, config, layer_indices)
         self.weights = weights
-        self.layer_indices = layer_indices
         self.num = num  # the numerics strategy, chosen once at load (`numerics.py`)
         self.numerics = num.name
         self.exact = num.exact  # exact numerics (`numerics.py`): the one name for it

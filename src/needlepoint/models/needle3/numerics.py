@@ -150,7 +150,7 @@ class NeedleDeploy:
     def native_plan(self, model: Any) -> NativePlan | None:
         """The model's weights as the native step's structs (built on first use), or None
         when the library is not loaded or the geometry is one the C code does not take."""
-        if native.LIBRARY is None:
+        if native.library() is None:
             return None
         if not self._planned:
             supports = supported(model.config, model.weights)

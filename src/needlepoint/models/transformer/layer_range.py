@@ -60,6 +60,8 @@ class TransformerPart(WrapsModelText):
 
     chunk = CHUNK  # positions per prefill chunk, as a single-process session
     has_confidence_head = False
+    stacks = False  # run_layers_batch runs its chunks one after the other
+    kv_windows = False  # every cache keeps what its layer's own window says
 
     def __init__(self, model: TransformerModel, blocks: range, head: bool) -> None:
         self.model, self.blocks, self.head = model, blocks, head
@@ -124,6 +126,12 @@ class TransformerPart(WrapsModelText):
 
     def final_rows(self, x: np.ndarray, want: str) -> np.ndarray:
         return x if want == "all" else x[-1:]
+
+    def window_cuts(self, kv_window: int | None, position: int) -> bool:
+        return False  # no kv_window is accepted (`kv_windows`)
+
+    def confidence_rows(self, state: CachesState) -> None:
+        return None  # no confidence head
 
 
 __all__ = ["CachesState", "TokensState", "TransformerPart"]

@@ -145,8 +145,7 @@ class TransformerModel:
 
     def __repr__(self) -> str:
         spec = self.config
-        source = getattr(self.checkpoint, "path", "")
-        return (f"TransformerModel({Path(str(source)).name}, {spec.architecture}, "
+        return (f"TransformerModel({Path(str(self.checkpoint.path)).name}, {spec.architecture}, "
                 f"{self.numerics}, "
                 f"d={spec.d_model}, layers={spec.num_layers}, heads={spec.num_heads}/"
                 f"{spec.num_kv_heads}, vocab={spec.vocab})")

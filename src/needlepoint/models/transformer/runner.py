@@ -64,7 +64,7 @@ class Runner:
 
     def native_blocks(self) -> list | None:
         """The fused blocks a chunk runs now: None when `fused` is off or the native library
-        is not (or no longer) loaded, and every block runs `block_forward`."""
+        is not loaded, and every block runs `block_forward`."""
         if not self.fused or native.library() is None:
             return None
         return self.fused_blocks

@@ -3,11 +3,11 @@
 `load_weights(checkpoint, spec)` fetches every tensor the spec needs by the architecture's
 names (`formats/arch/<name>.py`), checks each shape against the config before reading it (a
 `MissingTensorError` or `TensorShapeError` names the tensor), and builds the norms
-(`layers.Norm`) and projections (`linear.make_linear`). The checkpoint is anything with
-`names()`, `shape(name)` and `tensor(name)` (float32), and optionally
-`stored_weight(name, threads)` (its own blocks): `formats.hf_checkpoint.HFCheckpoint` or
-`formats.gguf_checkpoint.GGUFCheckpoint`. Tensors the block does not use (GPT-2's `attn.bias`
-mask buffers, cached `rotary_emb.inv_freq`) are ignored.
+(`layers.Norm`) and projections (`linear.make_linear`). The checkpoint is a
+`formats.checkpoints.TensorCheckpoint`: `formats.hf_checkpoint.HFCheckpoint` or
+`formats.gguf_checkpoint.GGUFCheckpoint` (whose `stored_weight` hands over its own blocks).
+Tensors the block does not use (GPT-2's `attn.bias` mask buffers, cached
+`rotary_emb.inv_freq`) are ignored.
 
 What each object is comes from the numerics strategy (`numerics.py`): int8 builds
 `PinnedNorm`s and `Int8Linear`s (`int8.py`, `linear.py`): a checkpoint with `blocks(name)`
@@ -31,6 +31,7 @@ import numpy as np
 from ...errors import MissingTensorError, TensorShapeError
 from ...formats.arch.base import TensorNames, bias_name
 from ...formats.arch.registry import by_name
+from ...formats.checkpoints import TensorCheckpoint
 from ...kernels.blockweight import BlockWeight
 from ..weight_cache import enabled
 from .int8 import BlockEmbedding, PinnedNorm
@@ -61,6 +62,11 @@ class LayerWeights:
     attn_out_norm: Norm | PinnedNorm | None = None  # on the outputs (spec.output_norms)
     mlp_out_norm: Norm | PinnedNorm | None = None
 
+    def linears(self) -> tuple[Linear | Int8Linear | None, ...]:
+        """Every projection slot (None where this block's layout has none)."""
+        return (self.qkv, self.q, self.k, self.v, self.o, self.gate, self.up, self.down,
+                self.gate_up)
+
 
 @dataclass
 class TransformerWeights:
@@ -74,10 +80,8 @@ class TransformerWeights:
     @property
     def nbytes(self) -> int:
         """Bytes of int8 weights held (0 for float weights)."""
-        linears = [self.lm_head] + [getattr(layer, name) for layer in self.layers
-                                    if layer is not None
-                                    for name in ("qkv", "q", "k", "v", "o", "gate", "up",
-                                                 "down", "gate_up")]
+        linears = [self.lm_head] + [lin for layer in self.layers if layer is not None
+                                    for lin in layer.linears()]
         return sum(lin.nbytes for lin in linears if isinstance(lin, Int8Linear))
 
 
@@ -86,7 +90,7 @@ class _Fetcher:
     (GPT-2's optional `transformer.`) is the first under which the embedding exists; the LM
     head sits outside it (`lm_head.weight`)."""
 
-    def __init__(self, checkpoint: Any, names: TensorNames, numerics: Any,
+    def __init__(self, checkpoint: TensorCheckpoint, names: TensorNames, numerics: Any,
                  store: Int8Store | None = None) -> None:
         self.checkpoint = checkpoint
         self.names = names
@@ -109,8 +113,7 @@ class _Fetcher:
         return self.prefix + name in self.present
 
     def _label(self, full: str) -> str:
-        source = getattr(self.checkpoint, "source_name", None)
-        stored = source(full) if source is not None else None
+        stored = self.checkpoint.source_name(full)
         return f"{full!r}" + (f" (stored as {stored!r})" if stored and stored != full else "")
 
     def get(self, name: str, shape: tuple[int, ...], *, prefixed: bool = True) -> np.ndarray:
@@ -130,10 +133,9 @@ class _Fetcher:
         its own blocks, in place), or None (a float or non-integer type, a checkpoint that
         stores none, or another shape: the float tensor then goes through `get`)."""
         full = self.prefix + name if prefixed else name
-        source = getattr(self.checkpoint, "stored_weight", None)
-        if source is None or full not in self.present:
+        if full not in self.present:
             return None
-        found = source(full, self.numerics.threads)
+        found = self.checkpoint.stored_weight(full, self.numerics.threads)
         if found is None or (found.n_out, found.k_in) != (n_out, n_in):
             return None
         return found
@@ -194,7 +196,7 @@ def _layer(fetch: _Fetcher, spec: BlockSpec, i: int) -> LayerWeights:
     )
 
 
-def load_weights(checkpoint: Any, spec: BlockSpec, numerics: Any,
+def load_weights(checkpoint: TensorCheckpoint, spec: BlockSpec, numerics: Any,
                  blocks: range | None = None, head: bool = True,
                  cache: bool | None = None) -> TransformerWeights:
     """Every tensor `spec` needs, shape-checked, as the block's objects built by `numerics`
@@ -216,7 +218,7 @@ def load_weights(checkpoint: Any, spec: BlockSpec, numerics: Any,
     positions = fetch.get(names.positions, (spec.max_seq_len, d)) \
         if spec.learned_positions and head else None
     # the layers' int8 weights are copies: the file's pages can go after each
-    release = getattr(checkpoint, "release_pages", None) if numerics.copies_weights else None
+    release = checkpoint.release_pages if numerics.copies_weights else None
     layers: list[LayerWeights | None] = []
     for i in range(spec.num_layers):
         layers.append(_layer(fetch, spec, i) if i in blocks else None)
