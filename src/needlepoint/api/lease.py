@@ -126,11 +126,6 @@ class BatchedSession:
                                    exact=inner.extend and inner.rewind and inner.exact)
 
     @property
-    def exact_extend(self) -> bool:
-        """Whether `extend` rows are the bits of single steps (as for the model's session)."""
-        return self.capabilities.exact
-
-    @property
     def chunk(self) -> int | None:
         """The model's session's prefill chunk (docs/api.md: as the session's own)."""
         return self._inner.chunk
