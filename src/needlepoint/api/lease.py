@@ -28,10 +28,6 @@ from ..models.wrapping import WrapsModelText
 from .batched import DEFAULT_UNIT, Work
 
 
-class SchedulerFull(NeedlepointError):
-    """No room for another request: the live-session or the KV-bytes cap is reached."""
-
-
 class RequestCancelled(NeedlepointError):
     """The request was cancelled (its client went away); its session has been freed."""
 
