@@ -72,7 +72,7 @@ def test_a_model_without_a_head_reports_the_token_measure():
     needle = Needle(tools=TOOLS, model=model)
     query = "wake me up at 06:45"
     call = needle.complete(query)
-    answer = needle.history.conversation.last_answer
+    answer = needle.state.conversation.last_answer
     assert call["type"] == "call" and call["confidence_source"] == "tokens"
     made = call["decisions"]
     assert made and all(0.0 < d["prob"] <= 1.0 for d in made)
@@ -105,7 +105,7 @@ def test_the_token_measure_has_the_same_bits_at_any_batch():
 def test_a_model_with_a_head_reports_the_head():
     model, needle, envelope = tiny_weather_turn()
     assert model.capabilities.confidence_head
-    conversation = needle.history.conversation
+    conversation = needle.state.conversation
     head = conversation.confidence_logit()[0]  # the pooled head over the conversation
     assert envelope["confidence_source"] == "head"
     answer = conversation.last_answer

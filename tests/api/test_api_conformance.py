@@ -160,13 +160,13 @@ def test_chat_drops_the_oldest_turns_when_full(tokenizer):
         envelope = needle.chat(f"please note item number {k} for me")
         assert envelope["type"] == "respond" and envelope["text"] == "Done, all set for you."
         dropped.append(envelope.get("dropped_turns", 0))
-        conversation = needle.history.conversation
+        conversation = needle.state.conversation
         assert conversation.position <= 320
     assert any(dropped) and dropped[0] == 0
-    text = tokenizer.decode(needle.history.conversation.ids)
+    text = tokenizer.decode(needle.state.conversation.ids)
     assert text.count("<tools>") == 1 and "item number 13" in text  # latest kept, tools shown
     assert "item number 0 " not in text  # the oldest is gone
-    assert needle.history.conversation.ids[0] == tokenizer.bos_id
+    assert needle.state.conversation.ids[0] == tokenizer.bos_id
 
 
 # ------------------------------------------------------------------ corrupt weights

@@ -29,7 +29,7 @@ def test_confidence_matches_the_head_on_a_fixture():
     model's full recomputation; with float numerics it matches upstream's reference."""
     fixture = get_fixture("needle3", "tiny")
     model, needle, envelope = tiny_weather_turn()
-    conversation = needle.history.conversation
+    conversation = needle.state.conversation
     head = model.confidence_logit(conversation.ids)
     assert head is not None
     assert conversation.confidence_logit()[0] == pytest.approx(head, abs=1e-4)

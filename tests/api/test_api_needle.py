@@ -82,8 +82,8 @@ def test_instances_do_not_share_state(toy):
     b = Needle(tools=[tools["get_weather"]], model=toy)
     first = a.complete("can you time 50 minutes for me")
     b.complete("what is the weather in Paris")
-    assert a.history.conversation is not b.history.conversation
-    assert a.history.conversation.session is not b.history.conversation.session
+    assert a.state.conversation is not b.state.conversation
+    assert a.state.conversation.session is not b.state.conversation.session
     assert a.complete("can you time 50 minutes for me")["function_calls"] == \
         first["function_calls"]
 
@@ -104,7 +104,7 @@ def test_run_executes_and_feeds_results_back(toy):
     assert envelope["results"] == [{"name": "set_timer", "arguments": {"minutes": 50},
                                     "result": {"ok": True, "minutes": 50}}]
     assert len(envelope["turns"]) >= 2
-    conversation = needle.history.conversation
+    conversation = needle.state.conversation
     text = needle.tokenizer.decode(conversation.ids)
     assert '<tool_result>[{"name":"set_timer","result":{"ok":true,"minutes":50}}]' \
            '</tool_result>' in text
@@ -125,13 +125,13 @@ def test_chat_continues_and_reset_forgets(toy):
     needle = Needle(tools=[tools["set_timer"], tools["set_alarm"]], model=toy,
                     max_new_tokens=60)
     needle.chat("can you time 50 minutes for me")
-    session = needle.history.conversation.session
+    session = needle.state.conversation.session
     before = session.position
     needle.chat("and wake me at 06:45")
-    assert needle.history.conversation.session is session and session.position > before
+    assert needle.state.conversation.session is session and session.position > before
     needle.reset()
     needle.chat("can you time 50 minutes for me")
-    assert needle.history.conversation.session is not session
+    assert needle.state.conversation.session is not session
 
 
 def test_extract_dict_and_pydantic(toy):
@@ -148,7 +148,7 @@ def test_extract_dict_and_pydantic(toy):
 
     alarm = needle.extract("wake me up at 06:45", Alarm)
     assert type(alarm) is Alarm and alarm == Alarm(time="06:45")
-    assert needle.history.conversation is None
+    assert needle.state.conversation is None
 
 
 def test_extract_raises_when_declined():

@@ -67,12 +67,12 @@ def test_tool_result_turn_reuses_the_cache(needle) -> None:
                                         "result": {"sky": "cloudy", "temp_c": 18}}],
                                       allow_call=False, max_new_tokens=16)
     assert second["type"] == "respond" and second["text"]
-    history = needle.format.conversation_ids(needle.history.messages[:-1],
+    history = needle.format.conversation_ids(needle.state.chat.messages[:-1],
                                              [t for t in TOOLS])
     # only the tail after the common prefix was prefilled, not the whole history again
     assert second["timings"]["prefill_tokens"] < len(history) - prompt + 40
-    assert needle.history.messages[1]["tool_calls"] == first["function_calls"]
-    assert needle.history.messages[2]["role"] == "tool"
+    assert needle.state.chat.turns[1]["tool_calls"] == first["function_calls"]
+    assert needle.state.chat.turns[2]["role"] == "tool"
     third = needle.chat("and in Rome?", require_call=True)
     assert third["type"] == "call" and third["timings"]["prefill_tokens"] < 40
 

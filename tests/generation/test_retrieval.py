@@ -166,7 +166,7 @@ def test_over_threshold_offers_top_k_to_prompt_and_grammar(models, name):
     offered = [NAMES[i] for i in chosen]
 
     envelope = needle.complete(QUERY)
-    fed = needle.history.conversation.ids
+    fed = needle.state.conversation.ids
     prompt = needle.prompt_ids(QUERY)
     assert fed[:len(prompt)] == prompt
     assert shown_names(needle, prompt) == offered
@@ -174,7 +174,7 @@ def test_over_threshold_offers_top_k_to_prompt_and_grammar(models, name):
     for tool_name in NAMES:
         assert (f'"name":"{tool_name}"' in text) == (tool_name in offered)
 
-    grammar = needle.history.grammar
+    grammar = needle.state.grammar
     assert grammar is not None and list(grammar.tool_names) == offered
     feed(grammar, needle.tokenizer, f'[{{"name":"{offered[0]}","arguments":')
     other = next(n for n in NAMES if n not in offered)
@@ -195,8 +195,8 @@ def test_at_or_below_threshold_offers_every_tool(models, name):
     needle = Needle(tools=few, model=model, reasoning_budget=0, max_new_tokens=60)
     assert not needle.retrieval_active
     envelope = needle.complete(QUERY)
-    assert shown_names(needle, needle.history.conversation.ids) == NAMES[:3]
-    assert needle.history.grammar is needle.planner.grammar
+    assert shown_names(needle, needle.state.conversation.ids) == NAMES[:3]
+    assert needle.state.grammar is needle.planner.grammar
     assert list(needle.planner.grammar.tool_names) == NAMES[:3]
     assert envelope["type"] in ("call", "refuse") and envelope["stop_reason"] == "end"
     assert all(call["name"] in NAMES[:3] for call in envelope["function_calls"])

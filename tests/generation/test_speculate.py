@@ -36,12 +36,12 @@ class LogSession:
     """A model whose logits after a prefix are a pure function of it, with exact `extend`
     and `rewind`; it logs every call."""
 
-    exact_extend = True
+    exact = True  # extend rows are the bits of single steps
     chunk: int | None = None  # a prefill chunk, when a test gives it one
 
     @property
     def capabilities(self) -> SessionCapabilities:
-        return SessionCapabilities(extend=True, rewind=True, exact=self.exact_extend,
+        return SessionCapabilities(extend=True, rewind=True, exact=self.exact,
                                    chunk=self.chunk)
 
     def __init__(self, poison: int | None = None) -> None:
@@ -244,7 +244,7 @@ def test_speculation_supported():
     assert not speculation_supported(Steps())
     session = LogSession()
     assert speculation_supported(session)
-    session.exact_extend = False
+    session.exact = False
     assert not speculation_supported(session)
     assert isinstance(stepper(Steps(), True, None, None), PlainStepper)
     assert isinstance(stepper(LogSession(), False, None, None), PlainStepper)

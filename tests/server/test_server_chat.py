@@ -88,13 +88,13 @@ def test_chat_tool_calls_match_library(client: openai.OpenAI, model: Any,
 
 def test_the_prompt_is_tokenized_once(model: Any, examples: list[dict[str, Any]]) -> None:
     """The server checks the context with, reports and decodes the same prompt ids: one
-    tokenization per request (`Needle.prompt_ids` once, then `stream_ids`)."""
+    tokenization per request (`Needle.chat_ids` once, then `stream_ids`)."""
     queries = []
 
     class Counting(needlepoint.Needle):
-        def prompt_ids(self, query: str, specs: Any = None) -> list[int]:
-            queries.append(query)
-            return super().prompt_ids(query, specs)
+        def chat_ids(self, chat: Any) -> list[int]:
+            queries.append(chat.query)
+            return super().chat_ids(chat)
 
     app = create_app(model, workers=1, model_name=MODEL_ID, needle_factory=Counting)
     with ServerThread(app) as server:

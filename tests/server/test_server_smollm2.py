@@ -1,6 +1,6 @@
 """The server on SmolLM2 (a chat-template model) through the official `openai` client: a
 tool call, the same call streamed, and a multi-turn history with a tool result replayed
-through the model's chat template (`server/history.py`)."""
+through the model's chat template (`Needle.chat_ids`)."""
 
 from __future__ import annotations
 

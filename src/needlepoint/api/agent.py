@@ -6,23 +6,23 @@ runs a Python function or an MCP tool alike, and a tool's failure (a Python exce
 `isError`) is the call's `error`, which the model sees; an MCP server that fails raises
 `McpServerError`. `Needle(..., handoff=Handoff(...))` reviews every finished answer of
 `complete`, `chat`, `send_tool_results` (and so `run`): an unsure one is answered by the
-hand-off endpoint instead (`handoff.py`). The local conversation keeps the local answer;
-the transcript sent to the endpoint records the answer that was returned. Streams
+hand-off endpoint instead (`handoff.py`), sent the chat so far (`Chat.openai_messages`: the
+messages the local model was shown). The answer that was returned is the one the chat keeps,
+so the next turn, local or handed off, continues from what the user was given. Streams
 (`stream`, `chat_stream`) are never handed off: their tokens are already out.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ..errors import McpServerError, NeedlepointError
-from .chat_history import ChatHistory, tool_messages
-from .handoff import Handoff, Transcript
+from .chat import tool_messages
+from .chat_state import ChatState
+from .handoff import Handoff
 from .mcp_tools import McpTools, attach
-from .planner import TurnPlanner
 from .results import call_key, check_rounds, final, jsonable, summary
-from .template_chat import template_turn
 from .tools import ToolSpec, tool_specs
 
 
@@ -33,19 +33,13 @@ class AgentMixin:
     mcp: McpTools | None
     handoff: Handoff | None
     max_rounds: int
-    system: Any
-    system_text: Callable[[], str]
-    format: Any
-    whole_answer: bool
-    planner: TurnPlanner
-    history: ChatHistory
+    state: ChatState
 
     def _attach(self, tools: Iterable[Any], mcp: Any, handoff: Any) -> list[ToolSpec]:
         """The constructor's tools plus those of the MCP servers (connected now)."""
         if handoff is not None and not isinstance(handoff, Handoff):
             raise TypeError(f"handoff must be a needlepoint Handoff, got {handoff!r}")
         self.handoff = handoff
-        self._transcript = Transcript()
         self.mcp, self._owns_mcp = None, False
         local = tool_specs(tools)
         self.mcp, self._owns_mcp, extra = attach(mcp, local)
@@ -67,31 +61,26 @@ class AgentMixin:
         self.close()
 
     # ------------------------------------------------------------------ hand-off
-    def _reviewed(self, fresh: bool, user: str | None, envelope: dict[str, Any],
-                  options: Mapping[str, Any]) -> dict[str, Any]:
-        """Record the turn in the transcript; hand it off when `handoff` says so."""
-        if fresh and user is not None:
-            self._transcript.start(self.system_text(), user)
-        elif user is not None:
-            self._transcript.user(user)
-        if self.handoff is not None:
-            specs = self.history.specs if self.history.conversation is not None else self.tools
-            tools = [spec.schema() for spec in specs]
-            envelope = self.handoff.review(envelope, self._transcript.messages, tools, options)
-        self._transcript.answer(envelope)
-        return envelope
+    def _reviewed(self, envelope: dict[str, Any], options: Mapping[str, Any]
+                  ) -> dict[str, Any]:
+        """`envelope` (the chat's last answer), or, when `handoff` says so, the endpoint's
+        answer to the chat before it, which then replaces it in the chat."""
+        if self.handoff is None:
+            return envelope
+        chat = self.state.chat
+        tools = [spec.schema() for spec in self.state.specs]
+        reviewed = self.handoff.review(envelope, chat.openai_messages(stop=-1), tools, options)
+        if reviewed.get("handoff", {}).get("answered"):
+            chat.replace_answer(reviewed)
+        return reviewed
 
     def send_tool_results(self, results: list[dict[str, Any]], **options: Any) -> dict[str, Any]:
-        """Give tool results back as the next user turn (`<tool_result>...</tool_result>`)."""
-        if self.history.conversation is None:
+        """Give tool results (`[{"name", "result" | "error"}]`) back as the next turn (in
+        Needle's format a user turn `<tool_result>...</tool_result>`)."""
+        if self.state.conversation is None:
             raise NeedlepointError("no conversation to send tool results to")
-        self._transcript.results(results)
-        if self.whole_answer:
-            events = template_turn(self.planner, self.history, self.system_text(),
-                                   tool_messages(results), options)
-        else:
-            events = self.chat_stream(self.format.tool_results_content(results), **options)
-        return self._reviewed(False, None, final(events), options)
+        return self._reviewed(final(self._next_turn(tool_messages(results), options)),
+                              options)
 
     # ------------------------------------------------------------------ agent loop
     def execute(self, call: Mapping[str, Any]) -> dict[str, Any]:
@@ -144,8 +133,5 @@ class AgentMixin:
     def complete(self, text: str, **options: Any) -> dict[str, Any]:
         raise NotImplementedError
 
-    def chat_stream(self, text: str, **options: Any) -> Any:
-        raise NotImplementedError
-
-    def system_text(self) -> str:
+    def _next_turn(self, added: list[dict[str, Any]], options: dict[str, Any]) -> Any:
         raise NotImplementedError

@@ -20,8 +20,8 @@ from ..generation.turn import generate_turn
 from ..generation.turn_config import Constraint, GenerationConfig, TurnVocab
 from ..generation.turn_result import TurnResult
 from ..models.protocol import ModelProtocol
+from .context import check_fits
 from .envelope import turn_envelope
-from .history import check_fits
 
 CUT_ANSWER = ("the answer was cut at max_new_tokens before its JSON was complete (stop_reason "
               "'length'): the text is not valid JSON; allow more tokens")

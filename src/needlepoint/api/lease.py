@@ -28,10 +28,6 @@ from ..models.wrapping import WrapsModelText
 from .batched import DEFAULT_UNIT, Work
 
 
-class SchedulerFull(NeedlepointError):
-    """No room for another request: the live-session or the KV-bytes cap is reached."""
-
-
 class RequestCancelled(NeedlepointError):
     """The request was cancelled (its client went away); its session has been freed."""
 
@@ -124,11 +120,6 @@ class BatchedSession:
         inner = self._inner
         return dataclasses.replace(inner, extend=True,
                                    exact=inner.extend and inner.rewind and inner.exact)
-
-    @property
-    def exact_extend(self) -> bool:
-        """Whether `extend` rows are the bits of single steps (as for the model's session)."""
-        return self.capabilities.exact
 
     @property
     def chunk(self) -> int | None:

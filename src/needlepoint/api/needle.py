@@ -38,10 +38,11 @@ from ..generation.retrieval import (
 from ..generation.turn_config import GenerationConfig
 from ..models.hub import MODEL_CACHE, ModelCache, load_model
 from .agent import AgentMixin
-from .chat_history import ChatHistory
+from .chat import Chat
+from .chat_state import ChatState
+from .context import answer_room, fitting_replay, replay_ids
 from .conversation import Conversation
 from .grammars import GRAMMAR_VOCABS
-from .history import answer_room, fitting_replay
 from .many import complete_many
 from .plan import Plan
 from .planner import NO_TOOLS_NOTE, TurnPlanner
@@ -72,7 +73,7 @@ def check_query(text: Any) -> str:
 
 class Needle(AgentMixin):
     """A tool-calling assistant over one model: a `TurnPlanner` (tools, options, grammars,
-    retrieval) and a `ChatHistory` (the conversation it continues), each its own object;
+    retrieval) and a `ChatState` (the chat it continues), each its own object;
     executing calls, the agent loop, MCP tools and hand-off come from `agent.py`."""
 
     def __init__(
@@ -113,7 +114,7 @@ class Needle(AgentMixin):
                                    chat_format=chat_format)
         self.format = self.planner.format
         self.whole_answer = self.planner.whole_answer  # a template model (answer_grammar.py)
-        self.history = ChatHistory(specs=self.tools, grammar=self.planner.grammar)
+        self.state = ChatState(specs=self.tools, grammar=self.planner.grammar)
 
     # ------------------------------------------------------------------ configuration
     @property
@@ -158,24 +159,34 @@ class Needle(AgentMixin):
                                             else specs)]
         return self.format.first_ids(tools, query, self.system_text())
 
+    def chat_ids(self, chat: Chat) -> list[int]:
+        """A whole chat's token ids up to the answer to be generated, as this model's chat
+        format renders it, with the tools its first user message is offered (a first turn:
+        `prompt_ids(chat.query)`)."""
+        tools = [spec.schema() for spec in self.offered_tools(check_query(chat.query))]
+        return self.format.conversation_ids(chat.messages, tools)
+
+    def openai_messages(self) -> list[dict[str, Any]]:
+        """The current chat in OpenAI's wire shape (what a hand-off endpoint is sent)."""
+        return self.state.chat.openai_messages()
+
     # ------------------------------------------------------------------ turns
     def reset(self) -> None:
         """Forget the conversation (the next `chat` starts a new one)."""
-        self.history.reset()
+        self.state.reset()
 
     def _new_conversation(self) -> Conversation:
         """A fresh conversation (its own session) on this Needle's model and settings."""
         return Conversation(self.model, self.planner.vocab, kv_window=self.kv_window)
 
-    def _turn(self, conversation: Conversation, ids: list[int], plan: Plan, user: str
+    def _turn(self, conversation: Conversation, ids: list[int], plan: Plan
               ) -> Iterator[DeltaEvent | Done]:
         events = conversation.turn(ids, plan.config, plan.grammar, content=plan.content,
                                    check_tools=plan.check_tools, parallel_calls=plan.parallel)
         for event in annotated(events, plan.notes):
-            if self.whole_answer and isinstance(event, Done):
-                self.history.answered(event.envelope)
+            if isinstance(event, Done):
+                self.state.chat.add_answer(event.envelope, conversation.last_answer)
             yield event
-        self.history.finished(user, conversation.last_answer)
 
     def stream(self, text: str, **options: Any) -> Iterator[DeltaEvent | Done]:
         """Start a new conversation with `text`; yield events as tokens are decoded."""
@@ -184,8 +195,9 @@ class Needle(AgentMixin):
         plan = self.planner.plan(specs, options)
         # Later turns keep these tools: the model only ever saw their schemas.
         conversation = self._new_conversation()
-        self.history.start(conversation, specs, self.planner.grammar_for(specs), text)
-        yield from self._turn(conversation, self.prompt_ids(text, specs), plan, text)
+        self.state.start(conversation, specs, self.planner.grammar_for(specs),
+                         self.system_text(), text)
+        yield from self._turn(conversation, self.prompt_ids(text, specs), plan)
 
     def stream_ids(self, ids: Sequence[int], query: str, **options: Any
                    ) -> Iterator[DeltaEvent | Done]:
@@ -199,7 +211,7 @@ class Needle(AgentMixin):
 
     def complete(self, text: str, **options: Any) -> dict[str, Any]:
         """Start a new conversation with `text`; return the turn's envelope."""
-        return self._reviewed(True, text, final(self.stream(text, **options)), options)
+        return self._reviewed(final(self.stream(text, **options)), options)
 
     complete_many = complete_many  # many first turns decoded as one batch (many.py)
 
@@ -208,31 +220,57 @@ class Needle(AgentMixin):
         the context cannot hold it and an answer, the oldest turns are dropped and the
         envelope's `dropped_turns` says how many."""
         text = check_query(text)
-        conversation = self.history.conversation
-        if conversation is None:
+        if self.state.conversation is None:
             yield from self.stream(text, **options)
             return
-        if self.whole_answer:
-            yield from template_turn(self.planner, self.history, self.system_text(),
-                                     [{"role": "user", "content": text}], options)
-            return
-        specs = self.history.specs
+        yield from self._next_turn([{"role": "user", "content": text}], options)
+
+    def _next_turn(self, added: list[dict[str, Any]], options: dict[str, Any]
+                   ) -> Iterator[DeltaEvent | Done]:
+        """Add `added` messages to the chat and decode its next answer; a turn that fails
+        leaves the chat as it was."""
+        chat = self.state.chat
+        size = len(chat.messages)
+        chat.messages.extend(added)
+        try:
+            yield from (template_turn(self.planner, self.state, options) if self.whole_answer
+                        else self._wire_turn(options))
+        except Exception:
+            chat.truncate(size)
+            raise
+
+    def _wire_turn(self, options: dict[str, Any]) -> Iterator[DeltaEvent | Done]:
+        """The next turn in Needle's wire format: the new user turn appended to the session;
+        after an answer given elsewhere (a hand-off's) the chat is re-rendered (the session
+        keeps the prefix it shares); past the context the oldest exchanges are dropped."""
+        state = self.state
+        conversation = state.conversation
+        assert conversation is not None
+        specs = state.specs
         plan = self.planner.plan(specs, options)
-        ids = conversation.user_turn_ids(text)
+        tools = [spec.schema() for spec in specs]
+
+        def first_prompt(query: str) -> list[int]:
+            return self.format.first_ids(tools, check_query(query), state.chat.system)
+
+        kept, content = state.kept(self.format)
+        if state.chat.answer_generated:
+            ids = conversation.user_turn_ids(content)
+        else:
+            ids = conversation.resume(replay_ids(first_prompt, self.format, kept, content))
         limit = conversation.context_limit
         room = answer_room(limit, plan.config.max_new_tokens)
         if conversation.position - len(conversation.pending) + len(ids) + room > limit:
-            dropped, ids = fitting_replay(lambda first: self.prompt_ids(first, specs),
-                                          self.format, self.history.turns, text, limit, room)
+            dropped, ids = fitting_replay(first_prompt, self.format, kept, content, limit,
+                                          room)
             conversation = self._new_conversation()
-            self.history.dropped(dropped, conversation)
+            state.dropped_more(dropped, conversation)
             plan.notes["dropped_turns"] = dropped
-        yield from self._turn(conversation, ids, plan, text)
+        yield from self._turn(conversation, ids, plan)
 
     def chat(self, text: str, **options: Any) -> dict[str, Any]:
         """Continue the conversation with a user turn; return its envelope."""
-        fresh = self.history.conversation is None
-        return self._reviewed(fresh, text, final(self.chat_stream(text, **options)), options)
+        return self._reviewed(final(self.chat_stream(text, **options)), options)
 
     # ------------------------------------------------------------------ extraction
     def extract(self, text: str, schema: Any, **options: Any) -> Any:

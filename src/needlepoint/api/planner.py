@@ -5,7 +5,7 @@ generation config, the call grammar, the content grammar, the schemas a grammar-
 checked against, notes for the envelope): the default options, the compiled grammars (LRU,
 `grammars.py`), the turn vocabulary, and tool retrieval (which tools a conversation offers:
 Needle 2's contrastive head past `retrieve_threshold` tools, docs/api.md "Tool retrieval").
-It holds no conversation: `chat_history.ChatHistory` does.
+It holds no conversation: `chat_state.ChatState` does.
 """
 
 from __future__ import annotations

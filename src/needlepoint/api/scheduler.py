@@ -2,7 +2,7 @@
 pending work of every live request as one batched model call.
 
     scheduler = Scheduler(model, max_sessions=16)
-    with scheduler.lease() as lease:             # SchedulerFull past the caps (HTTP 429)
+    with scheduler.lease() as lease:             # AdmissionFull past the caps (HTTP 429)
         needle = Needle(tools, model=lease.model)    # sessions of lease.model are batched
         needle.complete("wake me at 6:45")
 
@@ -34,9 +34,12 @@ instead of splitting into many small ones: until all have, or no new work arrive
 `gather_s`, or `max_gather_s` passed. Timing only decides how the work is grouped; in deploy
 numerics a row's logits are the same bits in any group (docs/numerics.md).
 
-Memory is bounded by admission: at most `max_sessions` leases, each reserving one session's
-KV bytes at full capacity (`batched.session_bytes`), at most `max_kv_bytes` in all. Past
-either, `lease()` raises `SchedulerFull` (or waits, with `wait=True`).
+Memory is bounded by admission (`admission.py`, the one place it is decided): at most
+`max_sessions` leases, each reserving one session's KV bytes at full capacity
+(`batched.session_bytes`), at most `max_kv_bytes` in all. Past either, `lease()` raises
+`AdmissionFull` (or waits, with `wait=True`). The scheduler's `admission` also counts the
+places of requests still waiting for a session (`max_queue`): the server's worker pool admits
+its requests there.
 """
 
 from __future__ import annotations
@@ -50,11 +53,14 @@ from typing import Any
 import numpy as np
 
 from ..models.protocol import ModelProtocol
+from .admission import Admission, AdmissionClosed, AdmissionFull
 from .batched import Work, plan_step, run_batch, session_bytes
-from .lease import BatchedSession, Lease, RequestCancelled, SchedulerClosed, SchedulerFull
+from .lease import BatchedSession, Lease, RequestCancelled, SchedulerClosed
 
-__all__ = ["DEFAULT_STEP_TOKENS", "Lease", "RequestCancelled", "Scheduler", "SchedulerClosed",
-           "SchedulerFull"]
+__all__ = ["DEFAULT_STEP_TOKENS", "AdmissionFull", "Lease", "RequestCancelled", "Scheduler",
+           "SchedulerClosed", "SchedulerFull"]
+
+SchedulerFull = AdmissionFull  # its name before admission had a module of its own
 
 DEFAULT_STEP_TOKENS = 256
 DEFAULT_GATHER_S = 0.003
@@ -67,7 +73,8 @@ class Scheduler:
     `batched=None` uses `model.run_batch` when the model's capabilities offer it; False
     runs each item alone (still one engine thread, the same chunking and admission).
     `new_first=False` mixes new prompts' first chunks into the decode steps like later chunks.
-    `max_kv_bytes=None` caps KV bytes at `max_sessions` sessions' worth. The engine thread
+    `max_kv_bytes=None` caps KV bytes at `max_sessions` sessions' worth; `max_queue` more
+    requests may hold a place in `admission` while they wait. The engine thread
     starts with the first lease (`autostart=False`: only at `start()`) and ends with
     `close()`. `log_steps=True` keeps, per engine step, the `(lease.number, rows)` of every
     item it ran (`step_log`)."""
@@ -78,6 +85,7 @@ class Scheduler:
         *,
         max_sessions: int = 16,
         max_kv_bytes: int | None = None,
+        max_queue: int = 0,
         step_tokens: int = DEFAULT_STEP_TOKENS,
         gather_s: float = DEFAULT_GATHER_S,
         max_gather_s: float = DEFAULT_MAX_GATHER_S,
@@ -88,6 +96,8 @@ class Scheduler:
     ) -> None:
         if max_sessions < 1:
             raise ValueError(f"max_sessions must be >= 1, got {max_sessions}")
+        if max_queue < 0:
+            raise ValueError(f"max_queue must be >= 0, got {max_queue}")
         if step_tokens < 1:
             raise ValueError(f"step_tokens must be >= 1, got {step_tokens}")
         caps = model.capabilities
@@ -96,10 +106,12 @@ class Scheduler:
             raise ValueError("batched=True needs a model with run_batch")
         self.model = model
         self.batched = has_batch if batched is None else bool(batched)
+        self.admission = Admission(max_sessions, max_queue,
+                                   kv_bytes=session_bytes(model.session()),
+                                   max_kv_bytes=max_kv_bytes)
         self.max_sessions = max_sessions
-        self.session_kv_bytes = session_bytes(model.session())
-        self.max_kv_bytes = (max_sessions * self.session_kv_bytes if max_kv_bytes is None
-                             else int(max_kv_bytes))
+        self.session_kv_bytes = self.admission.kv_bytes
+        self.max_kv_bytes = self.admission.max_kv_bytes
         self.step_tokens = step_tokens
         self.new_first = new_first
         self._new_only = False  # the last step ran only new prompts' first chunks
@@ -112,49 +124,34 @@ class Scheduler:
         self._leases: set[Lease] = set()
         self._awaiting: set[Lease] = set()  # answered last step, not back with work yet
         self._last_arrival = 0.0
-        self._kv_reserved = 0
         self._thread: threading.Thread | None = None
         self.loops = max(1, caps.pipeline_depth) if self.batched else 1
         self._threads: list[threading.Thread] = []
         self._in_flight: set[int] = set()  # id() of work a loop is running
         self._stats = {"steps": 0, "rows": 0, "sessions_stepped": 0, "max_batch": 0, "calls": 0,
-                       "leases": 0, "peak_leases": 0, "cancelled": 0, "refused": 0}
+                       "leases": 0, "peak_leases": 0, "cancelled": 0}
 
     # -- admission -----------------------------------------------------------------------
     def lease(self, *, wait: bool = False, timeout: float | None = None) -> Lease:
-        """A place for one request, or SchedulerFull when the caps are reached (with
-        `wait=True`: blocks until one is free, SchedulerFull after `timeout` seconds)."""
-        need = self.session_kv_bytes
-        if need > self.max_kv_bytes:
-            raise SchedulerFull(f"one session needs {need} KV bytes, over the cap of "
-                                f"{self.max_kv_bytes}")
-        deadline = None if timeout is None else time.monotonic() + timeout
+        """A place for one request, or AdmissionFull when the caps are reached (with
+        `wait=True`: blocks until one is free, AdmissionFull after `timeout` seconds)."""
+        if self.stopped:
+            raise SchedulerClosed("the scheduler was shut down")
+        try:
+            kv = self.admission.reserve(wait=wait, timeout=timeout)
+        except AdmissionClosed:
+            raise SchedulerClosed("the scheduler was shut down") from None
         with self._cond:
-            while self._full(need):
-                if self.stopped:
-                    raise SchedulerClosed("the scheduler was shut down")
-                left = None if deadline is None else deadline - time.monotonic()
-                if not wait or (left is not None and left <= 0):
-                    self._stats["refused"] += 1
-                    raise SchedulerFull(
-                        f"the scheduler is full: {len(self._leases)} of {self.max_sessions} "
-                        f"sessions live, {self._kv_reserved} of {self.max_kv_bytes} KV bytes "
-                        "reserved")
-                self._cond.wait(left)
             if self.stopped:
+                self.admission.unreserve(kv)
                 raise SchedulerClosed("the scheduler was shut down")
             self._stats["leases"] += 1
-            lease = Lease(self, need, self._stats["leases"])
+            lease = Lease(self, kv, self._stats["leases"])
             self._leases.add(lease)
-            self._kv_reserved += need
             self._stats["peak_leases"] = max(self._stats["peak_leases"], len(self._leases))
             if self.autostart:
                 self._start_locked()
         return lease
-
-    def _full(self, need: int) -> bool:
-        return (len(self._leases) >= self.max_sessions
-                or self._kv_reserved + need > self.max_kv_bytes)
 
     def release(self, lease: Lease, *, cancelled: bool) -> None:
         """End a lease: its reservation is returned now; with `cancelled`, its waiting work
@@ -165,7 +162,7 @@ class Scheduler:
                 self._stats["cancelled"] += 1
             if lease in self._leases:
                 self._leases.discard(lease)
-                self._kv_reserved -= lease.kv_bytes
+                self.admission.unreserve(lease.kv_bytes)
             lease.closed = True
             self._awaiting.discard(lease)
             self._cond.notify_all()
@@ -210,6 +207,7 @@ class Scheduler:
             self.stopped = True
             self._cond.notify_all()
             threads = list(self._threads)
+        self.admission.close()
         for thread in threads:
             if thread is not threading.current_thread():
                 thread.join(timeout=30)
@@ -346,10 +344,12 @@ class Scheduler:
 
     def stats(self) -> dict[str, Any]:
         """Counters for /health and benchmarks (steps, rows, sessions per step, caps)."""
+        admitted = self.admission.stats()
         with self._cond:
             stats = dict(self._stats)
             stats.update(live_sessions=len(self._leases), max_sessions=self.max_sessions,
-                         kv_bytes_reserved=self._kv_reserved, max_kv_bytes=self.max_kv_bytes,
+                         kv_bytes_reserved=admitted["kv_bytes_reserved"],
+                         max_kv_bytes=self.max_kv_bytes, refused=admitted["refused"],
                          session_kv_bytes=self.session_kv_bytes, batched=self.batched,
                          step_tokens=self.step_tokens, pending=len(self._queue))
         return stats

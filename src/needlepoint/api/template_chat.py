@@ -1,12 +1,11 @@
 """Conversations of a template model (`formats.chat_format.TemplateFormat`, e.g. SmolLM2).
 
 Such a model's history is rendered by its chat template as a whole, not appended turn by
-turn: every later turn renders all messages so far (earlier answers as the calls or text they
-gave, tool results as `tool` messages: `chat_history.ChatHistory.messages`), and the session
-keeps the longest prefix of ids it has already consumed (`Conversation.resume`: a transformer
-session rewinds by cutting its KV cache), so only what is new is prefilled. Answers are
-decoded under one whole-answer grammar (`generation/answer_grammar.py`, planned by
-`planner.TurnPlanner`).
+turn: every later turn renders the whole chat (`chat.Chat`: earlier answers as the calls or
+text they gave, tool results as `tool` messages), and the session keeps the longest prefix of
+ids it has already consumed (`Conversation.resume`: a transformer session rewinds by cutting
+its KV cache), so only what is new is prefilled. Answers are decoded under one whole-answer
+grammar (`generation/answer_grammar.py`, planned by `planner.TurnPlanner`).
 """
 
 from __future__ import annotations
@@ -16,28 +15,26 @@ from typing import Any
 
 from ..errors import NeedlepointError
 from ..generation.events import DeltaEvent, Done
-from .chat_history import ChatHistory
+from .chat_state import ChatState
 from .planner import TurnPlanner
 from .results import annotated
 
 __all__ = ["template_turn"]
 
 
-def template_turn(planner: TurnPlanner, history: ChatHistory, system: str,
-                  added: list[dict[str, Any]], options: dict[str, Any]
+def template_turn(planner: TurnPlanner, state: ChatState, options: dict[str, Any]
                   ) -> Iterator[DeltaEvent | Done]:
-    """Add `added` messages to the chat and decode the assistant's next turn."""
-    conversation = history.conversation
+    """Decode the assistant's next turn of the chat (which ends on a user or tool message)."""
+    conversation = state.conversation
     if conversation is None:
         raise NeedlepointError("no conversation to continue")
-    plan = planner.plan(history.specs, options)
-    history.messages.extend(added)
-    tools = [spec.schema() for spec in history.specs]
-    ids = planner.format.conversation_ids(history.template_messages(system), tools)
+    plan = planner.plan(state.specs, options)
+    tools = [spec.schema() for spec in state.specs]
+    ids = planner.format.conversation_ids(state.chat.messages, tools)
     new_ids = conversation.resume(ids)
     events = conversation.turn(new_ids, plan.config, plan.grammar, content=plan.content,
                                check_tools=plan.check_tools, parallel_calls=plan.parallel)
     for event in annotated(events, plan.notes):
         if isinstance(event, Done):
-            history.answered(event.envelope)
+            state.chat.add_answer(event.envelope, conversation.last_answer)
         yield event

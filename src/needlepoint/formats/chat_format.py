@@ -70,6 +70,19 @@ def _results(group: Sequence[Message]) -> list[dict[str, Any]]:
     return [{"name": m.get("name", ""), "result": m.get("content")} for m in group]
 
 
+def tool_results(group: Sequence[Message]) -> list[dict[str, Any]]:
+    """`tool` messages as Needle's format reports results, `[{"name", "result" | "error"}]`:
+    a content of exactly `{"error": message}` is a failed call (as `api.chat` writes one)."""
+    out = []
+    for message in group:
+        content = message.get("content")
+        if isinstance(content, dict) and set(content) == {"error"}:
+            out.append({"name": message.get("name", ""), "error": content["error"]})
+        else:
+            out.append({"name": message.get("name", ""), "result": content})
+    return out
+
+
 def split_turns(messages: Sequence[Message]) -> tuple[str, list[Message]]:
     """(system text, the other messages); a ValueError unless they start with a user turn."""
     system = [str(m.get("content") or "") for m in messages if m.get("role") == "system"]
@@ -125,6 +138,11 @@ class NeedleFormat:
             return f"{self.call_open}{wire.compact_json(_call_list(calls))}{self.call_close}"
         return text
 
+    def answer_ids(self, message: Message) -> list[int]:
+        """An earlier assistant message's ids: its answer text encoded on its own."""
+        return self.tokenizer.encode(self.answer_text(str(message.get("content") or ""),
+                                                      message.get("tool_calls")))
+
     def conversation_ids(self, messages: Sequence[Message],
                          tools: Sequence[Mapping[str, Any]]) -> list[int]:
         """Every id up to the assistant turn to be generated (the multi-turn convention of
@@ -137,8 +155,7 @@ class NeedleFormat:
             answer = rest[k]
             if answer.get("role") != "assistant":
                 raise ValueError(f"message {k}: expected an assistant turn")
-            answer_ids = self.tokenizer.encode(self.answer_text(
-                str(answer.get("content") or ""), answer.get("tool_calls")))
+            answer_ids = self.answer_ids(answer)
             k += 1
             group = []
             while k < len(rest) and rest[k].get("role") == "tool":
@@ -147,7 +164,7 @@ class NeedleFormat:
             user = str(rest[k].get("content") or "") if k < len(rest) and \
                 rest[k].get("role") == "user" else ""
             k += 1 if user or (k < len(rest) and rest[k].get("role") == "user") else 0
-            parts = [self.tool_results_content(_results(group))] if group else []
+            parts = [self.tool_results_content(tool_results(group))] if group else []
             if user:
                 parts.append(user)
             if not parts:

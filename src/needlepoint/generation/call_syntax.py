@@ -153,8 +153,7 @@ class JsonSyntax:
         may be called more than once (OpenAI parallel calls: the same function for two
         cities); one call only without `parallel`; `[]` only when a call is not required
         (list body)."""
-        per_tool = [line for line in ToolCallGrammar._lark(parts, (), True, True).splitlines()
-                    if line.startswith(("call", "args")) and not line.startswith("calls")]
+        per_tool = ToolCallGrammar.call_rules(parts)
         choice = "call: " + " | ".join(f"call{i}" for i in range(len(parts)))
         if self.body == "object":
             quoted = [json.dumps(t) if t else "" for t in (self.layout.prefix,

@@ -235,11 +235,19 @@ class ToolCallGrammar:
             lines = [f'start: "[" calls::0x0 "]" {ends}',
                      "calls::_ : " + "\n    | ".join(first),
                      "more::_ : " + "\n    | ".join(more)]
+        return "\n".join(lines + ToolCallGrammar.call_rules(parts)) + "\n"
+
+    @staticmethod
+    def call_rules(parts: list[tuple[str, dict]]) -> list[str]:
+        """The lark rules of one call of each tool: `call{i}` (`{"name":NAME,"arguments":`
+        `args{i}` `}`) and `args{i}` (its parameters' JSON schema), i in `parts`' order; the
+        call syntaxes of template models (`call_syntax.py`) build their grammars on them."""
+        lines = []
         for i, (name, schema) in enumerate(parts):
             head = '{"name":' + json.dumps(name, ensure_ascii=False) + ',"arguments":'
             lines.append(f'call{i}: {json.dumps(head, ensure_ascii=False)} args{i} "}}"')
             lines.append(f"args{i}: %json {json.dumps(schema, ensure_ascii=False)}")
-        return "\n".join(lines) + "\n"
+        return lines
 
     def start(self) -> ToolCallMatcher:
         """A matcher positioned right after `<tool_call>` (the caller emitted that marker)."""

@@ -25,7 +25,7 @@ With `--api-key KEY` (repeatable) or `$NEEDLEPOINT_API_KEY`, every `/v1/*` route
 `Authorization: Bearer KEY`, else 401 (`auth.py`); `/health`, `/metrics` and `/` stay open.
 Details: `docs/server.md`.
 
-Message mapping (see `conversation.py`, `history.py`): system/developer messages -> the
+Message mapping (see `client_chat.py`, `api/chat.py`): system/developer messages -> the
 system text; the first user message -> the query with the tools; earlier assistant answers
 and `tool` results -> later turns, results as `<tool_result>[...]</tool_result>`.
 

@@ -58,7 +58,9 @@ def create_app(
 ) -> FastAPI:
     """Build the server for one model: a `.cact` path or an already loaded model object.
 
-    `workers` requests decode at once; up to `max_queue` more wait, the rest get 429. With
+    `workers` requests decode at once; up to `max_queue` more wait, the rest get 429 (one
+    `api.admission.Admission` decides: the scheduler reserves its sessions there, the worker
+    pool takes each request's place there). With
     `batching` (default) they are the live sessions of one continuous-batching scheduler
     (`api/scheduler.py`: one model call per engine step for all of them, prefills chunked
     under `step_tokens` per step; default `workers` 32), their KV caches capped at
@@ -77,13 +79,15 @@ def create_app(
                     speculate=speculate)
     workers = workers or (DEFAULT_SESSIONS if batching else default_workers())
     scheduler = None
+    admission = None  # the app's one admission: the scheduler's with batching (api/admission.py)
     if batching:
         from ..api.scheduler import DEFAULT_STEP_TOKENS, Scheduler
 
         scheduler = Scheduler(engine.model, max_sessions=workers, max_kv_bytes=max_kv_bytes,
-                              step_tokens=step_tokens or DEFAULT_STEP_TOKENS)
+                              max_queue=max_queue, step_tokens=step_tokens or DEFAULT_STEP_TOKENS)
         engine.scheduler = scheduler
-    pool = WorkerPool(workers, max_queue)
+        admission = scheduler.admission
+    pool = WorkerPool(workers, max_queue, admission=admission)
     metrics = Metrics(pool, scheduler)  # this app's own registry
     if stage_health(engine.model) is not None:  # stage losses, replays
         metrics.registry.register(StageCollector(engine.model))

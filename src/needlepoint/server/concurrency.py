@@ -4,11 +4,13 @@ Model work is numpy: its matmuls release the GIL, so N threads give real paralle
 N copies of the weights (processes would each map and dequantise their own). The event loop
 never runs model code; it only admits, waits and writes bytes.
 
-Admission is counted, not queued, on the event loop side: a request takes a slot before its
-work is submitted and gives it back when the work has *finished on its thread* (or was
-cancelled before it started). Releasing when the HTTP side gives up instead would let
-abandoned work pile up behind the workers while new requests are admitted, so the bound
-would not bound anything. `workers + max_queue` slots exist; past that the answer is 429.
+Admission is decided by the app's one `api.admission.Admission` (the scheduler's, with
+continuous batching), which this pool consumes: a request takes a place there before its work
+is submitted and gives it back when the work has *finished on its thread* (or was cancelled
+before it started). Releasing when the HTTP side gives up instead would let abandoned work
+pile up behind the workers while new requests are admitted, so the bound would not bound
+anything. `workers + max_queue` places exist; past that the admission refuses
+(`AdmissionFull`, a 429).
 
 With continuous batching (`api/scheduler.py`) the workers are the requests decoded at once:
 each running job holds one scheduler session, samples on its worker thread and waits for
@@ -25,7 +27,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Generic, TypeVar
 
-from .errors import overloaded
+from ..api.admission import Admission, Ticket
 from .memory import HeapTrimmer
 
 T = TypeVar("T")
@@ -35,60 +37,32 @@ class ClientGone(Exception):
     """The client disconnected while its plain (non-streamed) request ran."""
 
 
-class Ticket:
-    """One admitted request's slot; `release` is idempotent (several paths may end a job)."""
-
-    def __init__(self, pool: WorkerPool) -> None:
-        self._pool = pool
-        self._held = True
-        self._lock = threading.Lock()
-
-    def release(self) -> None:
-        with self._lock:
-            if not self._held:
-                return
-            self._held = False
-        self._pool._release()
-
-
 class WorkerPool:
-    def __init__(self, workers: int, max_queue: int, trimmer: HeapTrimmer | None = None) -> None:
-        """`trimmer`: told of every finished job (`memory.py`; default: a `HeapTrimmer`)."""
+    def __init__(self, workers: int, max_queue: int = 0, trimmer: HeapTrimmer | None = None,
+                 admission: Admission | None = None) -> None:
+        """`workers` threads; places from `admission` (default: one of `workers` running and
+        `max_queue` waiting); `trimmer`: told of every finished job (`memory.py`; default: a
+        `HeapTrimmer`)."""
         if workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
-        if max_queue < 0:
-            raise ValueError(f"max_queue must be >= 0, got {max_queue}")
+        self.admission = Admission(workers, max_queue) if admission is None else admission
         self.workers = workers
-        self.max_queue = max_queue
-        self.capacity = workers + max_queue
+        self.max_queue = self.admission.max_queue
         self._executor = ThreadPoolExecutor(workers, thread_name_prefix="needlepoint-worker")
-        self._lock = threading.Lock()
-        self._admitted = 0
-        self._peak = 0
         self.trimmer = HeapTrimmer() if trimmer is None else trimmer
 
     # -- admission ----------------------------------------------------------------------------
     def admit(self) -> Ticket:
-        """Take a slot or raise the 429 `ApiError`."""
-        with self._lock:
-            if self._admitted >= self.capacity:
-                raise overloaded(self.capacity)
-            self._admitted += 1
-            self._peak = max(self._peak, self._admitted)
-        return Ticket(self)
-
-    def _release(self) -> None:
-        with self._lock:
-            self._admitted -= 1
+        """A place for one request (`AdmissionFull`, a 429, when there is none)."""
+        return self.admission.admit()
 
     def stats(self) -> dict[str, int]:
-        with self._lock:
-            admitted, peak = self._admitted, self._peak
+        admitted = self.admission.stats()
         return {
             "workers": self.workers,
             "max_queue": self.max_queue,
-            "in_flight": admitted,
-            "peak_in_flight": peak,
+            "in_flight": admitted["in_flight"],
+            "peak_in_flight": admitted["peak_in_flight"],
         }
 
     # -- execution ----------------------------------------------------------------------------

@@ -7,9 +7,9 @@ mapping, cheap checks) and run on a worker (everything that touches the model).
 
 With a `Scheduler` (continuous batching, `api/scheduler.py`, the default), a running job
 holds a lease and its `Needle` decodes on the lease's model view: the job's thread samples
-and parses, the scheduler's engine thread runs the model for every job at once. A full
-scheduler is a 429; `cancel()` (the client went away) frees the job's session at the next
-engine step.
+and parses, the scheduler's engine thread runs the model for every job at once. No free
+session (the app's one `api.admission.Admission`) is a 429; `cancel()` (the client went
+away) frees the job's session at the next engine step.
 """
 
 from __future__ import annotations
@@ -25,14 +25,13 @@ from pathlib import Path
 from typing import Any
 
 from ..api.call_salvage import may_be_json_call
-from ..api.history import check_fits
+from ..api.context import check_fits
 from ..api.results import final
 from ..errors import ContextLengthError
 from ..generation.events import Done, LogprobDelta, ReasoningDelta, TextDelta, ToolCallDelta
-from .conversation import ClientChat, checked_query, from_messages
-from .errors import bad_request, context_exceeded, model_not_found, overloaded
+from .client_chat import ClientChat, checked_query, from_messages
+from .errors import bad_request, context_exceeded, model_not_found
 from .fields import REASONING_BUDGETS, check_fields
-from .history import history_ids
 from .schemas import (
     AssistantMessage,
     ChatCompletion,
@@ -121,16 +120,12 @@ class Engine:
     @contextmanager
     def leased(self, job: Any) -> Iterator[Any]:
         """The model a job decodes on: the scheduler's view under a lease of the job's own
-        (429 when the scheduler is full), or the model itself without batching."""
+        (`AdmissionFull`, a 429, past the sessions or the KV budget of the app's one
+        `api.admission.Admission`), or the model itself without batching."""
         if self.scheduler is None:
             yield self.model
             return
-        from ..api.scheduler import SchedulerFull
-
-        try:
-            lease = self.scheduler.lease()
-        except SchedulerFull as full:
-            raise overloaded(self.scheduler.max_sessions, str(full)) from None
+        lease = self.scheduler.lease()
         job.lease = lease
         if job.cancelled:
             lease.cancel()
@@ -143,7 +138,7 @@ class Engine:
                       first_turn: bool = True) -> None:
         """Refuse prompts the context cannot hold (with room for at least one new token),
         and explicit `max_tokens` that do not fit after the prompt, instead of truncating:
-        the library's one context rule (`api.history.check_fits`) as the OpenAI error."""
+        the library's one context rule (`api.context.check_fits`) as the OpenAI error."""
         try:
             check_fits(prompt_tokens, self.context_length, first_turn, max_new_tokens)
         except ContextLengthError as error:
@@ -169,17 +164,15 @@ class Engine:
 
     def chat_job(self, req: ChatCompletionRequest) -> ChatJob:
         check_fields(req)
-        conversation = from_messages(req.messages, req.tools, req.tool_choice)
+        asked = from_messages(req.messages, req.tools, req.tool_choice)
         limit = self._max_new_tokens(req.token_limit, "max_tokens")
-        job = ChatJob(self, conversation, {**_options(req, limit), **_chat_options(req)}, limit)
-        job.request = req  # the hand-off sends the client's own messages (server/handoff.py)
-        return job
+        return ChatJob(self, asked, {**_options(req, limit), **_chat_options(req)}, limit)
 
     def native_job(self, req: NativeCompleteRequest) -> NativeJob:
         checked_query(req.text, "text")
         limit = self._max_new_tokens(req.max_new_tokens, "max_new_tokens")
-        conversation = ClientChat(system=req.system or "", tools=req.tools)
-        return NativeJob(self, conversation, req.text, _options(req, limit), limit)
+        return NativeJob(self, req.system or "", req.tools, req.text, _options(req, limit),
+                         limit)
 
 
 class Cancellable:
@@ -198,15 +191,14 @@ class NativeJob(Cancellable):
     """One `/v1/needlepoint/complete` request: the envelope `Needle.complete` would give,
     decoded from the prompt ids it was checked with (`Needle.stream_ids`)."""
 
-    def __init__(self, engine: Engine, conversation: ClientChat, text: str,
+    def __init__(self, engine: Engine, system: str, tools: list[dict[str, Any]], text: str,
                  options: dict[str, Any], limit: int | None) -> None:
-        self.engine, self.conversation, self.text = engine, conversation, text
+        self.engine, self.system, self.tools, self.text = engine, system, tools, text
         self.options, self.limit = options, limit
 
     def run(self) -> dict[str, Any]:
         with self.engine.leased(self) as model:
-            needle = self.engine.needle(self.conversation.tools, self.conversation.system,
-                                        model)
+            needle = self.engine.needle(self.tools, self.system, model)
             ids = needle.prompt_ids(self.text)  # tokenized once: checked, then decoded
             self.engine.check_context(len(ids), self.limit)
             return final(needle.stream_ids(ids, self.text, **self.options))
@@ -255,12 +247,12 @@ class ChatJob(Cancellable):
     def __init__(
         self,
         engine: Engine,
-        conversation: ClientChat,
+        asked: ClientChat,
         options: dict[str, Any],
         max_new_tokens: int | None,
     ) -> None:
         self.engine = engine
-        self.conversation = conversation
+        self.asked = asked  # the chat to answer, its tools and forcing
         self.options = options
         self.max_new_tokens = max_new_tokens
         token = secrets.token_hex(12)
@@ -282,20 +274,19 @@ class ChatJob(Cancellable):
             yield from self._stream(model)
 
     def _stream(self, model: Any) -> Iterator[Delta | ChatResult]:
-        conv = self.conversation
+        asked, chat = self.asked, self.asked.chat
         options = dict(self.options)
-        needle = self.engine.needle(conv.tools, conv.system, model,
+        needle = self.engine.needle(asked.tools, chat.system, model,
                                     options.pop("template_kwargs", None))
-        if conv.force is not None:
+        if asked.force is not None:
             options["require_call"] = True
-        if not conv.tools:  # tool_choice "none", or no tools: the answer is text
+        if not asked.tools:  # tool_choice "none", or no tools: the answer is text
             options["allow_call"] = False
         # the prompt is tokenized once: its length is checked against the context and
         # reported as usage, and the same ids are decoded (`Needle.stream_ids`)
-        first = conv.first_turn
-        ids = needle.prompt_ids(conv.query) if first else history_ids(needle, conv)
-        self.engine.check_context(len(ids), self.max_new_tokens, first)
-        events = needle.stream_ids(ids, conv.query, **options)
+        ids = needle.chat_ids(chat)
+        self.engine.check_context(len(ids), self.max_new_tokens, chat.first_turn)
+        events = needle.stream_ids(ids, chat.query, **options)
         envelope: dict[str, Any] | None = None
         held: Delta | None = None  # a content delta, waiting for its token's logprob
         json_held: list[str] | None = None  # JSON text that may be a call (call_salvage.py)
@@ -315,7 +306,7 @@ class ChatJob(Cancellable):
             if isinstance(event, ReasoningDelta):
                 yield Delta(reasoning=event.text)
             elif isinstance(event, TextDelta):
-                if json_held is None and not texts and conv.tools and \
+                if json_held is None and not texts and asked.tools and \
                         "logprobs" not in options:
                     json_held = []  # maybe a JSON call outside the template's syntax
                 texts += 1

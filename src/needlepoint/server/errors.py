@@ -12,6 +12,8 @@ from typing import Any
 
 from fastapi.responses import JSONResponse
 
+from ..api.admission import AdmissionClosed, AdmissionFull
+from ..api.lease import SchedulerClosed
 from ..errors import (
     ContextLengthError,
     InvalidOptionError,
@@ -70,15 +72,13 @@ def model_not_found(name: str, served: str) -> ApiError:
     )
 
 
-def overloaded(capacity: int, detail: str | None = None) -> ApiError:
-    """429: the admission queue is full (`capacity` requests running or queued), or, with
-    `detail`, the batching scheduler's session or KV-memory cap is reached."""
+def overloaded(detail: str) -> ApiError:
+    """429: the admission (`api/admission.py`) refused the request; `detail` says which cap
+    (the queue, the live sessions, the KV bytes) was reached."""
     # `Retry-After` lets the official client's retry loop back off sensibly.
-    what = (f"{capacity} requests are already running or queued" if detail is None
-            else detail)
     return ApiError(
         429,
-        f"Server busy: {what}. Retry later.",
+        f"Server busy: {detail}. Retry later.",
         type="rate_limit_error",
         code="server_overloaded",
         headers={"Retry-After": "1"},
@@ -126,6 +126,11 @@ def as_api_error(exc: BaseException) -> ApiError:
     for the server's model or a bug."""
     if isinstance(exc, ApiError):
         return exc
+    if isinstance(exc, AdmissionFull):  # the one admission (`api/admission.py`) refused it
+        return overloaded(detail=str(exc))
+    if isinstance(exc, AdmissionClosed | SchedulerClosed):
+        return ApiError(503, "The server is shutting down. Retry later.", type="server_error",
+                        code="shutting_down")
     if isinstance(exc, ToolSchemaError):
         return bad_request(f"Invalid tool schema: {exc}", param="tools", code="invalid_tool")
     if isinstance(exc, ContextLengthError):

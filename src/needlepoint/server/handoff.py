@@ -3,7 +3,9 @@
 
 Every chat job (chat completions and the Responses API alike) is reviewed when its answer is
 complete: a local answer that `api/handoff.Handoff.reason` flags (below the threshold, cut, or
-no valid call) is sent with the request's own messages and tools to the endpoint, and the
+no valid call) is sent to the endpoint with the chat the local model answered
+(`api.chat.Chat.openai_messages`, as `Needle`'s hand-off sends it) and the tools it was
+offered, and the
 endpoint's answer is what the client gets, its envelope marked `handoff: {"reason",
 "confidence", "model", "answered"}`; a failing endpoint leaves the local answer, marked with
 the reason and the error (never a 500). The answer is held back until it is reviewed, so a
@@ -46,11 +48,9 @@ class HandoffReview:
         if self.handoff.reason(result.envelope) is None:
             yield from held
             return
-        request = job.request
-        messages = [m.model_dump(exclude_none=True) for m in request.messages]
-        tools = [t.function.model_dump(exclude_none=True) for t in request.tools or []
-                 if t.function is not None and t.type == "function"]
-        reviewed = self.handoff.review(result.envelope, messages, tools, {})
+        asked = job.asked
+        reviewed = self.handoff.review(result.envelope, asked.chat.openai_messages(),
+                                       asked.tools, {})
         mark = reviewed["handoff"]
         self.counter.labels(mark["reason"], "answered" if mark["answered"] else "failed").inc()
         if not mark["answered"]:

@@ -1,4 +1,5 @@
-"""Keeping a long chat inside the context window: drop the oldest turns, replay the rest.
+"""The context window: the one rule for what fits (`check_fits`, of `Needle` and the server
+alike), and keeping a long chat inside it: drop the oldest exchanges, replay the rest.
 
 A `Needle` conversation is one KV cache. When the next user turn (plus room to answer) no
 longer fits the model's context, the conversation is rebuilt on a fresh session from the
@@ -11,21 +12,12 @@ caller reports how many turns were dropped.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 
 from ..errors import ContextLengthError
 from ..formats.chat_format import NeedleFormat
+from .chat import Exchange
 
 MIN_ANSWER_ROOM = 32  # context kept free for the answer: min(max_new_tokens, this or 1/8)
-
-
-@dataclass
-class Turn:
-    """One finished exchange: the user turn's content and the answer's tokens."""
-
-    user: str
-    answer: list[int] = field(default_factory=list)
-
 
 def answer_room(context: int, max_new_tokens: int) -> int:
     """Tokens a new turn needs free after its prompt before it counts as fitting."""
@@ -51,17 +43,17 @@ def check_fits(tokens: int, limit: int | None, first_turn: bool,
 
 
 def replay_ids(first_prompt: Callable[[str], list[int]], chat_format: NeedleFormat,
-               kept: Sequence[Turn], user: str) -> list[int]:
+               kept: Sequence[Exchange], user: str) -> list[int]:
     """Token ids of a conversation of the `kept` turns followed by the user turn `user`."""
-    users = [turn.user for turn in kept] + [user]
+    users = [exchange.user for exchange in kept] + [user]
     ids = list(first_prompt(users[0]))
-    for turn, following in zip(kept, users[1:], strict=True):
-        ids += chat_format.next_turn_ids(turn.answer, following)
+    for exchange, following in zip(kept, users[1:], strict=True):
+        ids += chat_format.next_turn_ids(exchange.answer, following)
     return ids
 
 
 def fitting_replay(first_prompt: Callable[[str], list[int]], chat_format: NeedleFormat,
-                   history: Sequence[Turn], user: str, limit: int, room: int
+                   history: Sequence[Exchange], user: str, limit: int, room: int
                    ) -> tuple[int, list[int]]:
     """(turns dropped, ids) for the fewest oldest turns dropped so that the rebuilt prompt
     leaves `room` tokens free; every earlier turn dropped if even that does not fit."""

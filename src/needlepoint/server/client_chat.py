@@ -1,9 +1,11 @@
-"""OpenAI chat messages -> the chat a client sent (`ClientChat`): system text, tools, the
-messages in the chat formats' shape (`formats/chat_format.py`), forcing.
+"""OpenAI chat messages -> what a client asks (`ClientChat`): the chat (`api.chat.Chat`, the
+library's one chat object: its messages in the chat formats' shape), the tools it offers,
+forcing.
 
 The server is stateless: every request carries the whole history, which is checked here and
-kept as chat messages, the one form `Needle`'s chat formats render (`server/history.py`); there
-is no second, turn-shaped copy. The mapping:
+kept as a `Chat`, the form `Needle` keeps its own chats in and renders (`Needle.chat_ids`)
+and a hand-off endpoint is sent (`Chat.openai_messages`); there is no second copy. The
+mapping:
 
 * `system`/`developer` messages (anywhere) -> the system text, joined by newlines.
 * user messages -> `{"role": "user", "content"}`; consecutive ones join (newline), and the
@@ -23,6 +25,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..api.chat import Chat
 from ..api.needle import check_query
 from ..errors import InvalidQueryError
 from .errors import bad_request
@@ -31,22 +34,11 @@ from .schemas import AllowedToolChoice, ChatMessage, NamedToolChoice, ToolSpec
 
 @dataclass
 class ClientChat:
-    """One request's chat: what the model is shown and must answer."""
+    """One request's chat and what it offers: what the model is shown and must answer."""
 
-    system: str
-    tools: list[dict[str, Any]]
-    messages: list[dict[str, Any]] = field(default_factory=list)  # chat-format messages
+    chat: Chat
+    tools: list[dict[str, Any]] = field(default_factory=list)
     force: str | None = None  # None, "any" (a call is required) or the one required name
-
-    @property
-    def query(self) -> str:
-        """The first user message's text (what tool retrieval ranks the tools against)."""
-        return str(self.messages[0]["content"])
-
-    @property
-    def first_turn(self) -> bool:
-        """No earlier answer: the prompt is the first turn's (`Needle.prompt_ids`)."""
-        return not any(m["role"] == "assistant" for m in self.messages)
 
 
 def _tools(
@@ -181,7 +173,9 @@ def from_messages(
             "the last message must be a user or tool message: that is what the model answers",
             param="messages",
         )
-    return ClientChat(system="\n".join(system), tools=tool_list, messages=chat, force=force)
+    text = "\n".join(system)
+    head = [{"role": "system", "content": text}] if text else []
+    return ClientChat(Chat(head + chat), tools=tool_list, force=force)
 
 
 def _assistant(message: ChatMessage, index: int, open_calls: dict[str, str]
