@@ -27,7 +27,7 @@ CALL = '[{"name":"set_alarm","arguments":{"time":"06:45"}}]'
 TOOL = {"name": "set_alarm", "description": "Set an alarm at a time of day.",
         "parameters": {"type": "object", "properties": {"time": {"type": "string"}},
                        "required": ["time"]}}
-OPTIONAL = ("extend", "rewind", "fork", "run_batch", "embed", "exact_extend", "chunk",
+OPTIONAL = ("extend", "rewind", "fork", "run_batch", "embed", "chunk",
             "has_confidence_head", "has_contrastive_head", "pipeline_depth")
 
 
@@ -122,7 +122,7 @@ def test_the_server_serves_it(tokenizer, batching):
 # model and session attributes (`fork` is left out: a grammar matcher's own `fork` is
 # generation's matcher interface, `drafts.py`)
 PROBED = frozenset({"extend", "rewind", "confidence_logit", "run_batch", "embed",
-                    "pipeline_depth", "exact_extend", "chunk", "has_confidence_head",
+                    "pipeline_depth", "chunk", "has_confidence_head",
                     "has_contrastive_head", "config", "cfg", "model", "max_seq_len",
                     "context_length", "check_ids", "chat_format", "archive"})
 
