@@ -283,6 +283,8 @@ def run(model: Path, categories: list[str], limit: int | None, engines: tuple[st
         "machine": bfcl_machine(), "calibration": {"slope": CALIBRATION.slope,
                                                    "offset": CALIBRATION.offset},
         "rows": [], "summary": []}
+    # a SIGTERM (a stopped run) unwinds like Ctrl-C, so the servers are stopped too
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     log_dir = Path(tempfile.mkdtemp(prefix="bfcl_servers_"))  # the servers' own logs
     log(f"server logs in {log_dir}")
     with servers(model, engines, threads, log_dir) as urls:
