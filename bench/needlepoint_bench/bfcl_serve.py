@@ -51,6 +51,12 @@ PARALLEL_MAX_TOKENS = 512  # up to ~5 calls of ~60 tokens each, with room to spa
 MAX_TOKENS = 256
 
 
+def wants_call(category: str) -> bool:
+    """Whether a right answer in `category` has a call (irrelevance: none; a text answer cut
+    at the token limit there loses nothing)."""
+    return "irrelevance" not in category
+
+
 def max_tokens_for(category: str) -> int:
     return PARALLEL_MAX_TOKENS if "parallel" in category else MAX_TOKENS
 
@@ -238,7 +244,7 @@ def run_case(case: dict[str, Any], category: str, engine: str, mode: str, url: s
     right, error_type = bfcl_data.score_detail(case, category, answer["calls"])
     if answer["finish"] == "error":
         right, error_type = False, "server_error"
-    lost = answer["finish"] == "length" and not answer["calls"]
+    lost = answer["finish"] == "length" and not answer["calls"] and wants_call(category)
     unparseable = answer["unparseable_args"] or (
         mode == "forced" and not answer["calls"] and not lost)
     if lost:
@@ -263,7 +269,7 @@ def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         out.append({"category": category, "engine": engine, "mode": mode, "n": n,
                     "right": sum(r["right"] for r in group),
                     "accuracy": sum(r["right"] for r in group) / n,
-                    "lost": sum(r["lost"] for r in group),
+                    "lost": sum(r["lost"] and wants_call(category) for r in group),
                     "unparseable": sum(r["unparseable"] for r in group),
                     "s_per_case": sum(r["seconds"] for r in group) / n})
     return out

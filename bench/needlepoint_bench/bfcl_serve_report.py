@@ -12,7 +12,14 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from .bfcl_serve import wants_call
 from .tables import markdown_table
+
+
+def lost(row: dict[str, Any]) -> bool:
+    """A call lost at the token limit (results written before `wants_call` counted a cut
+    irrelevance text answer too)."""
+    return bool(row["lost"]) and wants_call(row["category"])
 
 
 def common_n(report: dict[str, Any]) -> dict[str, int]:
@@ -61,7 +68,7 @@ def accuracy_table(rows: list[dict[str, Any]]) -> str:
             right = sum(r["right"] for r in group)
             acc.append(right / len(group) if group else 0.0)
             line += [f"{right}/{len(group)} = {acc[-1]:.2f}",
-                     f"{sum(r['lost'] for r in group)} / {sum(r['unparseable'] for r in group)}",
+                     f"{sum(lost(r) for r in group)} / {sum(r['unparseable'] for r in group)}",
                      f"{sum(r['seconds'] for r in group) / max(len(group), 1):.1f}"]
         if len(engines) == 2:
             line.append(f"{100 * (acc[0] - acc[1]):+.0f}")
@@ -78,7 +85,9 @@ def error_table(rows: list[dict[str, Any]]) -> str:
         if key not in columns:
             columns.append(key)
         if not row["right"]:
-            counts[(row["error_type"], key)] += 1
+            kind = row["error_type"] if row["error_type"] != "lost_at_token_limit" or lost(row) \
+                else "irrelevance: text cut at the token limit"
+            counts[(kind, key)] += 1
     kinds = sorted({k for k, _ in counts}, key=lambda k: -sum(
         counts[(k, c)] for c in columns))
     header = ["BFCL error type", *[f"{e} {m}" for e, m in columns]]

@@ -15,6 +15,7 @@ from needlepoint_bench.bfcl_serve import (
     openai_calls,
     parse_blocks,
     summarise,
+    wants_call,
 )
 
 
@@ -85,6 +86,8 @@ def test_irrelevance_and_relevance_run_in_auto_only():
     assert modes_for("irrelevance", ("forced", "auto")) == ("auto",)
     assert modes_for("live_relevance", ("forced", "auto")) == ("auto",)
     assert modes_for("live_simple", ("forced", "auto")) == ("forced", "auto")
+    # a text answer cut at the token limit loses a call only where a call is wanted
+    assert not wants_call("live_irrelevance") and wants_call("live_relevance")
 
 
 def test_relevance_scoring_and_languages():
