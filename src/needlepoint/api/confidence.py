@@ -40,8 +40,10 @@ class Calibration:
     def __call__(self, raw: float | None) -> float | None:
         if raw is None:
             return None
-        if self.slope == 1.0 and self.offset == 0.0:
-            return float(raw)
+        if (self.slope == 1.0 and self.offset == 0.0) or raw <= 0.0 or raw >= 1.0:
+            # 0 and 1 are the map's own limits (slope > 0): certain evidence (every token
+            # forced) stays 1, impossible stays 0
+            return float(min(max(raw, 0.0), 1.0))
         p = min(max(float(raw), EPS), 1.0 - EPS)
         z = self.slope * math.log(p / (1.0 - p)) + self.offset
         return 1.0 / (1.0 + math.exp(-z)) if z >= 0 else math.exp(z) / (1.0 + math.exp(z))
