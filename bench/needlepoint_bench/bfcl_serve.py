@@ -57,6 +57,17 @@ def wants_call(category: str) -> bool:
     return "irrelevance" not in category
 
 
+CALL_SIGNS = ("<tool_call>", '"name"', "```")
+
+
+def is_lost(category: str, mode: str, finish: str, calls: list, text: str) -> bool:
+    """Calls lost at the token limit: cut (`length`) with no tool calls, where a call is wanted
+    and one was begun (forced, or auto text holding a call's marker, fence or `"name"`; a
+    prose answer cut in auto loses no call)."""
+    return finish == "length" and not calls and wants_call(category) and (
+        mode == "forced" or any(sign in text for sign in CALL_SIGNS))
+
+
 def max_tokens_for(category: str) -> int:
     return PARALLEL_MAX_TOKENS if "parallel" in category else MAX_TOKENS
 
@@ -244,7 +255,7 @@ def run_case(case: dict[str, Any], category: str, engine: str, mode: str, url: s
     right, error_type = bfcl_data.score_detail(case, category, answer["calls"])
     if answer["finish"] == "error":
         right, error_type = False, "server_error"
-    lost = answer["finish"] == "length" and not answer["calls"] and wants_call(category)
+    lost = is_lost(category, mode, answer["finish"], answer["calls"], answer["text"])
     unparseable = answer["unparseable_args"] or (
         mode == "forced" and not answer["calls"] and not lost)
     if lost:
@@ -269,7 +280,7 @@ def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         out.append({"category": category, "engine": engine, "mode": mode, "n": n,
                     "right": sum(r["right"] for r in group),
                     "accuracy": sum(r["right"] for r in group) / n,
-                    "lost": sum(r["lost"] and wants_call(category) for r in group),
+                    "lost": sum(r["lost"] for r in group),
                     "unparseable": sum(r["unparseable"] for r in group),
                     "s_per_case": sum(r["seconds"] for r in group) / n})
     return out

@@ -12,14 +12,14 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from .bfcl_serve import wants_call
+from .bfcl_serve import is_lost
 from .tables import markdown_table
 
 
 def lost(row: dict[str, Any]) -> bool:
-    """A call lost at the token limit (results written before `wants_call` counted a cut
-    irrelevance text answer too)."""
-    return bool(row["lost"]) and wants_call(row["category"])
+    """A call lost at the token limit, recomputed (`is_lost`: results written before it
+    counted a cut prose answer too)."""
+    return is_lost(row["category"], row["mode"], row["finish"], row["calls"], row["text"])
 
 
 def common_n(report: dict[str, Any]) -> dict[str, int]:
@@ -86,7 +86,7 @@ def error_table(rows: list[dict[str, Any]]) -> str:
             columns.append(key)
         if not row["right"]:
             kind = row["error_type"] if row["error_type"] != "lost_at_token_limit" or lost(row) \
-                else "irrelevance: text cut at the token limit"
+                else "prose cut at the token limit (no call begun)"
             counts[(kind, key)] += 1
     kinds = sorted({k for k, _ in counts}, key=lambda k: -sum(
         counts[(k, c)] for c in columns))

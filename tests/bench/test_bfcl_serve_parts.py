@@ -11,6 +11,7 @@ from needlepoint_bench import bfcl_data
 from needlepoint_bench.bfcl_calibration import auroc, bin_of, ece, reliability
 from needlepoint_bench.bfcl_serve import (
     forced_gbnf,
+    is_lost,
     modes_for,
     openai_calls,
     parse_blocks,
@@ -88,6 +89,12 @@ def test_irrelevance_and_relevance_run_in_auto_only():
     assert modes_for("live_simple", ("forced", "auto")) == ("forced", "auto")
     # a text answer cut at the token limit loses a call only where a call is wanted
     assert not wants_call("live_irrelevance") and wants_call("live_relevance")
+    assert is_lost("simple_python", "forced", "length", [], "")
+    assert is_lost("simple_python", "auto", "length", [], '```json\n{"name": "f", "argu')
+    assert not is_lost("simple_python", "auto", "length", [], "To cook steak, first")
+    assert not is_lost("irrelevance", "auto", "length", [], '{"name": "f"')
+    assert not is_lost("simple_python", "forced", "length", [{"name": "f"}], "")
+    assert not is_lost("simple_python", "forced", "stop", [], "")
 
 
 def test_relevance_scoring_and_languages():
