@@ -44,6 +44,12 @@ def complete_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def unparseable(row: dict[str, Any]) -> bool:
+    """An answer that is not a well-formed call where one was required (a request the server
+    refused with an error is counted apart, as refused)."""
+    return bool(row["unparseable"]) and row["finish"] != "error"
+
+
 def accuracy_table(rows: list[dict[str, Any]]) -> str:
     """Per category and mode: each engine's right/n, lost, unparseable, s/case."""
     groups: dict[tuple[str, str], dict[str, list[dict[str, Any]]]] = {}
@@ -55,7 +61,7 @@ def accuracy_table(rows: list[dict[str, Any]]) -> str:
             engines.append(row["engine"])
     header = ["category", "mode", "n"]
     for e in engines:
-        header += [f"{e} accuracy", f"{e} lost / unparseable", f"{e} s/case"]
+        header += [f"{e} accuracy", f"{e} lost / unparseable / refused", f"{e} s/case"]
     if len(engines) == 2:
         header.append("difference (points)")
     lines = []
@@ -68,7 +74,8 @@ def accuracy_table(rows: list[dict[str, Any]]) -> str:
             right = sum(r["right"] for r in group)
             acc.append(right / len(group) if group else 0.0)
             line += [f"{right}/{len(group)} = {acc[-1]:.2f}",
-                     f"{sum(lost(r) for r in group)} / {sum(r['unparseable'] for r in group)}",
+                     f"{sum(lost(r) for r in group)} / {sum(unparseable(r) for r in group)} / "
+                     f"{sum(r['finish'] == 'error' for r in group)}",
                      f"{sum(r['seconds'] for r in group) / max(len(group), 1):.1f}"]
         if len(engines) == 2:
             line.append(f"{100 * (acc[0] - acc[1]):+.0f}")
