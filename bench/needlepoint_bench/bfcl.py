@@ -4,6 +4,11 @@
     needlepoint-bench-bfcl --model smollm2 --category simple_python,irrelevance --limit 30 \
         --out bench/results/bfcl.json
     needlepoint-bench-bfcl --model smollm2 --category live_simple --agreement --limit 20
+    needlepoint-bench-bfcl --serve --model qwen2.5-coder-0.5b --category simple_python --limit 25
+
+`--serve` runs the cases through `needlepoint serve` and `llama-server --jinja` with the
+`openai` client instead, forced and auto (`bfcl_serve.py`; docs/benchmarks_bfcl.md's top
+section). Without it, in process:
 
 Data and scoring are `bfcl-eval`'s (`bench/bfcl_data.py`: the shipped cases, BFCL's OpenAI
 handler's tool conversion with dotted names as `_`, BFCL's AST checker). The prompt is the

@@ -78,7 +78,7 @@ def figures(rows: list[dict[str, Any]], calibration: Any) -> dict[str, Any]:
 
 def calibrate(live: dict[str, Any], held: dict[str, Any]) -> dict[str, Any]:
     """Fit on live, measure on live and held-out (overall, per mode, per category)."""
-    from needlepoint.api.confidence import Calibration, fit_calibration
+    from needlepoint import Calibration, fit_calibration
 
     for name, report in (("live", live), ("held-out", held)):
         used = report.get("calibration", {"slope": 1.0, "offset": 0.0})

@@ -291,7 +291,7 @@ def run(model: Path, categories: list[str], limit: int | None, engines: tuple[st
     """Every case of every category through every engine and mode; writes `out` as it goes."""
     import openai
 
-    from needlepoint.api.confidence import CALIBRATION
+    from needlepoint import CALIBRATION
 
     converter = llama_grammar_module() if "llama.cpp" in engines else None
     report: dict[str, Any] = {
