@@ -20,6 +20,7 @@ PACKAGE = REPO_ROOT / "src" / "needlepoint"
 ALLOWED = {
     ("__init__.py", "api"): "the package's lazy names (module __getattr__)",
     ("__init__.py", "gguf_write"): "the package's lazy names (module __getattr__)",
+    ("__init__.py", "confidence"): "the package's lazy names (module __getattr__)",
     ("api/needle.py", "schema"): "argument parsing: a pydantic class or a JSON schema",
     ("api/grammars.py", "fmt"): "argument parsing: response_format, a pydantic class or a dict",
     ("api/results.py", "value"): "argument parsing: a tool's result, pydantic or plain",

@@ -4,6 +4,11 @@
     needlepoint-bench-bfcl --model smollm2 --category simple_python,irrelevance --limit 30 \
         --out bench/results/bfcl.json
     needlepoint-bench-bfcl --model smollm2 --category live_simple --agreement --limit 20
+    needlepoint-bench-bfcl --serve --model qwen2.5-coder-0.5b --category simple_python --limit 25
+
+`--serve` runs the cases through `needlepoint serve` and `llama-server --jinja` with the
+`openai` client instead, forced and auto (`bfcl_serve.py`; docs/benchmarks_bfcl.md's top
+section). Without it, in process:
 
 Data and scoring are `bfcl-eval`'s (`bench/bfcl_data.py`: the shipped cases, BFCL's OpenAI
 handler's tool conversion with dotted names as `_`, BFCL's AST checker). The prompt is the
@@ -235,6 +240,27 @@ def agreement(category: str, limit: int | None, model: str, peer: LlamaCpp, thre
     return out
 
 
+def serve_main(args: argparse.Namespace) -> None:
+    """`--serve`: the real Qwen2.5-Coder GGUF (fetched unless --model is a file) through both
+    servers (`bfcl_serve.run`)."""
+    from . import bfcl_serve, real_models
+
+    model = Path(args.model)
+    if not model.is_file():
+        model = real_models.fetch(real_models.REAL_FILES.get(args.model, real_models.QWEN))
+    engines = ("needlepoint", "llama.cpp") if args.engines == ",".join(ENGINES) \
+        else tuple(e for e in args.engines.split(",") if e)
+    if "llama.cpp" in engines:
+        from . import peer_build
+
+        peer_build.ensure_llama_server()
+    report = bfcl_serve.run(model, args.category.split(","), args.limit, engines,
+                            tuple(args.modes.split(",")), args.threads, args.out)
+    for s in report["summary"]:
+        print(f"| {s['category']} | {s['engine']} | {s['mode']} | {s['right']}/{s['n']} | "
+              f"lost {s['lost']} | unparseable {s['unparseable']} | {s['s_per_case']:.2f} s |")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="smollm2", help="a GGUF path or smollm2")
@@ -253,7 +279,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-peer", action="store_true",
                         help="needlepoint's engines only, without llama.cpp (with --category "
                         "sample, without bfcl-eval too: what the smoke test runs)")
+    parser.add_argument("--serve", action="store_true",
+                        help="through `needlepoint serve` and `llama-server --jinja` with the "
+                        "openai client (bfcl_serve.py); --engines needlepoint,llama.cpp")
+    parser.add_argument("--modes", default="forced,auto", help="--serve: forced and/or auto")
     args = parser.parse_args(argv)
+    if args.serve:
+        serve_main(args)
+        return
     import needlepoint
 
     gguf = needlepoint.resolve_model_name(args.model)

@@ -165,17 +165,49 @@ def messages_of(case: dict[str, Any]) -> list[dict[str, Any]]:
     return [dict(m) for m in case["question"][0]]
 
 
-def score(case: dict[str, Any], category: str, calls: list[dict[str, Any]] | None) -> bool:
-    """Whether `calls` ([{"name", "arguments"}], None: no parseable call) answer the case:
-    `irrelevance` wants no call at all; every other category goes to BFCL's AST checker."""
-    if "irrelevance" in category:
-        return not calls
-    if not calls:
-        return False
+def prompt_functions(case: dict[str, Any], category: str) -> list[dict[str, Any]]:
+    """The case's functions as BFCL's generation step gives them to a model
+    (`load_dataset_entry`'s language hint: "in Python 3 syntax", and for Java/JavaScript every
+    parameter as a string holding the language's literal); the checker gets the plain ones."""
     if category == SAMPLE:
-        return sample_score(case, calls)
+        return copy.deepcopy(case["function"])
+    _stub_model_config()
+    from bfcl_eval.utils import _func_doc_language_specific_pre_processing
+
+    return _func_doc_language_specific_pre_processing(copy.deepcopy(case["function"]), category)
+
+
+def language_of(category: str) -> str:
+    """The checker's `Language` member name for a category."""
+    if category.endswith("javascript"):
+        return "JAVASCRIPT"
+    return "JAVA" if category.endswith("java") else "PYTHON"
+
+
+def score_detail(case: dict[str, Any], category: str,
+                 calls: list[dict[str, Any]] | None) -> tuple[bool, str | None]:
+    """(right, BFCL's error type or None): `irrelevance` wants no call (`irrelevance:called`),
+    `relevance` any call (`relevance:no_call`); every other category goes to BFCL's AST
+    checker (`no_call` when there is none)."""
+    if "irrelevance" in category:
+        return (True, None) if not calls else (False, "irrelevance:called")
+    if "relevance" in category:
+        return (True, None) if calls else (False, "relevance:no_call")
+    if not calls:
+        return False, "no_call"
+    if category == SAMPLE:
+        right = sample_score(case, calls)
+        return right, None if right else "sample:wrong"
     ast_checker, language = checker()
     output = [{c["name"]: c["arguments"]} for c in calls]
-    result = ast_checker(case["function"], output, case["ground_truth"], language.PYTHON,
-                         category, MODEL_NAME)
-    return bool(result["valid"])
+    result = ast_checker(case["function"], output, case["ground_truth"],
+                         getattr(language, language_of(category)), category, MODEL_NAME)
+    if result["valid"]:
+        return True, None
+    return False, str(result.get("error_type") or "unknown")
+
+
+def score(case: dict[str, Any], category: str, calls: list[dict[str, Any]] | None) -> bool:
+    """Whether `calls` ([{"name", "arguments"}], None: no parseable call) answer the case
+    (`score_detail`)."""
+    return score_detail(case, category, calls)[0]

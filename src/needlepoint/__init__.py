@@ -92,6 +92,10 @@ def __getattr__(name: str) -> Any:
         from .api.mcp_tools import McpTools
 
         return McpTools
+    if name in ("CALIBRATION", "Calibration", "fit_calibration"):  # the confidence's map
+        from .api import confidence
+
+        return getattr(confidence, name)
     if name in ("write_gguf", "GgufVocab"):  # test and benchmark GGUFs
         from .formats import gguf_write
 
@@ -100,7 +104,9 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "CALIBRATION",
     "NUMERICS",
+    "Calibration",
     "CactArchive",
     "CactFormatError",
     "GgufVocab",
@@ -118,6 +124,7 @@ __all__ = [
     "native_variant",
     "open_archive",
     "open_checkpoint",
+    "fit_calibration",
     "resolve_model_name",
     "tool",
     "write_gguf",

@@ -9,17 +9,25 @@ import json
 import math
 
 import numpy as np
+import pytest
 from api_helpers import tiny_weather_turn
 from conftest import REPO_ROOT, toy_model_path
 from hf_helpers import hf_fixture_dir
 
 import needlepoint
+from needlepoint.api.confidence import CALIBRATION
 from needlepoint.api.envelope import token_confidence, turn_confidence
 from needlepoint.api.needle import Needle
 from needlepoint.generation.decisions import Decision
 from needlepoint.generation.turn import TurnResult
 
 TOOLS = json.loads((REPO_ROOT / "examples" / "tools.json").read_text())
+
+
+def platt(raw: float) -> float:
+    """The shipped calibration written out: sigmoid(slope * logit(raw) + offset)."""
+    z = CALIBRATION.slope * math.log(raw / (1.0 - raw)) + CALIBRATION.offset
+    return 1.0 / (1.0 + math.exp(-z))
 
 
 def turn(call_probs: list[float], decisions: list[Decision]) -> TurnResult:
@@ -31,7 +39,7 @@ def turn(call_probs: list[float], decisions: list[Decision]) -> TurnResult:
 
 def test_the_measure_is_the_product_of_the_decisions_else_the_head():
     made = [Decision("route", None, 0.8), Decision("call", 0, 0.5), Decision("call", 1, 0.9)]
-    assert abs(token_confidence(turn([], made), 2) - 0.36) < 1e-12
+    assert abs(token_confidence(turn([], made), 2) - platt(0.36)) < 1e-12
     assert token_confidence(turn([], []), 0) is None  # nothing decided: a text-only turn
     assert token_confidence(turn([], []), 1) == 1.0  # a call the grammar forced whole
     head = 1.0 / (1.0 + math.exp(1.0))  # sigmoid(-1), below every token probability
@@ -76,9 +84,9 @@ def test_a_model_without_a_head_reports_the_token_measure():
     assert call["type"] == "call" and call["confidence_source"] == "tokens"
     made = call["decisions"]
     assert made and all(0.0 < d["prob"] <= 1.0 for d in made)
-    assert abs(call["confidence"] - math.prod(d["prob"] for d in made)) < 1e-12
+    assert abs(call["confidence"] - platt(math.prod(d["prob"] for d in made))) < 1e-12
     own = [d["prob"] for d in made if d["call"] == 0]
-    assert call["call_confidences"] == [math.prod(own)]
+    assert call["call_confidences"] == [pytest.approx(platt(math.prod(own)), abs=1e-12)]
     assert len(answer) > len(made)  # forced tokens are no decisions
 
     text = needle.complete("hello", allow_call=False, max_new_tokens=4)

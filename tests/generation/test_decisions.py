@@ -17,7 +17,12 @@ import pytest
 from fake_model import LogitSession
 from hf_helpers import hf_reference
 
-from needlepoint.api.confidence import Calibration, answer_evidence, fit_calibration
+from needlepoint.api.confidence import (
+    CALIBRATION,
+    Calibration,
+    answer_evidence,
+    fit_calibration,
+)
 from needlepoint.api.envelope import turn_envelope
 from needlepoint.formats.chat_format import TemplateFormat
 from needlepoint.formats.hf_checkpoint import open_hf_directory
@@ -37,6 +42,13 @@ TOOLS = [
 ]
 OFF = -60.0
 TOL = 1e-7  # the logits are float32: log(1/3) and friends are rounded
+
+
+def platt(raw: float) -> float:
+    """The published confidence of raw evidence, written out: the shipped Platt map
+    sigmoid(slope * logit(raw) + offset) (docs/api.md)."""
+    z = CALIBRATION.slope * math.log(raw / (1.0 - raw)) + CALIBRATION.offset
+    return 1.0 / (1.0 + math.exp(-z))
 
 
 class ScriptSession(LogitSession):
@@ -112,8 +124,8 @@ def test_a_call_multiplies_its_route_name_and_value_decisions(fmt, session):
     probs = [d["prob"] for d in envelope["decisions"]]
     assert probs[:3] == pytest.approx([0.75, 2 / 3, 0.8], abs=TOL)
     assert all(p == pytest.approx(1.0, abs=TOL) for p in probs[3:])
-    assert envelope["confidence"] == pytest.approx(0.75 * 2 / 3 * 0.8, abs=TOL)
-    assert envelope["call_confidences"] == pytest.approx([2 / 3 * 0.8], abs=TOL)
+    assert envelope["confidence"] == pytest.approx(platt(0.75 * 2 / 3 * 0.8), abs=TOL)
+    assert envelope["call_confidences"] == pytest.approx([platt(2 / 3 * 0.8)], abs=TOL)
     assert envelope["confidence_source"] == "tokens"
 
 
@@ -123,8 +135,8 @@ def test_forced_tokens_and_a_longer_value_change_nothing(fmt, session):
     envelope = decode(fmt, session, answer, {at["name"]: {call: math.log(0.5)}},
                       require=True)  # required: no route decision
     assert envelope["decisions"][0]["kind"] == "call"
-    assert envelope["confidence"] == pytest.approx(2 / 3, abs=TOL)
-    assert envelope["call_confidences"] == pytest.approx([2 / 3], abs=TOL)
+    assert envelope["confidence"] == pytest.approx(platt(2 / 3), abs=TOL)
+    assert envelope["call_confidences"] == pytest.approx([platt(2 / 3)], abs=TOL)
 
 
 def test_a_text_answer_is_its_route(fmt, session):
@@ -133,7 +145,7 @@ def test_a_text_answer_is_its_route(fmt, session):
     envelope = decode(fmt, session, answer, {0: {call_open: math.log(1 / 9)}})  # text 0.9
     assert envelope["type"] == "respond" and envelope["function_calls"] == []
     assert [d["kind"] for d in envelope["decisions"]] == ["route"]
-    assert envelope["confidence"] == pytest.approx(0.9, abs=TOL)
+    assert envelope["confidence"] == pytest.approx(platt(0.9), abs=TOL)
     assert envelope["call_confidences"] == []
 
 
@@ -143,6 +155,10 @@ def test_the_evidence_and_the_calibration_hook():
     assert Calibration()(0.3) == 0.3 and Calibration()(None) is None
     shifted = Calibration(slope=1.0, offset=math.log(3.0))  # odds times 3
     assert shifted(0.5) == pytest.approx(0.75)
+    squeezed = Calibration(slope=0.5, offset=0.0)  # odds square-rooted: 0.9 (9:1) -> 3:1
+    assert squeezed(0.9) == pytest.approx(0.75) and squeezed(0.1) == pytest.approx(0.25)
+    # the map's limits: certain evidence (every token forced) stays 1, none stays 0
+    assert squeezed(1.0) == 1.0 and squeezed(0.0) == 0.0 and shifted(1.0) == 1.0
     raw = [0.9] * 10 + [0.2] * 10
     right = [True] * 5 + [False] * 5 + [False] * 10  # raw 0.9 is right half the time
     fitted = fit_calibration(raw, right, steps=4000, rate=0.5)
@@ -166,7 +182,7 @@ def test_the_model_own_choice_answers_when_text_is_its_top_token(fmt, session):
     # the marker at 9%: the old 1% rule called here; the model's own choice answers
     envelope = decode(fmt, session, answer, {0: {call_open: math.log(0.1)}})
     assert envelope["type"] == "respond" and envelope["text"].startswith("To set it")
-    assert envelope["confidence"] == pytest.approx(1 / 1.1, abs=TOL)
+    assert envelope["confidence"] == pytest.approx(platt(1 / 1.1), abs=TOL)
 
 
 def test_a_threshold_declines_a_weak_call(fmt, session):
