@@ -73,3 +73,19 @@ def mutate(data: bytes, offset: int, fmt: str, *values) -> bytearray:
     out = bytearray(data)
     struct.pack_into(fmt, out, offset, *values)
     return out
+
+
+def cq_samples(fixture, archive: CactArchive):
+    """(key, tensor, rows) of every upstream dequantisation sample `deq_<tensor>` of a CQ
+    tensor in `fixture`: rows is the number of leading rows sampled (`_rows0to<N>`), or None
+    for the whole matrix."""
+    for key in fixture.arrays.files:
+        if not key.startswith("deq_"):
+            continue
+        tensor = key[4:].replace("__", ".")
+        rows = None
+        match = re.match(r"(.*)_rows0to(\d+)", tensor)
+        if match:
+            tensor, rows = match.group(1), int(match.group(2)) + 1
+        if archive.record(tensor).dtype == "cq":
+            yield key, tensor, rows

@@ -5,11 +5,11 @@ they say (sequential sums, a correctly behaved exp, the fixtures' dequantisation
 from __future__ import annotations
 
 import math
-import re
 from fractions import Fraction
 
 import numpy as np
 import pytest
+from cact_helpers import cq_samples
 from conftest import NEEDLE3_FIXTURES, get_fixture
 
 from needlepoint import open_archive
@@ -96,16 +96,7 @@ def test_dequantisation_reproduces_every_fixture_sample(name):
     archive = open_archive(fixture.cact)
     h = float(hadamard_matrix(128)[0, 0])
     checked = 0
-    for key in fixture.arrays.files:
-        if not key.startswith("deq_"):
-            continue
-        tensor = key[4:].replace("__", ".")
-        rows = None
-        match = re.match(r"(.*)_rows0to(\d+)", tensor)
-        if match:
-            tensor, rows = match.group(1), int(match.group(2)) + 1
-        if archive.record(tensor).dtype != "cq":
-            continue
+    for key, tensor, rows in cq_samples(fixture, archive):
         cq = archive.cq(tensor)
         rotated = rotated_weights(cq, slice(0, rows) if rows else None)
         grouped = rotated.reshape(rotated.shape[0], -1, 128)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from cact_helpers import cq_samples
 from conftest import get_fixture
 
 from needlepoint import open_archive
@@ -83,15 +84,8 @@ def test_cq_dequantiser_gives_the_fixture_samples() -> None:
     fixture = get_fixture("needle3", "tiny")
     archive = _archive("needle3", "tiny")
     checked = 0
-    for key in fixture.arrays.files:
-        if not key.startswith("deq_"):
-            continue
-        tensor = key[4:].replace("__", ".")
-        rows = None
-        if tensor.endswith("_rows0to7"):
-            tensor, rows = tensor[: -len("_rows0to7")], np.arange(8)
-        if archive.record(tensor).dtype != "cq":
-            continue
+    for key, tensor, count in cq_samples(fixture, archive):
+        rows = None if count is None else np.arange(count)
         wtype = archive.wtype(tensor)
         stored = archive.cq(tensor)
         got = wtype.dequantize(stored) if rows is None else wtype.gather(stored, rows)

@@ -137,24 +137,23 @@ CQ_CODES: dict[int, WeightType] = {t.code: t for t in TYPES.values() if t.kind =
 OFFSET_TYPES = frozenset(row[0] for row in _TABLE if row[6])
 
 
+def _find(table: dict, key, unknown: str) -> WeightType:
+    found = table.get(key)
+    if found is None:
+        raise UnsupportedTensorTypeError(unknown)
+    return found
+
+
 def weight_type(name: str) -> WeightType:
     """The record of storage type `name` (a GGUF type name such as "Q4_K")."""
-    found = TYPES.get(name)
-    if found is None:
-        raise UnsupportedTensorTypeError(
-            f"weight type {name} has no integer product or decoder here "
-            f"(known: {', '.join(TYPES)})")
-    return found
+    return _find(TYPES, name, f"weight type {name} has no integer product or decoder here "
+                              f"(known: {', '.join(TYPES)})")
 
 
 def cq_type(code: int) -> WeightType:
     """The CQ type of an archive record's `bits` code."""
-    found = CQ_CODES.get(code)
-    if found is None:
-        raise UnsupportedTensorTypeError(
-            f"CQ code {code} has no weight type (known: "
-            f"{', '.join(f'{t.code} ({t.name})' for t in CQ_CODES.values())})")
-    return found
+    known = ", ".join(f"{t.code} ({t.name})" for t in CQ_CODES.values())
+    return _find(CQ_CODES, code, f"CQ code {code} has no weight type (known: {known})")
 
 
 def cq_bytes(wtype: WeightType, rows: int, cols: int, group: int) -> tuple[int, int]:
