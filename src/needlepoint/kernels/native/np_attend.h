@@ -104,14 +104,54 @@ static inline void NP_NAME(np_att_dot4_16)(const __m256i *dh, const __m256i *dl,
 }
 #endif
 
+/* The score epilogue, one order for every path and key width:
+ * ((dot * qscale) * kscale) * 1/sqrt(qk) in float64, then rounded to float32. */
+static inline float NP_NAME(np_att_score1)(double dot, double sq, const np_kv_view *kv,
+                                           int64_t s, double inv_sqrt_qk) {
+    double t = dot * sq;
+    t = t * (double)kv->ks[s * kv->s_step];
+    t = t * inv_sqrt_qk;
+    return (float)t;
+}
+
+/* Scores j..n-1 one key at a time (what the SIMD paths leave): q holds int16 codes where the
+ * keys are int16 (kv->k16), int8 codes otherwise; every dot exact in int64. */
+static void NP_NAME(np_att_scores_tail)(const void *qv, double sq, int64_t qk,
+                                        const np_kv_view *kv, int64_t j, int64_t n,
+                                        double inv_sqrt_qk, float *work) {
+    for (; j < n; j++) {
+        int64_t s = np_kv_slot(kv, j), dot = 0;
+        if (kv->k16) {
+            const int16_t *q = (const int16_t *)qv, *k = kv->k16 + s * kv->k_step;
+            for (int64_t e = 0; e < qk; e++) dot += (int64_t)q[e] * (int64_t)k[e];
+        } else {
+            const int8_t *q = (const int8_t *)qv, *k = kv->k + s * kv->k_step;
+            for (int64_t e = 0; e < qk; e++) dot += (int64_t)q[e] * (int64_t)k[e];
+        }
+        work[j] = NP_NAME(np_att_score1)((double)dot, sq, kv, s, inv_sqrt_qk);
+    }
+}
+
+#if defined(NP_SIMD_AVX2)
+static inline void NP_NAME(np_att_score4)(__m256d dot, __m256d vsq, __m256d vinv,
+                                          const np_kv_view *kv, int64_t s0, int64_t s1,
+                                          int64_t s2, int64_t s3, float *out) {
+    const float *ks = kv->ks;
+    const int64_t ss = kv->s_step;
+    __m256d t = _mm256_mul_pd(dot, vsq);
+    t = _mm256_mul_pd(t, _mm256_set_pd((double)ks[s3 * ss], (double)ks[s2 * ss],
+                                       (double)ks[s1 * ss], (double)ks[s0 * ss]));
+    t = _mm256_mul_pd(t, vinv);
+    _mm_storeu_ps(out, _mm256_cvtpd_ps(t));
+}
+#endif
+
 /* np_att_scores over int16 keys (kv->k16) with int16 query codes: the same scale chain, the
  * dot exact in int64 (the SIMD path: its two digit dots in int32, combined exactly). */
 static void NP_NAME(np_att_scores16)(const int16_t *q, float qscale, int64_t qk,
                                      const np_kv_view *kv, int64_t n, double inv_sqrt_qk,
                                      float *work) {
     const double sq = (double)qscale;
-    const float *ks = kv->ks;
-    const int64_t ss = kv->s_step;
     int64_t j = 0;
 #if defined(NP_SIMD_AVX2)
     if (qk % 16 == 0 && qk <= 512) {
@@ -137,24 +177,11 @@ static void NP_NAME(np_att_scores16)(const int16_t *q, float qscale, int64_t qk,
             /* 256 * high + low: exact in float64 (|dot| < 2^40) */
             __m256d dot = _mm256_add_pd(_mm256_mul_pd(_mm256_cvtepi32_pd(high), v256),
                                         _mm256_cvtepi32_pd(low));
-            __m256d t = _mm256_mul_pd(dot, vsq);
-            t = _mm256_mul_pd(t, _mm256_set_pd((double)ks[s3 * ss], (double)ks[s2 * ss],
-                                               (double)ks[s1 * ss], (double)ks[s0 * ss]));
-            t = _mm256_mul_pd(t, vinv);
-            _mm_storeu_ps(work + j, _mm256_cvtpd_ps(t));
+            NP_NAME(np_att_score4)(dot, vsq, vinv, kv, s0, s1, s2, s3, work + j);
         }
     }
 #endif
-    for (; j < n; j++) {
-        int64_t s = np_kv_slot(kv, j);
-        const int16_t *restrict k = kv->k16 + s * kv->k_step;
-        int64_t dot = 0;
-        for (int64_t e = 0; e < qk; e++) dot += (int64_t)q[e] * (int64_t)k[e];
-        double t = (double)dot * sq;
-        t = t * (double)ks[s * ss];
-        t = t * inv_sqrt_qk;
-        work[j] = (float)t;
-    }
+    NP_NAME(np_att_scores_tail)(q, sq, qk, kv, j, n, inv_sqrt_qk, work);
 }
 
 /* work[j] = score_j for j < n; q: int8 codes, or int16 codes where the keys are int16 */
@@ -180,26 +207,12 @@ static void NP_NAME(np_att_scores)(const void *qv, float qscale, int64_t qk,
             __m128i dot = NP_NAME(np_att_dot4)(q16, qk / 16, kv->k + s0 * kv->k_step,
                                                kv->k + s1 * kv->k_step, kv->k + s2 * kv->k_step,
                                                kv->k + s3 * kv->k_step);
-            const float *ks = kv->ks;
-            const int64_t ss = kv->s_step;
-            __m256d t = _mm256_mul_pd(_mm256_cvtepi32_pd(dot), vsq);
-            t = _mm256_mul_pd(t, _mm256_set_pd((double)ks[s3 * ss], (double)ks[s2 * ss],
-                                               (double)ks[s1 * ss], (double)ks[s0 * ss]));
-            t = _mm256_mul_pd(t, vinv);
-            _mm_storeu_ps(work + j, _mm256_cvtpd_ps(t));
+            NP_NAME(np_att_score4)(_mm256_cvtepi32_pd(dot), vsq, vinv, kv, s0, s1, s2, s3,
+                                   work + j);
         }
     }
 #endif
-    for (; j < n; j++) {
-        int64_t s = np_kv_slot(kv, j);
-        const int8_t *restrict k = kv->k + s * kv->k_step;
-        int32_t dot = 0;
-        for (int64_t e = 0; e < qk; e++) dot += (int32_t)q[e] * (int32_t)k[e];
-        double t = (double)dot * sq;
-        t = t * (double)kv->ks[s * kv->s_step];
-        t = t * inv_sqrt_qk;
-        work[j] = (float)t;
-    }
+    NP_NAME(np_att_scores_tail)(q, sq, qk, kv, j, n, inv_sqrt_qk, work);
 }
 
 /* scores -> the softmax's unnormalised weights: work[j] = exp32(work[j] - max work) */
