@@ -39,27 +39,26 @@ NOTES = """\
   `cmake --build ... --target llama-server -j 1`) into
   `~/.cache/needlepoint-bench/llama-server/build/bin/`. `needlepoint-bench-hf-real
   --build-peer` builds the binding first when it is missing.
-* Before / after: *before* is the tree before GGUF weights were used where they lie (every
-  matrix converted at load into the interleaved int8 layout, Q6_K dequantised and
-  requantised, keys cached at 8 bits); *after* multiplies the file's own blocks in place
-  (`kernels/wtypes.py`, `kernels/blockweight.py`, `kernels/native/np_wt.h`) and caches keys
-  at 16 bits. Load and peak RSS are not timing-sensitive: Qwen int8 load 14.9 s -> 1.1 s
-  (0.67x llama.cpp), peak RSS 1,879 -> 481 MB (0.78x); Gemma 2.5 s -> 1.0 s, 719 -> 331 MB.
-  Fidelity is deterministic: Qwen int8's worst distance to float 3.54 -> 0.52 (llama.cpp:
-  0.54), which was the 8-bit keys (a few channels made 50x the rest by Qwen's k bias;
-  docs/numerics.md). On Gemma int8 is still further from float than llama.cpp (2.17 vs
-  1.77, mean 0.205 vs 0.225).
-* Speed: the two runs were on a machine shared with other work (load 1-5; same-run ratios
-  moved up to 2-3x between runs of one tree), so the speed ratios are a first look. With
-  that caveat: decode is about llama.cpp's speed on Qwen and Gemma (1.04x, 0.97x; target
-  2x) and the product kernel is the reason: over the file's blocks at one row it is about
-  2x slower per weight than the older interleaved int8 kernel (Q8_0 151936x896 head 9.4 ms
-  against 4.9 ms, Q5_0 896x4864 0.27 against 0.12 ms: compute-bound on the unpacking, not
-  on memory). Prefill is at parity with the older kernel for Q5_0 / Q8_0 (T=64) and 1.06x /
-  0.71x llama.cpp here; Gemma's blocks (q/k norms, sliding windows) run kernel by kernel in
-  Python, not as one native block. Next steps: a T=1 path per type with 16-row AVX-512
-  tiles, Gemma's block in the fused native call, and a rerun on a quiet machine at 1 and 2
-  threads.
+* Before / after: *before* is the `--quick` run (256-token prompt, 32 steps, 1 thread) of the
+  tree that first multiplied the file's own blocks in place (`kernels/wtypes.py`,
+  `kernels/blockweight.py`, `kernels/native/np_wt.h`); *after* is the full run (500-token
+  prompt, 128 steps, 1 and 2 threads) after the one-row decode path per type, A16 queries
+  and keys, and the int8 weight cache. The settings differ, so compare ratios, not tok/s.
+  The earliest tree (every matrix converted at load into the interleaved int8 layout, Q6_K
+  dequantised and requantised, keys at 8 bits) loaded Qwen in 14.9 s at 1,879 MB peak RSS
+  and its int8 logits were 3.54 from float at worst (llama.cpp: 0.54): the 8-bit keys (a
+  few channels made 50x the rest by Qwen's k bias) and, on Gemma, the 8-bit queries
+  (docs/numerics.md). Load, peak RSS and fidelity are not timing-sensitive.
+* Speed: a 2-core machine shared with other work (the load average is printed above; the
+  spread over rounds is in the paragraph under the 2-thread table), so one run's ratios move
+  by 10-20 % and 2-thread figures least reliable of all (any engine's second thread waits
+  for the other work). Decode is about llama.cpp's speed at 1 thread (Qwen 1.07x, Gemma
+  0.86x; target 2x) and the product kernels are most of a step: over the file's blocks at
+  one row they are compute-bound on unpacking the codes, not on memory (Qwen's ~490 MB of
+  weights per token stream in ~25 ms; a step takes ~32 ms). Prefill is 0.9-1.1x (target
+  2x). Next steps: 16-row AVX-512 tiles per type for one row (the codes unpacked once per
+  16 rows, as the Needle lookup kernels do), Gemma's block (q/k norms, sliding windows) in
+  the fused native call, and a quiet machine for the 2-thread figures.
 * Rerun: `needlepoint-bench-hf-real` (`--quick` for 1 round of a 256-token prompt and 32
   steps, `--threads 1`, `--models ...`); copy `bench/results/hf_real.json` to
   `hf_real-before.json` first to get the before/after table.
