@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-ABI_VERSION = 13
+ABI_VERSION = 14
 HERE = Path(__file__).resolve().parent
 
 c_int64_p = ctypes.POINTER(ctypes.c_int64)
@@ -34,6 +34,7 @@ class CQPart(ctypes.Structure):
         ("norms", ctypes.c_void_p),
         ("rows", ctypes.c_int64),
         ("out_col", ctypes.c_int64),
+        ("interleaved", ctypes.c_void_p),
     ]
 
 

@@ -32,6 +32,9 @@ typedef struct {
     const float *norms;
     int64_t rows;
     int64_t out_col;
+    /* NULL, or the 2-bit codes row-interleaved for the lookup kernel (np_cq_lut.h
+     * np_lut_split; kernels/exact.py interleave_codes): the same bytes regrouped */
+    const uint8_t *interleaved;
 } np_cq_part;
 
 #include "np_pool.h"
@@ -123,7 +126,7 @@ int np_force_variant(int v) {
 #define NP_DISPATCH(name, ...) name##_base(__VA_ARGS__)
 #endif
 
-int np_abi_version(void) { return 13; }
+int np_abi_version(void) { return 14; }
 
 /* 2 when the AVX-512 VNNI variant runs, 1 for AVX2 + FMA, 0 for the baseline one. */
 int np_simd_variant(void) { return np_pick(); }
