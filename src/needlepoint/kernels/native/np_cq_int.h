@@ -342,7 +342,8 @@ static inline int NP_NAME(np_cq_all_interleaved)(const np_cq_part *parts, int64_
  * (bench/needlepoint_bench/products_curve.py, docs/benchmarks.md). The table-lookup kernel
  * (np_cq_lut.h): on AVX2 at every row count when the parts carry the interleaved codes (no
  * per-call transpose), else from NP_LUT_TMIN rows; on AVX-512 VNNI at one row with the
- * interleaved codes, where vpdpbusd level sums cost more than the lookups. Otherwise the
+ * interleaved codes, where vpdpbusd level sums cost more than the lookups, and from
+ * NP_LUT_TMIN_VNNI rows. Otherwise the
  * level-sum kernel above for decode rows (T <= NP_I2_TMAX: fewer operations per weight for one
  * row) and the 16-bit digit kernel (np_cq_int16.h) for 4-bit storage and for prefill tiles
  * (two 16-bit products per weight instead of six byte products). */
@@ -353,7 +354,7 @@ static int NP_NAME(np_cq_int)(const int32_t *v, const float *scale, int64_t T, i
 #ifdef NP_SIMD_AVX2
     const int il = NP_NAME(np_cq_all_interleaved)(parts, n_parts);
 #ifdef NP_SIMD_AVX512
-    const int by_rows = T == 1 && il;
+    const int by_rows = (T == 1 && il) || T >= NP_LUT_TMIN_VNNI;
 #else
     const int by_rows = T >= NP_LUT_TMIN || il;
 #endif

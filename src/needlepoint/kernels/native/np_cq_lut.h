@@ -40,12 +40,14 @@
  * level-sum / digit kernels, 2 the lookup kernel below. The same bits in every case. */
 static int np_cq_kernel_pick = 0;
 #define NP_LUT_SUB 256 /* KiB of activation tables per pass over a block of weight rows */
-/* Activation rows from which the AVX2 variant picks the lookup kernel by default: measured in
- * one process against the level-sum / digit kernels (bench/products_curve.py, docs/benchmarks.md
- * "Exact CQ x A8 products"), about 1.1-1.3x faster from 4 rows, even or slower at 1-2 (the
- * per-call plane extraction is not amortised); the AVX-512 VNNI variant keeps vpdpbusd level
- * sums / vpdpwssd digits, which measured as fast or faster at every row count. */
+/* Activation rows from which the lookup kernel is picked without the interleaved copy (AVX2)
+ * and at all (AVX-512 VNNI, where one row with the copy is picked too), measured in one process
+ * against the level-sum / digit kernels (bench/needlepoint_bench/products_curve.py,
+ * docs/benchmarks.md "Exact CQ x A8 products: the per-row cost curve"): on AVX2 about 1.1-1.3x
+ * faster from 4 rows when the codes are transposed per call; on VNNI 2-4 % faster from 16 rows,
+ * even or slower at 2-8 rows against vpdpbusd level sums / vpdpwssd digits. */
 #define NP_LUT_TMIN 4
+#define NP_LUT_TMIN_VNNI 16
 #define NP_LUT_BLOCK 512 /* interleaved bytes per 16-row block and group (16 x 32) */
 #endif
 
