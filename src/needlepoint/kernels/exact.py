@@ -117,7 +117,9 @@ class ExactMatrix:
 
     @property
     def nbytes(self) -> int:
-        return sum(p.packed.nbytes + p.norms.nbytes + _nbytes(p.interleaved)
+        """Bytes a one-row product reads: the norms and the codes (their interleaved copy,
+        which the lookup kernel reads instead, where there is one)."""
+        return sum(p.norms.nbytes + (p.packed if p.interleaved is None else p.interleaved).nbytes
                    for p in self.parts)
 
     def c_parts(self) -> ctypes.Array:
@@ -134,10 +136,6 @@ class ExactMatrix:
             )
             object.__setattr__(self, "_c_parts", cached)
         return cached
-
-
-def _nbytes(a: np.ndarray | None) -> int:
-    return 0 if a is None else a.nbytes
 
 
 def with_layout(matrix: ExactMatrix, interleave: bool = True) -> ExactMatrix:
