@@ -29,13 +29,16 @@ def _nibbles(byte: int) -> int:
     return b0 | b1 << 4
 
 
-def test_interleaved_copy_is_the_same_bytes_regrouped_by_register():
+@pytest.mark.parametrize("use_native", [False, True])
+def test_interleaved_copy_is_the_same_bytes_regrouped_by_register(use_native):
     """Byte i of lane L of register o of block b and group g is row 16 b + i's byte
-    32 g + 16 L + rev4(o) as plane nibbles; rows past the end are code 0 (byte 0)."""
+    32 g + 16 L + rev4(o) as plane nibbles; rows past the end are code 0 (byte 0): the numpy
+    reference and the native builder, codes given as a strided view (an archive slice)."""
     rng = np.random.default_rng(37)
     for rows, groups in ((1, 1), (16, 2), (21, 3)):
-        packed = rng.integers(0, 256, (rows, 32 * groups)).astype(np.uint8)
-        got = exact.interleave_codes(packed)
+        wide = rng.integers(0, 256, (rows + 2, 32 * groups + 32)).astype(np.uint8)
+        packed = wide[1 : rows + 1, 32:]
+        got = exact.interleave_codes(packed, use_native)
         blocks = -(-rows // 16)
         assert got.shape == (blocks, 16 * 32 * groups) and got.dtype == np.uint8
         for b in range(blocks):

@@ -73,7 +73,21 @@ def storage_layout(storage_bits: int) -> str:
     return INTERLEAVED if storage_bits == 2 else PACKED
 
 
-def interleave_codes(packed: np.ndarray) -> np.ndarray:
+def interleave_codes(packed: np.ndarray, use_native: bool | None = None) -> np.ndarray:
+    """`interleave_codes_reference`, by the native builder when it is built (same bytes)."""
+    return native.dispatch(use_native, interleave_codes_reference, _interleave_native, packed)
+
+
+def _interleave_native(lib, packed: np.ndarray) -> np.ndarray:
+    rows, row_bytes = packed.shape
+    if packed.strides[1] != 1:
+        packed = np.ascontiguousarray(packed)
+    out = np.empty((-(-rows // LUT_ROWS), LUT_ROWS * row_bytes), np.uint8)
+    lib.np_cq_interleave(packed.ctypes.data, rows, row_bytes, packed.strides[0], out.ctypes.data)
+    return out
+
+
+def interleave_codes_reference(packed: np.ndarray) -> np.ndarray:
     """The row-interleaved copy of 2-bit codes [rows, row_bytes] (np_cq_lut.h np_lut_split):
     rows padded with code 0 to blocks of 16, each block and 128-group 16 registers of 32 bytes,
     register o holding byte rev4(o) (lane 0) and 16 + rev4(o) (lane 1) of the group's codes of

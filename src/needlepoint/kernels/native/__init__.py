@@ -138,6 +138,8 @@ def _signatures(lib: ctypes.CDLL) -> None:
     lib.np_cq_matmul.restype = i32
     lib.np_cq_matmul_threads.argtypes = [p, p, i64, i64, i32, p, i64, p, i64, p, i64, i64, i64, i32]
     lib.np_cq_matmul_threads.restype = i32
+    lib.np_cq_interleave.argtypes = [p, i64, i64, i64, p]
+    lib.np_cq_interleave.restype = None
     lib.np_cq_kernel.argtypes = [i32]
     lib.np_cq_kernel.restype = i32
     lib.np_matmul_seq.argtypes = [p, i64, i64, i64, p, i64, p]

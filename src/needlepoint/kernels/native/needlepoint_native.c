@@ -154,6 +154,34 @@ int np_cq_kernel(int k) {
     return old;
 }
 
+/* kernels/exact.py interleave_codes_reference, byte for byte: the lookup kernel's copy of 2-bit
+ * codes [rows, row_bytes] (row stride `stride`) into out [ceil(rows / 16), 16 * row_bytes].
+ * Plain C in every variant: it moves bytes once per load. */
+void np_cq_interleave(const uint8_t *packed, int64_t rows, int64_t row_bytes, int64_t stride,
+                      uint8_t *out) {
+    static const uint8_t rev4[16] = {0, 8, 4, 12, 2, 10, 6, 14, 1, 9, 5, 13, 3, 11, 7, 15};
+    uint8_t nib[256];
+    for (int b = 0; b < 256; b++) {
+        int n = 0;
+        for (int s = 0; s < 4; s++) n |= ((b >> (2 * s)) & 1) << s | ((b >> (2 * s + 1)) & 1) << (s + 4);
+        nib[b] = (uint8_t)n;
+    }
+    int64_t groups = row_bytes / 32;
+    for (int64_t r0 = 0; r0 < rows; r0 += 16) {
+        uint8_t *block = out + r0 * row_bytes;
+        for (int64_t g = 0; g < groups; g++) {
+            uint8_t *dst = block + g * 512;
+            for (int i = 0; i < 16; i++) {
+                const uint8_t *src = r0 + i < rows ? packed + (r0 + i) * stride + g * 32 : NULL;
+                for (int o = 0; o < 16; o++) {
+                    dst[o * 32 + i] = src ? nib[src[rev4[o]]] : 0;
+                    dst[o * 32 + 16 + i] = src ? nib[src[16 + rev4[o]]] : 0;
+                }
+            }
+        }
+    }
+}
+
 /* np_cq_matmul with the output rows split into `threads` ranges on the worker pool
  * (np_pool.h). Each range is whole outputs, so the bits do not depend on the thread count.
  * Small products (under about a million multiply-adds) stay on the calling thread. */
