@@ -1,20 +1,19 @@
-"""The per-row cost curve of the exact CQ x A8 products (issue 26 item 1), A/B in one process.
+"""The per-row cost curve of the exact CQ x A8 products, every 2-bit kernel A/B in one process.
 
 `python -m needlepoint_bench.products_curve [archive] [--rows 1,2,4,8,16,32,64] [--rounds 5]
 [--docs docs/benchmarks.md]` (with --docs: the AVX2 and the best variant, each in its own
 process, and the section of the markdown file, which replaces its own heading there): every
 deploy product slot of the archive (as `needlepoint_bench.products`), at each activation-row
-count, timed with the
-table-lookup kernel (`np_cq_lut.h`, `np_cq_kernel(2)`) and the kernels before it (level sums /
-16-bit digits, `np_cq_kernel(1)`), the two alternating call by call (best of `rounds` per
-matrix and kernel), so both see the same load; the time is the calling thread's CPU time
-(`time.thread_time`: the 2 shared cores run other work, and waiting for a core is not the
-kernel's cost). 4-bit products (the LM head) run the digit kernel under both picks. Beside
-them an int8 GEMM rate measured in the same process: needlepoint's own int8 tile kernel
-(`i8.matmul`, np_i8_tile.h; exact int8 x int8 dots with a float64 epilogue) on a synthetic
-[4096, 2048] weight (CPU time as well), in G multiply-adds per second and ns per weight-row.
-Prints the variant (NEEDLEPOINT_NATIVE_VARIANT caps it) and the load
-average at the start and the end. ns per weight-row = seconds / (weights x rows).
+count, timed in the configurations of `CONFIGS` (the kernel pick `np_cq_kernel` and whether the
+parts carry the interleaved copy of their 2-bit codes, `kernels.with_layout`), alternating
+call by call (best of `rounds` per matrix and configuration), so all see the same load; the time
+is the calling thread's CPU time (`time.thread_time`: the 2 shared cores run other work, and
+waiting for a core is not the kernel's cost). Beside them, in the same process: the time to
+stream the same packed bytes (an integer sum over each part's codes and norms, CPU time, best
+of `rounds`), the interleaved copy's size and build time, and an int8 GEMM rate (needlepoint's
+own int8 tile kernel `i8.matmul`, np_i8_tile.h, on a synthetic [4096, 2048] weight). Prints the
+variant (NEEDLEPOINT_NATIVE_VARIANT caps it) and the load average at the start and the end.
+ns per weight-row = seconds / (weights x rows).
 """
 
 from __future__ import annotations
@@ -40,66 +39,24 @@ from needlepoint.kernels import (
     i8_quantize,
     native_library,
     simd_variant,
+    with_layout,
 )
 
 from .paths import REPO_ROOT
 from .products import _matrices, archive_parser
 
 F32 = np.float32
-KERNELS = {"lookup": 2, "before": 1}
-
-# Measured once by hand (perf record -e cpu-clock + perf annotate; the VM has no hardware
-# counters) and kept with the generated tables: the profile and what the figures mean.
-NOTES = [
-    "How the lookup kernel works (`np_cq_lut.h`, docs/numerics.md): the level sums S_j come "
-    "from three bit planes of the codes (b0, b1, b0 & b1); v in [-2^14, 2^14) is cut into "
-    "balanced base-16 digits (d0..d2 in [-8, 7], d3 in [-4, 4]) so that a table entry, the sum "
-    "of a digit over a subset of 4 columns, is one signed byte; per activation row, group and "
-    "pair of quads 4 tables of 32 bytes; 16 weight rows' code bytes are transposed in registers "
-    "per tile so one vpshufb looks up 16 rows x 2 quads x 4 columns; four lookups add in int8, "
-    "vpmaddubsw by 0/1/16 widens even and odd rows to int16 while combining digit pairs, "
-    "vpmaddwd joins the pairs in int32. Per weight and activation row that is 12 / 128 of a "
-    "vpshufb, as many byte adds and loads, and 6 / 128 of a vpmaddubsw: about 0.44 "
-    "instructions, against about 0.56 for the AVX2 level-sum kernel (6 vpmaddubsw and 6 "
-    "adds per 32 weights before its reductions). The \"Hadamard on the weights\" form "
-    "(S_j = (H m_j) . q, (H m_j)[k] in [-64, 64] for k > 0) was checked in numpy "
-    "(`tests/kernels/test_cq_lut.py`) "
-    "but not built: on AVX2 it is 3 x (vpmaddubsw + vpmaddwd + vpaddd) per 32 weight-rows "
-    "(0.28 per weight-row, the same as the lookups) plus the per-tile transform; with "
-    "AVX-512 VNNI 3 vpdpbusd per 32 (0.09), the one form that could halve the tile cost there.",
-    "",
-    "Profile, AVX2 variant, 16-row tiles of every 2-bit product (perf annotate, share of the "
-    "kernel's samples by instruction class, load average ~9). Before, `np_cq_int16` (16-bit "
-    "digits): vector loads/stores 28 %, the float64 group reduction (cvt/mul/add) 19 %, "
-    "vpmaddwd 18 %, unpacks/permutes 9 %, scalar 9 %, adds 8 %, vpshufb 6 %. After, "
-    "`np_cq_lut2`: vector loads/stores 37 % (a table load per lookup, the plane register per "
-    "4 lookups), byte/word adds 18 %, vpshufb 11 %, scalar 9 %, float64 D and epilogue 8 %, "
-    "vpmaddubsw 8 %, the in-register transpose and plane extraction 6 %. The lookup kernel is "
-    "bound by loads and adds, not by vpshufb; at 1-3 rows the transpose and plane extraction "
-    "(about 0.14 instructions per weight, not amortised) eat most of the gain: 0.92-1.14x the "
-    "older kernels across the five one-process runs of this code, within the noise of this "
-    "shared machine, so "
-    "AVX2 decode keeps the level-sum kernel and the lookups start at 4 rows (1.04-1.31x there "
-    "in each run). Tried and dropped: two activation rows per plane load (slower: "
-    "register spills), all four digits in one pass (spills on 16 ymm registers).",
-    "",
-    "Gap to the issue-26 targets (AVX2: <= 0.03 ns per weight-row at 1 row, <= 0.025 for 16+ "
-    "rows; one decode token's products <= 1.5 ms): not met. AVX2 2-bit tiles went from "
-    "~0.057-0.071 to ~0.047-0.057 ns per weight-row (1.15-1.31x in the tables above), decode "
-    "is unchanged "
-    "(~0.08 2-bit, ~4 ms a token at this load); the int8 tile kernel measured beside them is "
-    "0.02-0.04 ns per weight-row, i.e. an exact 2-bit product costs 1.5-3 int8 "
-    "multiply-adds per weight and row. Exactness is what costs: v has 15 bits, so every form "
-    "needs three functionals times two bytes (level sums), or four byte digits (lookups), or "
-    "three byte products plus a transform (Hadamard on the weights). Next steps, in order of "
-    "expected gain: a load-time repacked, row-interleaved layout replacing the packed codes "
-    "(the planes as b0 | b1 << 4 nibbles, same bytes as today: no transpose or plane "
-    "shuffles per call, which is what keeps the lookup kernel from winning at 1 row; it "
-    "needs the reference, the v3 step and the part struct to read that layout); the Hadamard "
-    "form with vpdpbusd for AVX-512 VNNI tiles; fewer loads per lookup by keeping a "
-    "group's 64 table registers for two row blocks (AVX-512's 32 registers).",
-]
-HEADING = "## Exact CQ x A8 products: the per-row cost curve (issue 26)"
+# name: (np_cq_kernel pick, interleaved copy present). "default" is what a deploy load runs;
+# "default, no copy" is the pick without the copy (the kernels and picks before it).
+CONFIGS = {
+    "default": (0, True),
+    "default, no copy": (0, False),
+    "lookup": (2, True),
+    "lookup, transposed": (2, False),
+    "multiply-add": (1, False),
+}
+HEADING = "## Exact CQ x A8 products: the per-row cost curve"
+NOTES_FILE = Path(__file__).with_name("products_curve_notes.md")
 
 
 def _call(matrix: ExactMatrix, v: np.ndarray, scale: np.ndarray):
@@ -113,35 +70,65 @@ def _call(matrix: ExactMatrix, v: np.ndarray, scale: np.ndarray):
     return lambda: lib.np_cq_matmul_threads(*args), out
 
 
-def curve(matrices: list[ExactMatrix], rows: int, rounds: int) -> dict:
-    """{kernel: {bits: seconds}} at `rows` activation rows, kernels alternating per call;
-    asserts the kernels' outputs are equal (same bits)."""
+def layouts(matrices: list[ExactMatrix]) -> dict:
+    """{True: the matrices with the interleaved copy, False: without}, and the copy's bytes
+    and build seconds (CPU time)."""
+    t0 = time.thread_time()
+    with_copy = [with_layout(m, True) for m in matrices]
+    seconds = time.thread_time() - t0
+    copy_bytes = sum(p.interleaved.nbytes for m in with_copy for p in m.parts
+                     if p.interleaved is not None)
+    return {True: with_copy, False: [with_layout(m, False) for m in matrices],
+            "bytes": copy_bytes, "seconds": seconds}
+
+
+def curve(sets: dict, rows: int, rounds: int) -> dict:
+    """{config: {bits: seconds}} at `rows` activation rows, configurations alternating per
+    call; asserts their outputs are equal (same bits)."""
     rng = np.random.default_rng(rows)
     lib = native_library()
-    best = {k: {} for k in KERNELS}
-    for m in matrices:
+    best: dict = {k: {} for k in CONFIGS}
+    for i, m in enumerate(sets[False]):
         x = rng.standard_normal((rows, m.cols)).astype(F32)
         v, scale = a8_rotate(x, m.in_pad)
-        call, out = _call(m, v, scale)
+        calls = {name: _call(sets[copy][i], v, scale) for name, (_, copy) in CONFIGS.items()}
+        key = f"{m.storage_bits}-bit"
         seen = {}
         for _ in range(rounds):
-            for name, pick in KERNELS.items():
+            for name, (pick, _) in CONFIGS.items():
+                call, out = calls[name]
                 lib.np_cq_kernel(pick)
                 t0 = time.thread_time()
                 call()
                 dt = time.thread_time() - t0
-                key = f"{m.storage_bits}-bit"
-                best[name][(id(m), key)] = min(best[name].get((id(m), key), dt), dt)
+                best[name][(i, key)] = min(best[name].get((i, key), dt), dt)
                 seen[name] = out.copy()
-        if not np.array_equal(seen["lookup"], seen["before"]):
-            raise AssertionError("the lookup and the older kernels differ")
+        if any(not np.array_equal(o, seen["default"]) for o in seen.values()):
+            raise AssertionError("the 2-bit kernels differ")
     lib.np_cq_kernel(0)
-    summed = {}
+    summed: dict = {}
     for name, per in best.items():
         by = summed.setdefault(name, {})
         for (_, key), seconds in per.items():
             by[key] = by.get(key, 0.0) + seconds
     return summed
+
+
+def stream(matrices: list[ExactMatrix], rounds: int) -> dict:
+    """{bits: seconds} to read every part's packed codes and norms once (an integer sum over
+    8-byte words: the bytes a product streams), best of `rounds` per matrix."""
+    out: dict = {}
+    for m in matrices:
+        best = float("inf")
+        for _ in range(rounds):
+            t0 = time.thread_time()
+            for p in m.parts:
+                np.add.reduce(p.packed.reshape(-1).view(np.uint64))
+                np.add.reduce(p.norms.reshape(-1).view(np.uint32))
+            best = min(best, time.thread_time() - t0)
+        key = f"{m.storage_bits}-bit"
+        out[key] = out.get(key, 0.0) + best
+    return out
 
 
 def int8_gemm(rows: int, rounds: int, n: int = 4096, k: int = 2048) -> dict:
@@ -170,16 +157,21 @@ def main() -> int:
         return run_docs(args)
     if native_library() is None:
         raise SystemExit("the native library is not built")
-    matrices = _matrices(args.archive)
-    weights = {}
-    for m in matrices:
+    sets = layouts(_matrices(args.archive))
+    weights: dict = {}
+    for m in sets[False]:
         key = f"{m.storage_bits}-bit"
         weights[key] = weights.get(key, 0) + m.out * m.in_pad
-    result = {"variant": simd_variant(), "load_start": os.getloadavg(), "rows": {}}
-    print(f"variant {result['variant']}; load average {result['load_start']}; weights "
-          f"{ {k: f'{w / 1e6:.1f} M' for k, w in weights.items()} }", flush=True)
+    streamed = stream(sets[False], args.rounds)
+    result = {"variant": simd_variant(), "cpu": _cpu(), "load_start": os.getloadavg(),
+              "rows": {}, "stream": streamed, "copy_bytes": sets["bytes"],
+              "copy_seconds": sets["seconds"]}
+    print(f"variant {result['variant']} ({result['cpu']}); load average {result['load_start']}; "
+          f"weights { {k: f'{w / 1e6:.1f} M' for k, w in weights.items()} }; stream "
+          f"{ {k: f'{x * 1e3:.3f} ms' for k, x in streamed.items()} }; interleaved copy "
+          f"{sets['bytes'] / 1e6:.2f} MB built in {sets['seconds'] * 1e3:.1f} ms", flush=True)
     for rows in (int(r) for r in args.rows.split(",")):
-        c = curve(matrices, rows, args.rounds)
+        c = curve(sets, rows, args.rounds)
         g = int8_gemm(rows, args.rounds)
         entry = {"int8_gemm": g}
         line = [f"rows {rows:3d}"]
@@ -198,6 +190,13 @@ def main() -> int:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)
     return 0
+
+
+def _cpu() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return "unknown CPU"
 
 
 def run_docs(args: argparse.Namespace) -> int:
@@ -222,40 +221,54 @@ def _load(x: list) -> str:
     return ", ".join(f"{a:.2f}" for a in x)
 
 
+def _vnni_tile(run: dict, rows: str) -> bool:
+    """Whether the VNNI pick takes the lookups at `rows` with or without the copy."""
+    return run["variant"] == "avx512vnni" and int(rows) >= 16
+
+
 def write_section(args: argparse.Namespace, runs: list) -> None:
-    """The curve tables (ns per weight-row, per variant and kernel) into `args.docs`."""
+    """The curve tables (ns per weight-row, per variant and configuration) into `args.docs`."""
     L = [HEADING, "",
          f"_Generated by `python -m needlepoint_bench.products_curve --docs {args.docs}` on "
          f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC ({Path(args.archive).name}, "
-         f"best of {args.rounds} calls per matrix and kernel, 1 thread, CPU time of the calling "
-         "thread). Do not edit: the text lives in `bench/products_curve.py`._", "",
-         "Every deploy product of the archive at 1 to 64 activation rows, ns per weight and "
-         "activation row, the table-lookup kernel (`np_cq_lut.h`) and the level-sum / 16-bit "
-         "digit kernels before it alternating call by call in one process (their outputs "
-         "compared equal at every call); 4-bit storage (the LM head) runs the digit kernel "
-         "under both. *int8 GEMM* is needlepoint's own int8 tile kernel (`i8.matmul`, exact "
-         "int8 dots, float64 epilogue) on a [4096, 2048] weight in the same process. *default* "
-         "marks what `np_cq_matmul` picks: on AVX2 the lookup kernel from 4 rows, on AVX-512 "
-         "VNNI the older kernels at every row count.", ""]
+         f"best of {args.rounds} calls per matrix and configuration, 1 thread, CPU time of the "
+         f"calling thread, {runs[0]['cpu']}). Do not edit: the text lives in "
+         "`bench/needlepoint_bench/products_curve.py` and `products_curve_notes.md`._", "",
+         "Every deploy product of the archive at 1 to 64 activation rows, 2-bit ns per weight "
+         "and activation row, the configurations alternating call by call in one process "
+         "(their outputs compared equal at every call). *after*: the default pick with the "
+         "interleaved copy a load builds; *before*: the default pick without it (the kernels "
+         "and picks before the copy); *lookup* / *lookup, transposed*: the lookup kernel "
+         "forced, with the copy / transposing the packed codes per call; *mult-add*: the "
+         "level-sum / 16-bit digit kernels (on AVX-512 VNNI from 16 rows the lookups are "
+         "picked with or without the copy, and *mult-add* is the pick before them, so the "
+         "before column and the ms before are those). *stream*: an integer sum over the "
+         "same packed bytes (codes and norms, all products) in the same process; *ratio*: "
+         "all products "
+         "(after) / stream. 4-bit (the LM head) runs the digit kernel in every configuration.",
+         ""]
     for run in runs:
+        st = sum(run["stream"].values())
         L += [f"**{run['variant']}** (load average {_load(run['load_start'])} → "
-              f"{_load(run['load_end'])}):", "",
-              "| rows | 2-bit lookup | 2-bit before | ratio | 4-bit | all products ms "
-              "(default) | int8 GEMM ns/weight-row (G MAC/s) |",
-              "|---|---|---|---|---|---|---|"]
+              f"{_load(run['load_end'])}; interleaved copy {run['copy_bytes'] / 1e6:.2f} MB, "
+              f"built in {run['copy_seconds'] * 1e3:.1f} ms; stream {st * 1e3:.3f} ms):", "",
+              "| rows | 2-bit after | 2-bit before | lookup | lookup, transposed | mult-add "
+              "| 4-bit | all products ms before → after | ratio to stream | int8 GEMM "
+              "ns/weight-row |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
         for rows, e in run["rows"].items():
-            lk, bf = e["lookup"], e["before"]
-            lookup_default = run["variant"] == "avx2+fma" and int(rows) >= 4
-            default = lk if lookup_default else bf
-            mark = ("**", "") if lookup_default else ("", "**")
-            g = e["int8_gemm"]
-            L.append(f"| {rows} | {mark[0]}{lk['ns_per_weight_row']['2-bit']:.4f}{mark[0]} | "
-                     f"{mark[1]}{bf['ns_per_weight_row']['2-bit']:.4f}{mark[1]} | "
-                     f"{bf['seconds']['2-bit'] / lk['seconds']['2-bit']:.2f}x | "
-                     f"{bf['ns_per_weight_row']['4-bit']:.4f} | {default['total_ms']:.2f} | "
-                     f"{g['ns_per_weight_row']:.4f} ({g['gmacs']:.1f}) |")
+            ns = {k: e[k]["ns_per_weight_row"]["2-bit"] for k in CONFIGS}
+            old = "multiply-add" if _vnni_tile(run, rows) else "default, no copy"
+            after, before = e["default"], e[old]
+            L.append(f"| {rows} | **{ns['default']:.4f}** | {ns[old]:.4f} | "
+                     f"{ns['lookup']:.4f} | {ns['lookup, transposed']:.4f} | "
+                     f"{ns['multiply-add']:.4f} | {after['ns_per_weight_row']['4-bit']:.4f} | "
+                     f"{before['total_ms']:.2f} → {after['total_ms']:.2f} | "
+                     f"{after['total_ms'] / (st * 1e3):.1f}x | "
+                     f"{e['int8_gemm']['ns_per_weight_row']:.4f} |")
         L.append("")
-    L += NOTES
+    notes = NOTES_FILE.read_text().strip().split("\n\n")
+    L += ["\n\n".join(" ".join(p.split("\n")) for p in notes)]
     text = args.docs.read_text() if args.docs.exists() else ""
     at = text.find(HEADING)
     if at >= 0:

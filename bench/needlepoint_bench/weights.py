@@ -113,7 +113,9 @@ def resident_array_bytes(model, max_depth: int = 8) -> dict:
     Preferred: the model states it (`decode_weight_bytes` attribute or method). Otherwise
     every numpy array reachable from the model object is summed once (by data pointer);
     arrays on a path containing `table` (engram tables: gathered, not streamed),
-    `confidence` or `tokenizer` are excluded from the per-token estimate.
+    `confidence` or `tokenizer` are excluded from the per-token estimate, and so are the
+    interleaved copies of 2-bit codes (`ExactPart.interleaved`: a decode product reads them
+    instead of the packed codes, the same bytes, so one of the two is counted).
     """
     declared = getattr(model, "decode_weight_bytes", None)
     if callable(declared):
@@ -138,7 +140,7 @@ def resident_array_bytes(model, max_depth: int = 8) -> dict:
             seen_ptr.add(key)
             total += obj.nbytes
             low = path.lower()
-            if "table" in low or "confidence" in low or "tokenizer" in low:
+            if any(word in low for word in ("table", "confidence", "tokenizer", "interleaved")):
                 excluded += obj.nbytes
             biggest.append((obj.nbytes, f"{path} {obj.dtype} {list(obj.shape)}"))
             return

@@ -17,7 +17,7 @@ from .cq import (
     rotated_weights,
     unpack_indices,
 )
-from .exact import ExactMatrix, a8_rotate, cq_matmul
+from .exact import ExactMatrix, a8_rotate, cq_matmul, with_layout
 from .fwht import fwht, fwht_groups, hadamard_matrix
 from .i8 import BLOCK as I8_BLOCK
 from .i8 import I8Weight
@@ -70,4 +70,5 @@ __all__ = [
     "rotated_weights",
     "simd_variant",
     "unpack_indices",
+    "with_layout",
 ]

@@ -35,7 +35,9 @@ class WeightType:
       a `CQTensor` for "cq" ones.
     * CQ only: `code` (the archive record's `bits` field), `storage_bits` (bits per stored
       code), `codebook_len` (levels in the header codebook of that code), `native_gather` (the
-      native Needle 3 step gathers its rows itself: `native/np_v3_rows.h`).
+      native Needle 3 step gathers its rows itself: `native/np_v3_rows.h`), `layout` (what a
+      load builds beside the packed codes: `kernels.exact.storage_layout`, an interleaved copy
+      of 2-bit codes for the lookup kernel).
     """
 
     name: str
@@ -55,6 +57,7 @@ class WeightType:
     storage_bits: int = 0
     codebook_len: int = 0
     native_gather: bool = False
+    layout: str = ""
 
     def row_bytes(self, values: int) -> int:
         """Bytes of a row of `values` values (a whole number of blocks)."""

@@ -97,7 +97,7 @@ def _cq(name: str, code: int, storage_bits: int, levels: int, native_gather: boo
         cq.dequantize, kind="cq", activation=A8_ROTATED, native_entry="np_cq_matmul_threads",
         product=exact.cq_matmul, product_reference=exact.cq_matmul_reference,
         gather=cq.table_rows, code=code, storage_bits=storage_bits, codebook_len=levels,
-        native_gather=native_gather)
+        native_gather=native_gather, layout=exact.storage_layout(storage_bits))
 
 
 _TABLE = [

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-ABI_VERSION = 13
+ABI_VERSION = 14
 HERE = Path(__file__).resolve().parent
 
 c_int64_p = ctypes.POINTER(ctypes.c_int64)
@@ -34,6 +34,7 @@ class CQPart(ctypes.Structure):
         ("norms", ctypes.c_void_p),
         ("rows", ctypes.c_int64),
         ("out_col", ctypes.c_int64),
+        ("interleaved", ctypes.c_void_p),
     ]
 
 
@@ -137,6 +138,8 @@ def _signatures(lib: ctypes.CDLL) -> None:
     lib.np_cq_matmul.restype = i32
     lib.np_cq_matmul_threads.argtypes = [p, p, i64, i64, i32, p, i64, p, i64, p, i64, i64, i64, i32]
     lib.np_cq_matmul_threads.restype = i32
+    lib.np_cq_interleave.argtypes = [p, i64, i64, i64, p]
+    lib.np_cq_interleave.restype = None
     lib.np_cq_kernel.argtypes = [i32]
     lib.np_cq_kernel.restype = i32
     lib.np_matmul_seq.argtypes = [p, i64, i64, i64, p, i64, p]

@@ -32,6 +32,9 @@ typedef struct {
     const float *norms;
     int64_t rows;
     int64_t out_col;
+    /* NULL, or the 2-bit codes row-interleaved for the lookup kernel (np_cq_lut.h
+     * np_lut_split; kernels/exact.py interleave_codes): the same bytes regrouped */
+    const uint8_t *interleaved;
 } np_cq_part;
 
 #include "np_pool.h"
@@ -123,7 +126,7 @@ int np_force_variant(int v) {
 #define NP_DISPATCH(name, ...) name##_base(__VA_ARGS__)
 #endif
 
-int np_abi_version(void) { return 13; }
+int np_abi_version(void) { return 14; }
 
 /* 2 when the AVX-512 VNNI variant runs, 1 for AVX2 + FMA, 0 for the baseline one. */
 int np_simd_variant(void) { return np_pick(); }
@@ -149,6 +152,34 @@ int np_cq_kernel(int k) {
     int old = np_cq_kernel_pick;
     if (k >= 0) np_cq_kernel_pick = k;
     return old;
+}
+
+/* kernels/exact.py interleave_codes_reference, byte for byte: the lookup kernel's copy of 2-bit
+ * codes [rows, row_bytes] (row stride `stride`) into out [ceil(rows / 16), 16 * row_bytes].
+ * Plain C in every variant: it moves bytes once per load. */
+void np_cq_interleave(const uint8_t *packed, int64_t rows, int64_t row_bytes, int64_t stride,
+                      uint8_t *out) {
+    static const uint8_t rev4[16] = {0, 8, 4, 12, 2, 10, 6, 14, 1, 9, 5, 13, 3, 11, 7, 15};
+    uint8_t nib[256];
+    for (int b = 0; b < 256; b++) {
+        int n = 0;
+        for (int s = 0; s < 4; s++) n |= ((b >> (2 * s)) & 1) << s | ((b >> (2 * s + 1)) & 1) << (s + 4);
+        nib[b] = (uint8_t)n;
+    }
+    int64_t groups = row_bytes / 32;
+    for (int64_t r0 = 0; r0 < rows; r0 += 16) {
+        uint8_t *block = out + r0 * row_bytes;
+        for (int64_t g = 0; g < groups; g++) {
+            uint8_t *dst = block + g * 512;
+            for (int i = 0; i < 16; i++) {
+                const uint8_t *src = r0 + i < rows ? packed + (r0 + i) * stride + g * 32 : NULL;
+                for (int o = 0; o < 16; o++) {
+                    dst[o * 32 + i] = src ? nib[src[rev4[o]]] : 0;
+                    dst[o * 32 + 16 + i] = src ? nib[src[16 + rev4[o]]] : 0;
+                }
+            }
+        }
+    }
 }
 
 /* np_cq_matmul with the output rows split into `threads` ranges on the worker pool

@@ -328,23 +328,37 @@ static int NP_NAME(np_cq_int2)(const int32_t *v, const float *scale, int64_t T, 
 #include "np_cq_int16.h"
 #include "np_cq_lut.h"
 
-/* The integer kernels' entry (np_cq.h np_cq_matmul): NP_BADARG when none covers this
- * product (storage width, codebook, variant or v range), and the float64 kernel runs. All
- * integer kernels give the float64 kernel's bits, so the pick by T changes no output: on AVX2
- * the table-lookup kernel (np_cq_lut.h) for 2-bit tiles of NP_LUT_TMIN rows or more; the
- * level-sum kernel above for decode rows (T <= NP_I2_TMAX: fewer operations per weight for
- * one row), the 16-bit digit kernel (np_cq_int16.h) for 4-bit storage and for prefill tiles
- * (its per-row work is lower: two 16-bit products per weight instead of six byte products). */
+/* 1 when every part carries the interleaved codes (np_cq_lut.h np_lut_split). */
+static inline int NP_NAME(np_cq_all_interleaved)(const np_cq_part *parts, int64_t n_parts) {
+    for (int64_t p = 0; p < n_parts; p++)
+        if (!parts[p].interleaved) return 0;
+    return n_parts > 0;
+}
+
+/* The integer kernels' entry (np_cq.h np_cq_matmul), the one place that picks a 2-bit kernel:
+ * NP_BADARG when none covers this product (storage width, codebook, variant or v range), and
+ * the float64 kernel runs. All integer kernels give the float64 kernel's bits, so the pick
+ * changes no output; it follows the per-row cost curve measured in one process
+ * (bench/needlepoint_bench/products_curve.py, docs/benchmarks.md). The table-lookup kernel
+ * (np_cq_lut.h): on AVX2 at every row count when the parts carry the interleaved codes (no
+ * per-call transpose), else from NP_LUT_TMIN rows; on AVX-512 VNNI at one row with the
+ * interleaved codes, where vpdpbusd level sums cost more than the lookups, and from
+ * NP_LUT_TMIN_VNNI rows. Otherwise the
+ * level-sum kernel above for decode rows (T <= NP_I2_TMAX: fewer operations per weight for one
+ * row) and the 16-bit digit kernel (np_cq_int16.h) for 4-bit storage and for prefill tiles
+ * (two 16-bit products per weight instead of six byte products). */
 static int NP_NAME(np_cq_int)(const int32_t *v, const float *scale, int64_t T, int64_t in_pad,
                               int storage_bits, const float *codebook, int64_t codebook_len,
                               const double *cb, const np_cq_part *parts, int64_t n_parts,
                               float *out, int64_t out_stride, int64_t r_first, int64_t r_last) {
 #ifdef NP_SIMD_AVX2
+    const int il = NP_NAME(np_cq_all_interleaved)(parts, n_parts);
 #ifdef NP_SIMD_AVX512
-    const int lookup = np_cq_kernel_pick == 2;
+    const int by_rows = (T == 1 && il) || T >= NP_LUT_TMIN_VNNI;
 #else
-    const int lookup = np_cq_kernel_pick == 2 || (np_cq_kernel_pick == 0 && T >= NP_LUT_TMIN);
+    const int by_rows = T >= NP_LUT_TMIN || il;
 #endif
+    const int lookup = np_cq_kernel_pick == 2 || (np_cq_kernel_pick == 0 && by_rows);
     if (storage_bits == 2 && codebook_len <= 4 && lookup)
         return NP_NAME(np_cq_lut2)(v, scale, T, in_pad, cb, parts, n_parts, out, out_stride,
                                    r_first, r_last);

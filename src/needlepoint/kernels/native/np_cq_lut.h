@@ -24,7 +24,14 @@
  * in lane 1 (a packed byte holds columns 4k..4k+3), and two vpshufb per plane turn each byte's
  * four 2-bit codes into a plane nibble. That work is done once per 16 weight rows and group and
  * serves every activation row of the tile; the lookups per weight and activation row are 12 / 16
- * of a vpshufb and about as many adds. */
+ * of a vpshufb and about as many adds.
+ *
+ * Interleaved codes (np_cq_part.interleaved, built once at load by kernels/exact.py
+ * interleave_codes): the same bytes regrouped so that each 32-byte register of a 16-row block
+ * and group is what the transpose above yields, with each code byte replaced by its plane
+ * nibbles b0 | b1 << 4 (bit s of b0 / b1: bit 0 / 1 of the byte's code s). np_lut_split turns a
+ * register into the three plane registers with three ands and a shift, so a one-row product
+ * (np_lut_group1) costs the lookups alone, one pass over the weights. */
 
 #ifndef NP_LUT_ONCE
 #define NP_LUT_ONCE
@@ -33,12 +40,15 @@
  * level-sum / digit kernels, 2 the lookup kernel below. The same bits in every case. */
 static int np_cq_kernel_pick = 0;
 #define NP_LUT_SUB 256 /* KiB of activation tables per pass over a block of weight rows */
-/* Activation rows from which the AVX2 variant picks the lookup kernel by default: measured in
- * one process against the level-sum / digit kernels (bench/products_curve.py, docs/benchmarks.md
- * "Exact CQ x A8 products"), about 1.1-1.3x faster from 4 rows, even or slower at 1-2 (the
- * per-call plane extraction is not amortised); the AVX-512 VNNI variant keeps vpdpbusd level
- * sums / vpdpwssd digits, which measured as fast or faster at every row count. */
+/* Activation rows from which the lookup kernel is picked without the interleaved copy (AVX2)
+ * and at all (AVX-512 VNNI, where one row with the copy is picked too), measured in one process
+ * against the level-sum / digit kernels (bench/needlepoint_bench/products_curve.py,
+ * docs/benchmarks.md "Exact CQ x A8 products: the per-row cost curve"): on AVX2 about 1.1-1.3x
+ * faster from 4 rows when the codes are transposed per call; on VNNI 2-4 % faster from 16 rows,
+ * even or slower at 2-8 rows against vpdpbusd level sums / vpdpwssd digits. */
 #define NP_LUT_TMIN 4
+#define NP_LUT_TMIN_VNNI 16
+#define NP_LUT_BLOCK 512 /* interleaved bytes per 16-row block and group (16 x 32) */
 #endif
 
 #ifdef NP_SIMD_AVX2
@@ -154,6 +164,21 @@ static void NP_NAME(np_lut_planes)(const uint8_t *packed, int64_t row_bytes, int
     }
 }
 
+/* The three plane registers of one 16-row block for `groups` groups from its interleaved codes
+ * il (NP_LUT_BLOCK bytes per group; rows past the part's end are zero bytes: code 0), in
+ * np_lut_planes' order: planes[(g * 16 + o) * 3 + x]. */
+static inline void NP_NAME(np_lut_split)(const uint8_t *il, int64_t groups, __m256i *planes) {
+    const __m256i m15 = _mm256_set1_epi8(15);
+    for (int64_t i = 0; i < groups * 16; i++) {
+        __m256i r = _mm256_loadu_si256((const __m256i *)(il + i * 32));
+        __m256i p0 = _mm256_and_si256(r, m15);
+        __m256i p1 = _mm256_and_si256(_mm256_srli_epi16(r, 4), m15);
+        planes[i * 3] = p0;
+        planes[i * 3 + 1] = p1;
+        planes[i * 3 + 2] = _mm256_and_si256(p0, p1);
+    }
+}
+
 /* D of 8 rows (row 2 i + parity at dots[(2 i + parity) * dstride]) from their plane sums. */
 static inline void NP_NAME(np_lut_dots8)(__m256i p0, __m256i p1, __m256i p01, int32_t total,
                                          const double *cb, double *dots, int64_t dstride,
@@ -249,6 +274,17 @@ static inline __attribute__((always_inline)) void NP_NAME(np_lut_group)(
     }
 }
 
+/* D of 16 weight rows of group g for one activation row b0, from the block's interleaved codes
+ * il: the group's planes are split into registers that stay in L1 and looked up at once, so a
+ * one-row product makes one pass over the weights. */
+static inline __attribute__((always_inline)) void NP_NAME(np_lut_group1)(
+    const uint8_t *il, const __m256i *tab, const int32_t *tot, int64_t groups, int64_t g8,
+    int64_t g, int64_t b0, const double *cb, double *dots, int64_t dstride) {
+    __m256i pg[48];
+    NP_NAME(np_lut_split)(il + g * NP_LUT_BLOCK, 1, pg);
+    NP_NAME(np_lut_group)(pg, tab, tot, groups, g8, g, b0, 1, cb, dots, dstride);
+}
+
 /* np_cq_matmul for 2-bit storage and at most 4 levels by table lookups. NP_BADARG (nothing
  * written) when some v is outside [-2^14, 2^14): the float64 kernel runs. */
 static int NP_NAME(np_cq_lut2)(const int32_t *v, const float *scale, int64_t T, int64_t in_pad,
@@ -280,18 +316,33 @@ static int NP_NAME(np_cq_lut2)(const int32_t *v, const float *scale, int64_t T, 
             int64_t a = r_first > base ? r_first - base : 0;
             int64_t z = r_last - base < part->rows ? r_last - base : part->rows;
             base += part->rows;
-            for (int64_t r16 = a; r16 < z; r16 += 16) {
-                int rows = (int)(z - r16 < 16 ? z - r16 : 16);
-                const uint8_t *next = z - r16 >= 48 ? part->packed + (r16 + 32) * part->row_bytes
-                                                      : NULL;
-                NP_NAME(np_lut_planes)(part->packed + r16 * part->row_bytes, part->row_bytes,
-                                       rows, groups, next, planes);
+            for (int64_t r16 = a, end; r16 < z; r16 = end) {
+                end = (r16 | 15) + 1; /* blocks end at multiples of 16: the interleaved ones */
+                if (end > z) end = z;
+                int rows = (int)(end - r16);
                 /* dots of row i, activation row b, group g at (i * nb + b) * groups + g */
                 int64_t dstride = nb * groups;
-                for (int64_t g = 0; g < groups; g++) {
-                    const __m256i *pg = planes + g * 48;
-                    for (int b = 0; b < nb; b++) /* (two rows per plane load: no faster) */
-                        NP_NAME(np_lut_group)(pg, tab, tot0, groups, g8, g, b, 1, cb, dots, dstride);
+                const uint8_t *il = part->interleaved && !(r16 & 15)
+                                        ? part->interleaved + r16 * part->row_bytes : NULL;
+                if (il && nb == 1) {
+                    for (int64_t g = 0; g < groups; g++)
+                        NP_NAME(np_lut_group1)(il, tab, tot0, groups, g8, g, 0, cb, dots, dstride);
+                } else {
+                    if (il) {
+                        NP_NAME(np_lut_split)(il, groups, planes);
+                    } else {
+                        const uint8_t *next = z - r16 >= 48
+                                                  ? part->packed + (r16 + 32) * part->row_bytes
+                                                  : NULL;
+                        NP_NAME(np_lut_planes)(part->packed + r16 * part->row_bytes,
+                                               part->row_bytes, rows, groups, next, planes);
+                    }
+                    for (int64_t g = 0; g < groups; g++) {
+                        const __m256i *pg = planes + g * 48;
+                        for (int b = 0; b < nb; b++) /* (two rows per plane load: no faster) */
+                            NP_NAME(np_lut_group)(pg, tab, tot0, groups, g8, g, b, 1, cb, dots,
+                                                  dstride);
+                    }
                 }
                 for (int i = 0; i < rows; i += 4)
                     NP_NAME(np_tile_epilogue)(part, groups, r16 + i, rows - i < 4 ? rows - i : 4,
