@@ -4,10 +4,10 @@
         --out bench/results/bfcl_threshold_fit.json
     python -m needlepoint_bench.bfcl_threshold --refit bench/results/bfcl_threshold_fit.json
 
-Each case goes through the server's own request path in process (`server.engine.Engine`, a
-`ChatCompletionRequest` with `tool_choice="auto"`, temperature 0, `bfcl_serve`'s token
-limits), so the answer is the one `needlepoint serve` gives; the envelope's `route` decision
-gives the probability the model gave the call side at the answer's first token (`route.py`).
+Each case goes through `Needle.complete` (the case's system text and user message: the same
+prompt ids `needlepoint serve` decodes for its one-user-message chat; `tool_choice` auto,
+greedy, `bfcl_serve`'s token limits); the envelope's `route` decision gives the probability
+the model gave the call side at the answer's first token (`route.py`).
 
 A threshold `t` declines every call whose route chose to call with a call-side probability
 below `t`; the answer is then text, which is right on `live_irrelevance` and wrong elsewhere
@@ -33,23 +33,24 @@ from .bfcl_serve import max_tokens_for, wants_call
 LIVE = ("live_simple", "live_multiple", "live_irrelevance", "live_relevance")
 
 
-def answer(engine: Any, case: dict[str, Any], category: str) -> dict[str, Any]:
-    """One auto answer through the server's request path, with its route probability."""
-    from needlepoint.server.schemas import ChatCompletionRequest
+def answer(model: Any, case: dict[str, Any], category: str) -> dict[str, Any]:
+    """One auto answer (`Needle.complete`, the case's system text and user message), with
+    its route probability."""
+    import needlepoint
 
     tools = bfcl_data.to_tools(bfcl_data.prompt_functions(case, category), category)
-    body = {"model": engine.name, "messages": bfcl_data.messages_of(case), "temperature": 0,
-            "max_tokens": max_tokens_for(category), "tool_choice": "auto",
-            "tools": [{"type": "function", "function": t} for t in tools]}
+    messages = bfcl_data.messages_of(case)
+    system = next((m["content"] for m in messages if m["role"] == "system"), None)
     start = time.perf_counter()
     try:
-        job = engine.chat_job(ChatCompletionRequest.model_validate_json(json.dumps(body)))
-        result = job.run()
-    except Exception as error:  # noqa: BLE001 - a refused request is recorded, not fatal
+        needle = needlepoint.Needle(tools=tools, model=model, system=system,
+                                    max_new_tokens=max_tokens_for(category))
+        envelope = needle.complete(messages[-1]["content"])
+    except needlepoint.NeedlepointError as error:  # a refused request is recorded, not fatal
         return {"id": case["id"], "category": category, "error": f"{type(error).__name__}: "
                 f"{error}"[:200], "called": False, "p_call": None, "right": False}
-    calls = [{"name": n, "arguments": json.loads(a)} for n, a in result.calls]
-    envelope = result.envelope
+    calls = [{"name": c["name"], "arguments": c["arguments"]}
+             for c in envelope.get("function_calls", [])]
     route = next((d for d in envelope.get("decisions", []) if d["kind"] == "route"), None)
     # the route's probability is that of the side it chose (`route.route`)
     by_route = bool(calls) and envelope.get("call_syntax") != "text"
@@ -113,14 +114,14 @@ def main(argv: list[str] | None = None) -> None:
     categories = [c for c in args.category.split(",") if c]
     if any(not c.startswith("live_") for c in categories):
         parser.error("the threshold is fitted on live_* categories only")
-    from needlepoint.server.engine import Engine
+    import needlepoint
 
     from . import real_models
 
     model = Path(args.model)
     if not model.is_file():
         model = real_models.fetch(real_models.REAL_FILES.get(args.model, real_models.QWEN))
-    engine = Engine(str(model))
+    loaded = needlepoint.load(model)
     report: dict[str, Any] = {"model": str(model), "limit": args.limit, "mode": "auto",
                               "categories": categories, "load_before": os.getloadavg(),
                               "rows": []}
@@ -128,7 +129,7 @@ def main(argv: list[str] | None = None) -> None:
     for k in range(max(len(v) for v in cases.values())):
         for category in categories:
             if k < len(cases[category]):
-                row = answer(engine, cases[category][k], category)
+                row = answer(loaded, cases[category][k], category)
                 report["rows"].append(row)
                 print(f"{category} {k + 1} called={row['called']} p_call={row['p_call']} "
                       f"right={row['right']}", flush=True)
