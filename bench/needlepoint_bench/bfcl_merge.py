@@ -56,6 +56,9 @@ def merge(reports: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
             "engines": sorted({r["engine"] for r in merged}),
             "modes": sorted({r["mode"] for r in merged}), "limit": first.get("limit"),
             "machine": first.get("machine"), "calibration": IDENTITY, "runs": runs,
+            # the first run's load at its start, the last run's at its end (each run's: runs)
+            "load_before": first.get("load_before"),
+            "load_after": reports[-1][1].get("load_after"),
             "rows": merged, "summary": summarise(merged)}
 
 
