@@ -7,14 +7,16 @@ Every needlepoint answer with a confidence is one point (confidence, right). The
 (`needlepoint.api.confidence.fit_calibration`, Platt scaling on the log-odds) is fitted on the
 `live_*` answers only; on the held-out answers the area under the ROC curve of right-vs-wrong
 (`auroc`) and the expected calibration error over 10 equal-width bins (`ece`) are reported
-before (the raw evidence) and after (the fitted map). The results' confidences must be raw:
-their report's `calibration` is the identity.
+before (the raw evidence) and after (the fitted map). The live results' confidences must be
+raw (their report's `calibration` is the identity); held-out results run with a calibration
+are mapped back to raw evidence (`raw_of`).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -62,6 +64,17 @@ def points(report: dict[str, Any], engine: str = "needlepoint") -> list[dict[str
     return [r for r in report["rows"] if r["engine"] == engine and r["confidence"] is not None]
 
 
+def raw_of(published: float, used: dict[str, float] | None) -> float:
+    """The raw evidence behind a confidence published through the Platt map `used`
+    (`sigmoid(slope * logit(raw) + offset)`, inverted; 0 and 1 are its own limits):
+    held-out runs made with the shipped map are measured on raw evidence like the rest."""
+    if used is None or (used["slope"], used["offset"]) == (1.0, 0.0) or \
+            not 0.0 < published < 1.0:
+        return published
+    z = (math.log(published / (1.0 - published)) - used["offset"]) / used["slope"]
+    return 1.0 / (1.0 + math.exp(-z)) if z >= 0 else math.exp(z) / (1.0 + math.exp(z))
+
+
 def figures(rows: list[dict[str, Any]], calibration: Any) -> dict[str, Any]:
     """AUROC and ECE of rows' confidences, raw and through `calibration`."""
     raw = [float(r["confidence"]) for r in rows]
@@ -80,15 +93,15 @@ def calibrate(live: dict[str, Any], held: dict[str, Any]) -> dict[str, Any]:
     """Fit on live, measure on live and held-out (overall, per mode, per category)."""
     from needlepoint import Calibration, fit_calibration
 
-    for name, report in (("live", live), ("held-out", held)):
-        used = report.get("calibration", {"slope": 1.0, "offset": 0.0})
-        if (used["slope"], used["offset"]) != (1.0, 0.0):
-            raise SystemExit(f"the {name} results were run with a calibration {used}: "
-                             "fit on raw evidence (the identity)")
+    used = live.get("calibration", {"slope": 1.0, "offset": 0.0})
+    if (used["slope"], used["offset"]) != (1.0, 0.0):
+        raise SystemExit(f"the live results were run with a calibration {used}: fit on raw "
+                         "evidence (the identity)")
     fit_rows = points(live)
     fit = fit_calibration([r["confidence"] for r in fit_rows], [r["right"] for r in fit_rows])
     fitted = Calibration(round(fit.slope, 4), round(fit.offset, 4))
-    held_rows = points(held)
+    held_rows = [{**r, "confidence": raw_of(r["confidence"], held.get("calibration"))}
+                 for r in points(held)]
     out: dict[str, Any] = {"slope": fitted.slope, "offset": fitted.offset,
                            "live": figures(fit_rows, fitted),
                            "held_out": figures(held_rows, fitted), "held_out_by": {}}

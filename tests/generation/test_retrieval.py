@@ -241,8 +241,10 @@ def test_more_tools_than_the_grammar_limit_with_retrieval(models):
         Needle(tools=many, model=model, retrieve_k=None)
     bad = {"name": "bad", "parameters": {"type": "object", "properties": {
         "a": {"type": "strnig"}}}}
-    with pytest.raises(ToolSchemaError):  # every schema is still checked at construction
-        Needle(tools=[*many, bad], model=model, retrieve_k=3)
+    # every schema is still checked at construction: one the grammar cannot hold is dropped
+    checked = Needle(tools=[*many, bad], model=model, retrieve_k=3)
+    assert [d["name"] for d in checked.planner.dropped] == ["bad"]
+    assert [spec.name for spec in checked.tools] == [spec["name"] for spec in many]
 
 
 # ------------------------------------------------------------------ models without the head

@@ -112,6 +112,7 @@ class Needle(AgentMixin):
         self.planner = TurnPlanner(self.model, self.tools, defaults, grammar=grammar,
                                    retrieve_k=retrieve_k, retrieve_threshold=retrieve_threshold,
                                    chat_format=chat_format)
+        self.tools = self.planner.tools  # without the tools the grammar cannot hold
         self.format = self.planner.format
         self.whole_answer = self.planner.whole_answer  # a template model (answer_grammar.py)
         self.state = ChatState(specs=self.tools, grammar=self.planner.grammar)

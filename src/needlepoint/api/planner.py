@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ..errors import InvalidOptionError
+from ..errors import InvalidOptionError, ToolSchemaError
 from ..generation.answer_grammar import AUTO_CALL_THRESHOLD
 from ..generation.grammar import MAX_TOOLS, ToolCallGrammar
 from ..generation.retrieval import DEFAULT_RETRIEVE_K, ToolIndex
@@ -45,9 +45,6 @@ class TurnPlanner:
         # grammars (answer_grammar.py); None for Needle's wire format
         self.syntax = syntax_for(self.format)
         self.whole_answer = self.syntax is not None
-        if self.syntax is not None:
-            self.syntax.check_tools([spec.schema() for spec in tools])
-        self.tools = tools
         self.defaults = defaults
         self.config()  # validate the defaults now, not at the first query
         if retrieve_k is not None and (not isinstance(retrieve_k, int) or retrieve_k < 1):
@@ -56,23 +53,24 @@ class TurnPlanner:
             raise ValueError(f"retrieve_threshold must be an int >= 0, got {retrieve_threshold!r}")
         self.retrieve_k = retrieve_k
         self.retrieve_threshold = retrieve_threshold
+        self.grammars = GrammarCache(model.tokenizer, tool_grammar=grammar,
+                                     chat_format=self.format)
+        # a tool whose schema the grammar cannot hold is dropped, not the whole request
+        self.tools, self.dropped = self.usable(tools)
+        tools = self.tools
         self.index = ToolIndex(model, [spec.schema() for spec in tools])
         self._offer_memo: tuple[str, list[ToolSpec]] | None = None
         self.vocab = TURN_VOCABS.get(self.format) if self.whole_answer else \
             TurnVocab.from_tokenizer(model.tokenizer)
-        self.grammars = GrammarCache(model.tokenizer, tool_grammar=grammar,
-                                     chat_format=self.format)
         if grammar:
             GRAMMAR_VOCABS.get(model.tokenizer, self.format)  # built now, not at the first query
         self.grammar: ToolCallGrammar | None
         if self.retrieval_active and len(tools) > MAX_TOOLS:
             # Only subsets are ever compiled, so the full list may exceed the grammar's tool
-            # limit; still check every schema now, not at the first query.
-            for spec in tools:
-                self.compile([spec])
+            # limit (every schema was checked by `usable`).
             self.grammar = None
         else:
-            self.grammar = self.compile(tools)
+            self.grammar = self.grammars.calls([spec.schema() for spec in tools])
 
     # ------------------------------------------------------------------ options
     def config(self, **overrides: Any) -> GenerationConfig:
@@ -90,6 +88,43 @@ class TurnPlanner:
     def compile(self, specs: Sequence[ToolSpec], **flags: bool) -> Any:
         """A fresh call grammar for `specs` (None with the grammar off)."""
         return self.grammars.compile([spec.schema() for spec in specs], **flags)
+
+    def _check(self, specs: Sequence[ToolSpec]) -> None:
+        """ToolSchemaError unless the call syntax and the grammar accept these tools."""
+        if self.syntax is not None:
+            self.syntax.check_tools([spec.schema() for spec in specs])
+        # past the grammar's tool limit only subsets are compiled (tool retrieval): each
+        # tool alone; without retrieval the limit is refused below
+        for group in [specs] if len(specs) <= MAX_TOOLS else [[spec] for spec in specs]:
+            self.grammars.calls([spec.schema() for spec in group])  # cached: reused below
+
+    def usable(self, tools: list[ToolSpec]) -> tuple[list[ToolSpec], list[dict[str, str]]]:
+        """(the tools a grammar can hold, the dropped ones as {"name", "reason"}): when the
+        whole list fails, each tool is tried alone and the failing ones are left out.
+        ToolSchemaError when none is usable, or when the tools fail only together (a name
+        declared twice)."""
+        if not tools:
+            return tools, []
+        try:
+            self._check(tools)
+            return tools, []
+        except ToolSchemaError as whole:
+            kept, dropped = [], []
+            for spec in tools:
+                try:
+                    self._check([spec])
+                except ToolSchemaError as error:
+                    dropped.append({"name": spec.name, "reason": str(error)})
+                else:
+                    kept.append(spec)
+            if not dropped:
+                raise
+            if not kept:
+                if len(dropped) == 1:
+                    raise
+                raise ToolSchemaError("no tool is usable: " + "; ".join(
+                    f"{d['name']}: {d['reason']}" for d in dropped)) from whole
+            return kept, dropped
 
     def grammar_for(self, specs: Sequence[ToolSpec], require_call: bool = False,
                     parallel_calls: bool = True) -> ToolCallGrammar | None:
@@ -112,7 +147,7 @@ class TurnPlanner:
         schema = content_schema(extra.get("response_format"))
         if self.whole_answer:
             return self._answer_plan(specs, options, schema, parallel)
-        notes: dict[str, Any] = {}
+        notes = self.notes()
         if not specs and options.get("allow_call", True) and schema is None:
             if options.get("require_call"):
                 raise InvalidOptionError("require_call needs at least one tool to call")
@@ -147,7 +182,11 @@ class TurnPlanner:
             content = self.grammars.calls(tools, require_call=config.require_call,
                                           parallel_calls=parallel)
         check = None if self.grammars.tool_grammar else tools
-        return Plan(config, None, content, check, parallel, {})
+        return Plan(config, None, content, check, parallel, self.notes())
+
+    def notes(self) -> dict[str, Any]:
+        """What every answer's envelope says about the tools: the ones left out."""
+        return {"dropped_tools": [dict(d) for d in self.dropped]} if self.dropped else {}
 
     # ------------------------------------------------------------------ tool retrieval
     @property

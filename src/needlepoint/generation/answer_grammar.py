@@ -31,6 +31,7 @@ from ..formats.chat_format import TemplateFormat
 from .call_syntax import CallSyntax
 from .content import _OPTIONS, ContentSchemaError
 from .grammar import MAX_TOOLS, TokenVocab, ToolCallMatcher, tool_parts
+from .marker_tokens import call_starts, marker_pieces
 from .route import fence_start_mask
 from .segments import MarkerIds
 from .syntaxes import syntax_for
@@ -95,13 +96,20 @@ def turn_vocab(fmt: TemplateFormat, syntax: CallSyntax | None = None) -> TurnVoc
     free[[t for t in thinks if t >= 0]] = True
     from .drafts import match_keys
 
+    ids = (fmt.markers.get(syntax.open, -1), fmt.markers.get(syntax.close, -1))
+
     return TurnVocab(token_bytes=token_bytes, markers=markers, free_mask=free, call_prefix=(),
                      think_close_ids=(), match_keys=match_keys(token_bytes),
                      text_markers=(syntax.open, syntax.close),
                      call_start=call_start_mask(token_bytes, syntax.open),
                      fence_start=fence_start_mask(token_bytes),
                      call_body=syntax.body, closing=_closing(fmt, syntax, token_bytes),
-                     call_translator=syntax.translator())
+                     call_translator=syntax.translator(),
+                     marker_pieces=marker_pieces(token_bytes, {
+                         text: fmt.markers[text] for text in (syntax.open, syntax.close)
+                         if text in fmt.markers}),
+                     call_marker_ids=ids,
+                     call_starts=call_starts(token_bytes, ids[0]) if ids[1] >= 0 else None)
 
 
 def _syntax(fmt: TemplateFormat) -> CallSyntax:

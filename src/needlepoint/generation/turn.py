@@ -46,6 +46,7 @@ from .draft_policy import DraftPolicy
 from .drafts import Drafter, DraftState, NgramIndex
 from .events import DeltaEvent, LogprobDelta, ToolCallDelta, TurnComplete
 from .logprobs import token_logprob
+from .marker_tokens import after_close, between_calls, close_choice
 from .route import route
 from .sampling import choose_token, resolve_seed, softmax
 from .segments import AFTER_CALL, ANSWER, CALL, THINK, SegmentParser
@@ -121,6 +122,7 @@ class TurnState:
     longest_block: int = 0  # tokens of the longest call block so far (`end_when_short`)
     log: DecisionLog = field(default_factory=DecisionLog)  # the confidence's evidence
     cursor: CallCursor = field(default_factory=CallCursor)  # which call the JSON is in
+    close: str | None = None  # the choice at the last closing marker (marker_tokens.py)
 
     @classmethod
     def start(cls, vocab: TurnVocab, config: GenerationConfig, constraint: Constraint | None,
@@ -195,6 +197,10 @@ class TurnState:
             elif vocab.closing is not None and parser.call is not None:  # a block closed
                 allowed = end_when_short(allowed, vocab.markers.stops, remaining,
                                          config.max_new_tokens, self.longest_block)
+            if self.close is not None and parser.mode != CALL and parser.call is not None \
+                    and self.cursor.call is None:  # after a marker where the choice was made
+                allowed = after_close(between_calls(allowed, vocab.marker_pieces),
+                                      vocab.markers.stops, self.close)
             return allowed
         if parser.call is None:
             return _free_mask(vocab, parser, config)
@@ -216,6 +222,13 @@ class TurnState:
             if prob is not None:
                 self.log.route(prob)
         else:
+            if self.closing(allowed):
+                vocab = self.vocab
+                self.close, share = close_choice(logits, vocab.call_marker_ids[1],
+                                                 vocab.call_starts, vocab.markers.stops)
+                if self.close is not None:  # the marker as its own token, then the choice
+                    allowed = between_calls(allowed, vocab.marker_pieces)
+                    self.log.choose(BETWEEN, None, share)
             token = choose(allowed)
             self.record(logits, allowed, token)
         if in_call:
@@ -227,6 +240,16 @@ class TurnState:
         elif self.answer is not None:
             self.answer.advance(token)
         return token
+
+    def closing(self, allowed: np.ndarray | None) -> bool:
+        """Whether this is a call's closing-marker position in an answer that must call,
+        where another call or the end is decided (`marker_tokens.close_choice`)."""
+        close = self.vocab.call_marker_ids[1]
+        return (self.config.require_call and close >= 0 and allowed is not None
+                and self.vocab.call_starts is not None and self.answer is not None
+                and self.vocab.marker_pieces is not None
+                and self.parser.mode == CALL and self.cursor.call is None
+                and bool(allowed[close]))
 
     def routing(self) -> bool:
         """Whether this token is a template model's call-or-answer choice (`route.py`): the

@@ -108,6 +108,12 @@ class TurnVocab:
     fence_start: np.ndarray | None = None  # bool[vocab]: tokens that begin "```json" (route)
     closing: np.ndarray | None = None  # bool[vocab]: tokens that close a call (text_markers)
     call_translator: Any = None  # call text to JSON (FunctionGemma; call_syntax.py)
+    # bool[vocab]: tokens that spell part of a single-token call marker (marker_tokens.py)
+    marker_pieces: np.ndarray | None = None
+    # the call markers' own tokens (open, close) when they are single tokens, -1 if not, and
+    # the tokens that begin another call (marker_tokens.py)
+    call_marker_ids: tuple[int, int] = (-1, -1)
+    call_starts: np.ndarray | None = None
 
     def parser(self, stops: tuple[str, ...]) -> SegmentParser:
         """A fresh splitter of one answer's tokens."""

@@ -217,6 +217,8 @@ def _options(req: SamplingOptions, max_new_tokens: int | None) -> dict[str, Any]
         options["seed"] = req.seed  # int64, the library's own seed rule
     if max_new_tokens is not None:
         options["max_new_tokens"] = max_new_tokens
+    if req.call_threshold is not None:
+        options["call_threshold"] = req.call_threshold
     return options
 
 

@@ -3,11 +3,12 @@ neutral value, or refused with a 400 that names it (`param`) and says what is al
 
 Honoured: model, messages, tools, tool_choice (incl. `allowed_tools`), parallel_tool_calls,
 max_tokens / max_completion_tokens, stream, stream_options.include_usage, n (1), temperature,
-top_p, top_k (ours), seed, stop, logprobs, top_logprobs, response_format, reasoning_effort (a
-reasoning budget), chat_template_kwargs (variables for a template model's chat template, e.g.
-Qwen3's enable_thinking, as vLLM and llama.cpp take them), and the caller's identifiers user /
-safety_identifier / prompt_cache_key (logged at debug level only: by OpenAI's definition they
-do not change the answer). Neutral values only: presence_penalty and frequency_penalty 0,
+top_p, top_k (ours), seed, call_threshold (ours: decline a weak call), stop, logprobs,
+top_logprobs, response_format, reasoning_effort (a reasoning budget), chat_template_kwargs
+(variables for a template model's chat template, e.g. Qwen3's enable_thinking, as vLLM and
+llama.cpp take them), and the caller's identifiers user / safety_identifier /
+prompt_cache_key (logged at debug level only: by OpenAI's definition they do not change the
+answer). Neutral values only: presence_penalty and frequency_penalty 0,
 logit_bias {}, store false, metadata {}, service_tier "auto"/"default", modalities ["text"],
 stream_options.include_obfuscation false. Refused whenever set: the legacy `functions` /
 `function_call` (use `tools` / `tool_choice`), audio, prediction, web_search_options,
@@ -51,6 +52,8 @@ RULES: dict[str, str] = {
     "top_p": "a number greater than 0 and at most 1",
     "top_k": "an integer >= 0 (0: no limit)",
     "seed": "an integer in [-2**63, 2**63)",
+    "call_threshold": "a probability between 0 and 1 (a call the model gives less is "
+                      "declined: the answer is text), or null for the default",
     "stop": "a string or a list of up to 4 non-empty strings",
     "logprobs": "true or false",
     "top_logprobs": "an integer between 0 and 20, with logprobs: true",

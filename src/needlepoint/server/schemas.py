@@ -130,13 +130,16 @@ class ResponseFormat(_Lenient):
 
 
 class SamplingOptions(_Lenient):
-    """Generation options shared by both endpoints (OpenAI ranges; `top_k` is our extension).
+    """Generation options shared by both endpoints (OpenAI ranges; `top_k` and
+    `call_threshold` are our extensions).
     NaN and infinities are refused (`allow_inf_nan=False`)."""
 
     temperature: float | None = Field(default=None, ge=0.0, le=2.0, allow_inf_nan=False)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0, allow_inf_nan=False)
     top_k: int | None = Field(default=None, ge=0)
     seed: int | None = Field(default=None, ge=-(1 << 63), lt=1 << 63)  # int64, as OpenAI
+    # ours: decline a call the model gives less probability than this (`generation/route.py`)
+    call_threshold: float | None = Field(default=None, ge=0.0, le=1.0, allow_inf_nan=False)
 
 
 ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice | AllowedToolChoice
