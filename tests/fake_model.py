@@ -18,7 +18,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from needlepoint.errors import ModelInputError
-from needlepoint.formats.chat_format import NeedleFormat
+from needlepoint.formats.chat_format import NeedleFormat, TemplateFormat
 from needlepoint.models.protocol import ModelCapabilities, SessionCapabilities
 
 
@@ -54,6 +54,26 @@ class LogitSession:
         self.ids.append(int(token_id))
         self._check()
         return self._logits()
+
+
+class AnswerScript(LogitSession):
+    """Logits for an answer: at step k of the turn, 0 on `answer[k]`, `alternatives[k]`
+    (id -> logit) on others, `off` elsewhere, so each decision's probability is known in
+    closed form."""
+
+    def __init__(self, vocab: int, answer: list[int], alternatives: dict[int, dict[int, float]],
+                 off: float = -60.0):
+        super().__init__()
+        self.vocab, self.answer, self.alternatives, self.off = vocab, answer, alternatives, off
+
+    def _logits(self) -> np.ndarray:
+        k = len(self.ids) - self.turn_start
+        logits = np.full(self.vocab, self.off, np.float32)
+        if k < len(self.answer):
+            logits[self.answer[k]] = 0.0
+            for token, value in self.alternatives.get(k, {}).items():
+                logits[token] = value
+        return logits
 
 
 class ScriptedSession(LogitSession):
@@ -137,3 +157,11 @@ class ScriptedModel:
 def answer_ids(tokenizer, answer: str) -> list[int]:
     """Ids of an assistant answer as training encodes it (separately, dummy prefix on)."""
     return tokenizer.encode(answer)
+
+
+class ScriptedTemplateModel(ScriptedModel):
+    """`ScriptedModel` with a chat template's format (a template model to the API)."""
+
+    @property
+    def chat_format(self) -> TemplateFormat:
+        return TemplateFormat(self.tokenizer)

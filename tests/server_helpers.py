@@ -156,3 +156,19 @@ def check_error(err: Any, status: int, param: str | None = None, code: str | Non
         assert body["param"] == param
     if code is not None:
         assert body["code"] == code
+
+
+def streamed_calls(reply: Any) -> tuple[list[tuple[str, str]], dict[str, Any]]:
+    """(calls, the `needlepoint` object) of a streamed reply."""
+    chunks = [json.loads(line[len("data: "):]) for line in reply.text.splitlines()
+              if line.startswith("data: {")]
+    names: dict[int, str] = {}
+    parts: dict[int, list[str]] = {}
+    for chunk in chunks:
+        for choice in chunk["choices"]:
+            for call in choice["delta"].get("tool_calls") or []:
+                if call["function"].get("name"):
+                    names[call["index"]] = call["function"]["name"]
+                parts.setdefault(call["index"], []).append(call["function"].get("arguments", ""))
+    extension = next(c["needlepoint"] for c in chunks if "needlepoint" in c)
+    return [(names[i], "".join(parts[i])) for i in sorted(parts)], extension

@@ -7,12 +7,11 @@ grammar cannot hold is left out of the prompt and the grammar and named in the e
 from __future__ import annotations
 
 import pytest
-from fake_model import ScriptedModel
+from fake_model import ScriptedTemplateModel
 from hf_helpers import hf_reference
 
 from needlepoint import ToolSchemaError
 from needlepoint.api.needle import Needle
-from needlepoint.formats.chat_format import TemplateFormat
 from needlepoint.formats.hf_checkpoint import open_hf_directory
 from needlepoint.generation.grammar import MAX_TOOLS
 
@@ -21,12 +20,6 @@ ALARM = {"name": "set_alarm", "description": "Set an alarm.", "parameters": {
 TICKETS = {"name": "buy_tickets", "description": "Buy tickets.", "parameters": {
     "type": "object", "properties": {"count": {"type": "integer", "enum": ["1", "2"]}},
     "required": ["count"]}}
-
-
-class ScriptedTemplateModel(ScriptedModel):
-    @property
-    def chat_format(self) -> TemplateFormat:
-        return TemplateFormat(self.tokenizer)
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from fake_model import LogitSession
+from fake_model import AnswerScript
 from hf_helpers import hf_reference
 
 from needlepoint.api.envelope import turn_envelope
@@ -26,26 +26,8 @@ from needlepoint.generation.turn_config import GenerationConfig
 
 TOOLS = [{"name": "set_alarm", "description": "Set an alarm.", "parameters": {
     "type": "object", "properties": {"time": {"type": "string"}}, "required": ["time"]}}]
-OFF = -60.0
 ALARM = {"name": "set_alarm", "arguments": {"time": "06:45"}}
 LATER = {"name": "set_alarm", "arguments": {"time": "07:00"}}
-
-
-class Script(LogitSession):
-    """Logit 0 on `answer[k]` at step k, `alternatives[k]` (id -> logit), OFF elsewhere."""
-
-    def __init__(self, vocab: int, answer: list[int], alternatives: dict[int, dict[int, float]]):
-        super().__init__()
-        self.vocab, self.answer, self.alternatives = vocab, answer, alternatives
-
-    def _logits(self) -> np.ndarray:
-        k = len(self.ids) - self.turn_start
-        logits = np.full(self.vocab, OFF, np.float32)
-        if k < len(self.answer):
-            logits[self.answer[k]] = 0.0
-            for token, value in self.alternatives.get(k, {}).items():
-                logits[token] = value
-        return logits
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +51,7 @@ def answer(fmt, script: list[int], alternatives: dict[int, dict[int, float]],
                               require_call=require)
     grammar = AnswerGrammar(token_vocab(fmt), fmt, TOOLS, text=not require,
                             require_call=require)
-    session = Script(len(fmt.tokenizer.all_token_bytes()), script, alternatives)
+    session = AnswerScript(len(fmt.tokenizer.all_token_bytes()), script, alternatives)
     return run_turn(session, turn_vocab(fmt), fmt.first_ids(TOOLS, "Wake me at 6:45."),
                     config, content=grammar)
 

@@ -14,7 +14,7 @@ import math
 
 import numpy as np
 import pytest
-from fake_model import LogitSession
+from fake_model import AnswerScript
 from hf_helpers import hf_reference
 
 from needlepoint.api.confidence import (
@@ -40,7 +40,6 @@ TOOLS = [
         "type": "object", "properties": {"contact": {"type": "string"}},
         "required": ["contact"]}},
 ]
-OFF = -60.0
 TOL = 1e-7  # the logits are float32: log(1/3) and friends are rounded
 
 
@@ -49,24 +48,6 @@ def platt(raw: float) -> float:
     sigmoid(slope * logit(raw) + offset) (docs/api.md)."""
     z = CALIBRATION.slope * math.log(raw / (1.0 - raw)) + CALIBRATION.offset
     return 1.0 / (1.0 + math.exp(-z))
-
-
-class ScriptSession(LogitSession):
-    """Logits for an answer: at step k, 0 on `answer[k]`, `alternatives[k]` (id -> logit)
-    on others, OFF elsewhere."""
-
-    def __init__(self, vocab: int, answer: list[int], alternatives: dict[int, dict[int, float]]):
-        super().__init__()
-        self.vocab, self.answer, self.alternatives = vocab, answer, alternatives
-
-    def _logits(self) -> np.ndarray:
-        k = len(self.ids) - self.turn_start
-        logits = np.full(self.vocab, OFF, np.float32)
-        if k < len(self.answer):
-            logits[self.answer[k]] = 0.0
-            for token, value in self.alternatives.get(k, {}).items():
-                logits[token] = value
-        return logits
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +86,7 @@ def decode(fmt, session, answer, alternatives, **options):
 
 @pytest.fixture
 def session(fmt):
-    return lambda answer, alternatives: ScriptSession(len(fmt.tokenizer.all_token_bytes()),
+    return lambda answer, alternatives: AnswerScript(len(fmt.tokenizer.all_token_bytes()),
                                                       answer, alternatives)
 
 

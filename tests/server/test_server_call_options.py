@@ -7,14 +7,12 @@ object instead of failing the request (a 400 only when no tool is usable), and
 
 from __future__ import annotations
 
-import json
-
 import pytest
-from fake_model import ScriptedModel
+from fake_model import ScriptedTemplateModel
 from fastapi.testclient import TestClient
 from hf_helpers import hf_reference
+from server_helpers import streamed_calls
 
-from needlepoint.formats.chat_format import TemplateFormat
 from needlepoint.formats.hf_checkpoint import open_hf_directory
 from needlepoint.server import create_app
 
@@ -31,14 +29,6 @@ SEATS = {"type": "function", "function": {
         "type": "object", "properties": {"seats": {"type": "integer", "enum": ["3"]}},
         "required": ["seats"]}}}
 END = 1101  # the fixture's end-of-turn token as the script's last
-
-
-class ScriptedTemplateModel(ScriptedModel):
-    """`ScriptedModel` with a chat template's format (a template model to the API)."""
-
-    @property
-    def chat_format(self) -> TemplateFormat:
-        return TemplateFormat(self.tokenizer)
 
 
 def block(time: str) -> str:
@@ -64,22 +54,6 @@ def ask(client, stream: bool = False, **fields):
     return client.post("/v1/chat/completions", json=body)
 
 
-def streamed(reply) -> tuple[list[tuple[str, str]], dict]:
-    """(calls, the `needlepoint` object) of a streamed reply."""
-    chunks = [json.loads(line[len("data: "):]) for line in reply.text.splitlines()
-              if line.startswith("data: {")]
-    names: dict[int, str] = {}
-    parts: dict[int, list[str]] = {}
-    for chunk in chunks:
-        for choice in chunk["choices"]:
-            for call in choice["delta"].get("tool_calls") or []:
-                if call["function"].get("name"):
-                    names[call["index"]] = call["function"]["name"]
-                parts.setdefault(call["index"], []).append(call["function"].get("arguments", ""))
-    extension = next(c["needlepoint"] for c in chunks if "needlepoint" in c)
-    return [(names[i], "".join(parts[i])) for i in sorted(parts)], extension
-
-
 def calls_of(reply) -> list[tuple[str, str]]:
     message = reply.json()["choices"][0]["message"]
     return [(c["function"]["name"], c["function"]["arguments"])
@@ -97,7 +71,7 @@ def test_a_call_threshold_declines_a_weak_call(app_client):
     assert declined.status_code == 200, declined.text
     message = declined.json()["choices"][0]["message"]
     assert not message.get("tool_calls") and message["content"]
-    calls, _ = streamed(ask(app_client, stream=True, call_threshold=1.0))
+    calls, _ = streamed_calls(ask(app_client, stream=True, call_threshold=1.0))
     assert calls == []
 
 
@@ -119,7 +93,7 @@ def test_an_unusable_tool_is_dropped_and_reported(app_client, stream):
     reply = ask(app_client, stream, tools=[TICKETS, ALARM])
     assert reply.status_code == 200, reply.text
     if stream:
-        calls, extension = streamed(reply)
+        calls, extension = streamed_calls(reply)
     else:
         calls, extension = calls_of(reply), reply.json()["needlepoint"]
     assert calls[0] == ("set_alarm", '{"time": "06:45"}')
@@ -151,8 +125,8 @@ def test_parallel_tool_calls_false_gives_at_most_one_call(app_client, stream):
     one = ask(app_client, stream, parallel_tool_calls=False)
     assert both.status_code == one.status_code == 200
     if stream:
-        assert len(streamed(both)[0]) == 2
-        assert streamed(one)[0] == [("set_alarm", '{"time": "06:45"}')]
+        assert len(streamed_calls(both)[0]) == 2
+        assert streamed_calls(one)[0] == [("set_alarm", '{"time": "06:45"}')]
     else:
         assert len(calls_of(both)) == 2
         assert calls_of(one) == [("set_alarm", '{"time": "06:45"}')]

@@ -9,25 +9,17 @@ from __future__ import annotations
 import json
 
 import pytest
-from fake_model import ScriptedModel
+from fake_model import ScriptedTemplateModel
 from fastapi.testclient import TestClient
 from hf_helpers import hf_reference
+from server_helpers import streamed_calls
 
-from needlepoint.formats.chat_format import TemplateFormat
 from needlepoint.formats.hf_checkpoint import open_hf_directory
 from needlepoint.server import create_app
 
 TOOL = {"type": "function", "function": {
     "name": "set_alarm", "description": "Set an alarm.", "parameters": {
         "type": "object", "properties": {"time": {"type": "string"}}, "required": ["time"]}}}
-
-
-class ScriptedTemplateModel(ScriptedModel):
-    """`ScriptedModel` with a chat template's format (a template model to the API)."""
-
-    @property
-    def chat_format(self) -> TemplateFormat:
-        return TemplateFormat(self.tokenizer)
 
 
 @pytest.fixture(scope="module")
@@ -62,19 +54,8 @@ def test_a_repeated_call_ends_the_answer_the_same_way_streamed_or_not(app_client
 
     streamed = ask(app_client, True)
     assert streamed.status_code == 200
-    chunks = [json.loads(line[len("data: "):]) for line in streamed.text.splitlines()
-              if line.startswith("data: {")]
-    parts: dict[int, list[str]] = {}
-    names: dict[int, str] = {}
-    for chunk in chunks:
-        for choice in chunk["choices"]:
-            for call in choice["delta"].get("tool_calls") or []:
-                if call["function"].get("name"):
-                    names[call["index"]] = call["function"]["name"]
-                parts.setdefault(call["index"], []).append(call["function"].get("arguments", ""))
-    assert [(names[i], "".join(parts[i])) for i in sorted(parts)] == calls
-    extension = chunks[-1].get("needlepoint") or next(
-        c["needlepoint"] for c in chunks if "needlepoint" in c)
+    streamed_list, extension = streamed_calls(streamed)
+    assert streamed_list == calls
     assert len(extension["call_confidences"]) == 2
 
 
