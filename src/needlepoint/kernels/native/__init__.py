@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-ABI_VERSION = 14
+ABI_VERSION = 15
 HERE = Path(__file__).resolve().parent
 
 c_int64_p = ctypes.POINTER(ctypes.c_int64)
@@ -83,7 +83,16 @@ class V3Model(ctypes.Structure):
                 *[(name, _P) for name in (
                     "layers", "p1", "p2", "rope_cos", "rope_sin", "final_norm")],
                 ("lm_head", V3Product), ("sites", _P), ("n_sites", _I64), ("tables", _I64),
-                ("slots", _I64), ("table_order", _P), ("table_seed", _P), ("h", _F32)]
+                ("slots", _I64), ("table_order", _P), ("table_seed", _P), ("h", _F32),
+                ("emb_packed", _P), ("emb_norms", _P), ("emb_codebook", _P),
+                *[(name, _I64) for name in ("emb_row_bytes", "emb_groups", "emb_storage_bits")]]
+
+
+class Arena(ctypes.Structure):
+    """`np_arena`: a native call's scratch kept between calls (np_v3_types.h); its buffers
+    are freed by `np_arena_free`."""
+
+    _fields_ = [("buf", _P * 6), ("cap", ctypes.c_size_t * 6)]
 
 
 class V3Cache(ctypes.Structure):
@@ -168,6 +177,10 @@ def _signatures(lib: ctypes.CDLL) -> None:
     lib.np_v3_readout.restype = i32
     lib.np_v3_engram.argtypes = [p, p, i64, i64, p, p]
     lib.np_v3_engram.restype = i32
+    lib.np_v3_step.argtypes = [p, p, i64, p, p, i64, p, i64, p, i64, p, i64, p]
+    lib.np_v3_step.restype = i32
+    lib.np_arena_free.argtypes = [p]
+    lib.np_arena_free.restype = None
     lib.np_force_variant.argtypes = [i32]
     lib.np_force_variant.restype = i32
     _i8_signatures(lib)

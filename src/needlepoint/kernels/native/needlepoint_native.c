@@ -126,7 +126,7 @@ int np_force_variant(int v) {
 #define NP_DISPATCH(name, ...) name##_base(__VA_ARGS__)
 #endif
 
-int np_abi_version(void) { return 14; }
+int np_abi_version(void) { return 15; }
 
 /* 2 when the AVX-512 VNNI variant runs, 1 for AVX2 + FMA, 0 for the baseline one. */
 int np_simd_variant(void) { return np_pick(); }
@@ -279,17 +279,34 @@ int np_v3_blocks(const np_v3_model *m, int64_t first, int64_t last, float *lanes
                  const float *const *site_v, float *cells, int64_t cells_stride,
                  int64_t cells_offset) {
     return NP_DISPATCH(np_v3_blocks, m, first, last, lanes, R, parts, n_parts, site_k, site_v,
-                       cells, cells_stride, cells_offset);
+                       cells, cells_stride, cells_offset, NULL);
 }
 
 int np_v3_readout(const np_v3_model *m, const float *lanes, const int64_t *rows, int64_t count,
                   float *out) {
-    return NP_DISPATCH(np_v3_readout, m, lanes, rows, count, out);
+    return NP_DISPATCH(np_v3_readout, m, lanes, rows, count, out, NULL);
 }
 
 int np_v3_engram(const np_v3_model *m, const np_v3_part *parts, int64_t n_parts, int64_t R,
                  float *keys, float *values) {
-    return NP_DISPATCH(np_v3_engram, m, parts, n_parts, R, keys, values);
+    return NP_DISPATCH(np_v3_engram, m, parts, n_parts, R, keys, values, NULL);
+}
+
+int np_v3_step(const np_v3_model *m, np_arena *arena, int64_t layers, const int64_t *tokens,
+               const float *x0, int64_t R, const np_v3_part *parts, int64_t n_parts,
+               float *cells, int64_t cells_stride, const int64_t *out_rows, int64_t n_out,
+               float *logits) {
+    return NP_DISPATCH(np_v3_step, m, arena, layers, tokens, x0, R, parts, n_parts, cells,
+                       cells_stride, out_rows, n_out, logits);
+}
+
+/* Frees an arena's buffers (its owner is gone); the arena itself is the caller's memory. */
+void np_arena_free(np_arena *arena) {
+    for (int i = 0; i < NP_ARENA_SLOTS; i++) {
+        free(arena->buf[i]);
+        arena->buf[i] = NULL;
+        arena->cap[i] = 0;
+    }
 }
 
 /* The int8 kernels' entry points (np_i8.h, np_i8_block.h). */

@@ -13,7 +13,7 @@ static int64_t NP_NAME(np_v3_max)(int64_t a, int64_t b) { return a > b ? a : b; 
 static int NP_NAME(np_v3_blocks)(const np_v3_model *m, int64_t first, int64_t last, float *lanes, int64_t R,
                  const np_v3_part *parts, int64_t n_parts, const float *const *site_k,
                  const float *const *site_v, float *cells, int64_t cells_stride,
-                 int64_t cells_offset) {
+                 int64_t cells_offset, np_arena *arena) {
     const int64_t n = m->lanes, d = m->d, nd = n * d, H = m->heads, KV = m->kv_heads;
     const int64_t qk = m->qk, vd = m->vd;
     const int64_t k_end = (H + KV) * qk, v_end = k_end + KV * vd;
@@ -41,7 +41,7 @@ static int NP_NAME(np_v3_blocks)(const np_v3_model *m, int64_t first, int64_t la
     size_t bytes = floats * sizeof(float) + (size_t)(R * in_pad) * sizeof(int32_t) +
                    (size_t)(R * H * qk + max_count * (KV * qk + KV * vd)) + 64 +
                    (size_t)n_parts * (sizeof(np_v3_attend_job) + sizeof(int64_t)) + 16;
-    char *mem = (char *)malloc(bytes);
+    char *mem = (char *)np_scratch(arena, NP_SLOT_BLOCKS, bytes);
     if (!mem) return NP_NOMEM;
     /* the step's attention rows of every session at once (np_v3_attend_parts) */
     np_v3_attend_job *att_jobs = (np_v3_attend_job *)mem;
@@ -199,18 +199,19 @@ static int NP_NAME(np_v3_blocks)(const np_v3_model *m, int64_t first, int64_t la
                 NP_NAME(np_v3_lane_mean)(lanes + t * nd, n, d,
                                 cells + (t * cells_stride + l - first + cells_offset) * d);
     }
-    free(mem);
+    np_scratch_done(arena, mem);
     return status;
 }
 
 /* logits [count, lm_head.out] of rows `rows` of lanes [R, n, d]: ZC(final_norm) of the lane
  * mean, then the exact LM-head product (batch.chunk_pass). */
 static int NP_NAME(np_v3_readout)(const np_v3_model *m, const float *lanes, const int64_t *rows, int64_t count,
-                  float *out) {
+                  float *out, np_arena *arena) {
     const int64_t n = m->lanes, d = m->d;
     size_t floats = (size_t)(2 * count * d + d + count);
-    char *mem = (char *)malloc(floats * sizeof(float) +
-                               (size_t)(count * m->lm_head.in_pad) * sizeof(int32_t) + 64);
+    char *mem = (char *)np_scratch(arena, NP_SLOT_READOUT,
+                                   floats * sizeof(float) +
+                                   (size_t)(count * m->lm_head.in_pad) * sizeof(int32_t) + 64);
     if (!mem) return NP_NOMEM;
     float *mean = (float *)mem, *hidden = mean + count * d, *sq = hidden + count * d;
     float *scale = sq + d;
@@ -221,7 +222,7 @@ static int NP_NAME(np_v3_readout)(const np_v3_model *m, const float *lanes, cons
     }
     int status = NP_NAME(np_v3_product_run)(&m->lm_head, hidden, count, d, v, scale, out,
                                    (int)m->threads);
-    free(mem);
+    np_scratch_done(arena, mem);
     return status;
 }
 
@@ -230,7 +231,7 @@ static int NP_NAME(np_v3_readout)(const np_v3_model *m, const float *lanes, cons
  * the hashed n-grams of the parts' tokens; records the raw value projections in each part's
  * engram ring. */
 static int NP_NAME(np_v3_engram)(const np_v3_model *m, const np_v3_part *parts, int64_t n_parts, int64_t R,
-                 float *keys, float *values) {
+                 float *keys, float *values, np_arena *arena) {
     const int64_t d = m->d, tables = m->tables;
     int64_t width = 0, in_pad = 0, groups = 1;
     for (int64_t s = 0; s < m->n_sites; s++) {
@@ -240,8 +241,9 @@ static int NP_NAME(np_v3_engram)(const np_v3_model *m, const np_v3_part *parts, 
         groups = NP_NAME(np_v3_max)(groups, S->groups);
     }
     size_t floats = (size_t)(R * width + R * 2 * d + R + 2 * R * tables * groups * 128);
-    char *mem = (char *)malloc(floats * sizeof(float) + (size_t)(R * in_pad) * sizeof(int32_t) +
-                               (size_t)(R * tables) * sizeof(int64_t) + 64);
+    char *mem = (char *)np_scratch(arena, NP_SLOT_ENGRAM,
+                                   floats * sizeof(float) + (size_t)(R * in_pad) * sizeof(int32_t) +
+                                   (size_t)(R * tables) * sizeof(int64_t) + 64);
     if (!mem) return NP_NOMEM;
     int64_t *rows = (int64_t *)mem;
     float *lookup = (float *)(rows + R * tables), *proj = lookup + R * width;
@@ -330,6 +332,6 @@ static int NP_NAME(np_v3_engram)(const np_v3_model *m, const np_v3_part *parts, 
             }
         }
     }
-    free(mem);
+    np_scratch_done(arena, mem);
     return status;
 }

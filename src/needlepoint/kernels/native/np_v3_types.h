@@ -57,6 +57,11 @@ typedef struct {
     int64_t n_sites, tables, slots;
     const int64_t *table_order, *table_seed; /* per table: n-gram order, hash seed */
     float h; /* f32(1 / sqrt(128)): the dequantisation's Hadamard entry */
+    /* the embedding as CQ rows of 128-groups for np_v3_step's gather (packed NULL: the caller
+     * passes the scaled embedding rows) */
+    const uint8_t *emb_packed;
+    const float *emb_norms, *emb_codebook;
+    int64_t emb_row_bytes, emb_groups, emb_storage_bits;
 } np_v3_model;
 
 typedef struct { /* one layer's cache of one session (models/needle3/exact_attention.py) */
@@ -91,6 +96,34 @@ typedef struct { /* scratch of one part's attention */
     float *qscale, *kscale, *vscale, *heads_rows, *work; /* work: one row per thread */
     int64_t work_stride;
 } np_v3_attn_ws;
+
+/* Scratch kept between calls (np_v3_step): one buffer per slot, grown when a call needs more
+ * and reused by the next, so a decode step allocates nothing (a fresh malloc of a large buffer
+ * is a fresh mapping whose pages the kernel clears at every step). Owned by one thread at a
+ * time (models/needle3/native_block.py keeps one per thread); NULL: each call allocates and
+ * frees its own. */
+#define NP_ARENA_SLOTS 6
+typedef struct {
+    void *buf[NP_ARENA_SLOTS];
+    size_t cap[NP_ARENA_SLOTS];
+} np_arena;
+
+static void *np_scratch(np_arena *a, int slot, size_t bytes) {
+    if (!a) return malloc(bytes);
+    if (a->cap[slot] < bytes) {
+        free(a->buf[slot]);
+        a->buf[slot] = malloc(bytes);
+        a->cap[slot] = a->buf[slot] ? bytes : 0;
+    }
+    return a->buf[slot];
+}
+
+static void np_scratch_done(np_arena *a, void *mem) {
+    if (!a) free(mem);
+}
+
+/* arena slots of the step's parts */
+enum { NP_SLOT_ENGRAM, NP_SLOT_BLOCKS, NP_SLOT_READOUT, NP_SLOT_STEP, NP_SLOT_SITES };
 
 static int np_v3_max_threads(int threads) { return threads < 1 ? 1 : threads > 16 ? 16 : threads; }
 

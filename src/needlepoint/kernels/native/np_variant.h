@@ -6,7 +6,8 @@
 #include "np_exp.h"    /* the pinned exp */
 #include "np_attend.h" /* int8 attention */
 #include "np_pinned.h" /* pinned float products, dequantised rows, Sinkhorn, Hadamard MLP */
-#include "np_v3_block.h" /* the Needle 3 step */
+#include "np_v3_block.h" /* the Needle 3 blocks, engram sites and read-out */
+#include "np_v3_step.h"  /* all of them in one call */
 #include "np_i8_body.h"  /* the transformer int8 kernels */
 #include "np_i8_rows.h"
 #include "np_wt.h"      /* products over GGUF weight blocks as stored */

@@ -7,6 +7,12 @@ numerics every block's products read the weights once for the rows of all sequen
 each sequence attends its own cache; rows are row-wise exact and batch-invariant, so a
 request's logits are the same bits alone or among others. Float numerics run each item on
 its own (BLAS results depend on the number of rows).
+
+A call whose tokens fit one pass (`PASS_ROWS`: a scheduler step, 256 rows by default, always
+does) runs as one forward: each request's tokens one item, however many of its session's
+prefill chunks they span, so prompt, draft and decode rows of every session share each
+product's tiles in one pass over the weights. Longer calls run in rounds of each session's
+own chunks. Deploy rows are chunk-invariant, so the bits are the same either way.
 """
 
 from __future__ import annotations
@@ -19,6 +25,10 @@ from ..chunking import chunks
 from .forward import forward, joined
 from .protocol import BlockModel
 from .session import V3Session
+
+# Rows of one stacked pass: above a scheduler step's budget (api/scheduler.py, 256), small
+# enough that the native step's scratch (~tens of KB a row) stays a few MB.
+PASS_ROWS = 512
 
 
 def run_batch(
@@ -36,7 +46,9 @@ def run_batch(
     if not model.num.stacks:  # float numerics: each request on its own, as a session runs it
         return [session.extend(ids) if every else session.prefill(ids)
                 for (session, _, every), ids in zip(requests, tokens, strict=True)]
-    plans = [list(chunks(len(ids), session.chunk, "all" if every else "last"))
+    one_pass = sum(len(ids) for ids in tokens) <= PASS_ROWS
+    plans = [list(chunks(len(ids), max(1, len(ids)) if one_pass else session.chunk,
+                         "all" if every else "last"))
              for (session, _, every), ids in zip(requests, tokens, strict=True)]
     outputs: list[list[np.ndarray]] = [[] for _ in requests]
     for round_ in range(max((len(plan) for plan in plans), default=0)):

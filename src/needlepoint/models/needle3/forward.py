@@ -24,6 +24,7 @@ import numpy as np
 from ..chunking import chunks
 from .block import SiteKV, run_blocks
 from .engram import EngramChunk
+from .native_block import cache_pointers
 from .norms import zc_norm
 from .protocol import BlockModel
 
@@ -138,6 +139,10 @@ def forward(model: BlockModel, items: Sequence[Item], collect: Collect | None = 
     num = model.num
     if len(items) > 1 and not num.stacks:
         return [forward(model, [item])[0] for item in items]
+    plan = num.native_plan(model)
+    if (collect is None and plan is not None and plan.whole_step
+            and not any(item.cells is not None and item.cells.streaming for item in items)):
+        return native_forward(model, plan, items)
     weights, cfg = model.weights, model.config
     embedded = embed(model, items, keep=collect is not None)
     rows, first = [], 0
@@ -178,6 +183,44 @@ def forward(model: BlockModel, items: Sequence[Item], collect: Collect | None = 
     for i, s in wanted:
         out[i] = logits[at : at + s.stop - s.start]
         at += s.stop - s.start
+    return out
+
+
+def native_forward(model: BlockModel, plan: Any, items: Sequence[Item]
+                   ) -> list[np.ndarray | None]:
+    """`forward` in one native call (`NativePlan.step`: embedding rows, engram sites, every
+    block, the wanted LM-head rows; deploy numerics, no trace): the same operations, the same
+    bits, without the Python between them."""
+    cfg, weights = model.config, model.weights
+    tokens = np.concatenate([item.tokens for item in items]) if len(items) > 1 \
+        else items[0].tokens
+    x0 = None
+    if not plan.native_embed:
+        x0 = weights.embedding_rows(tokens) * np.sqrt(F32(cfg.d_model))
+    parts, wanted, first = [], [], 0
+    held = [item for item in items if item.cells is not None]
+    for item in items:
+        count = len(item.tokens)
+        parts.append((first, count, item.start, cache_pointers(item.caches), item.consumed,
+                      item.tokens, item.engram.values))
+        if item.want != "none":
+            wanted.append(range(first, first + count) if item.want == "all"
+                          else range(first + count - 1, first + count))
+        first += count
+    cells = np.empty((first, len(weights.layers) + 1, cfg.d_model), F32) if held else None
+    out_rows = np.fromiter((r for rows in wanted for r in rows), np.int64)
+    logits = plan.step(tokens, x0, parts, cells, out_rows)
+    out: list[np.ndarray | None] = [None] * len(items)
+    at, first = 0, 0
+    for i, item in enumerate(items):
+        count = len(item.tokens)
+        if item.cells is not None:
+            item.cells.add(0, cells[first : first + count])
+        if item.want != "none":
+            take = count if item.want == "all" else 1
+            out[i] = logits[at : at + take]
+            at += take
+        first += count
     return out
 
 

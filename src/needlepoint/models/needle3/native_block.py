@@ -8,13 +8,17 @@ is one the C code does not take (`supported`); the forward then runs the numpy r
 
 `NativePlan.blocks` runs blocks `first .. last-1` for the rows of several sessions' chunks
 (mHC, engram gate, attention over each session's own int8 cache, MLP, lane mixing) and
-`NativePlan.readout` the final norm and the wanted LM-head rows. A session's caches are numpy
-memory (`exact_attention.Int8LayerCache`) the C code reads and writes in place.
+`NativePlan.readout` the final norm and the wanted LM-head rows. `NativePlan.step` runs the
+whole forward (embedding rows, engram sites, every block, read-out) in one call, its scratch
+kept between calls in the calling thread's arena (`Scratch`), so a decode step allocates no
+native memory. A session's caches are numpy memory (`exact_attention.Int8LayerCache`) the C
+code reads and writes in place.
 """
 
 from __future__ import annotations
 
 import ctypes
+import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +38,10 @@ if TYPE_CHECKING:  # pragma: no cover
     from .weights import V3Weights
 
 F32 = np.float32
+# Rows up to which `step` keeps its scratch in the thread's arena: decode steps, drafts and
+# the server's batched decode rows; a longer prefill chunk allocates its own (its scratch is
+# MBs, not worth holding for the session's lifetime).
+ARENA_ROWS = 64
 STATUS = {1: "non-finite activation (or a Sinkhorn scaling out of range) in the native step",
           2: "out of memory in the native step", 3: "bad arguments to the native step"}
 
@@ -132,7 +140,30 @@ class NativePlan:
         )
         self.sites = 0
         self.native_engram = self._sites(cfg, weights, plan, keep)
+        self.native_embed = self._embedding(weights, keep)
+        self.layers = len(weights.layers)
+        # whether `forward` runs the whole step as one call (`step`); benchmarks switch it off
+        # to time the three calls it replaces
+        self.whole_step = bool(self.native_engram and self.vocab_out)
+        self.local = PerThread()
         self.address = ctypes.addressof(self.model)
+
+    def _embedding(self, weights: V3Weights, keep: list) -> bool:
+        """Point the model at the embedding's CQ rows for `step`'s gather; False (the caller
+        passes the scaled rows) when the table is not 2- or 4-bit CQ rows of 128-groups."""
+        table = weights.embedding_table
+        if not (isinstance(table, CQTensor) and cq_type(table.bits).native_gather
+                and table.group == GROUP and table.cols == self.d):
+            return False
+        codebook = np.zeros(16, F32)
+        codebook[: table.codebook.size] = table.codebook
+        packed = np.ascontiguousarray(table.packed)
+        keep.extend([packed, codebook])
+        self.model.emb_packed, self.model.emb_codebook = packed.ctypes.data, codebook.ctypes.data
+        self.model.emb_norms = _f32(table.norms, keep)
+        self.model.emb_row_bytes, self.model.emb_groups = packed.shape[1], table.norms.shape[1]
+        self.model.emb_storage_bits = table.storage_bits
+        return True
 
     def _sites(self, cfg: V3Config, weights: V3Weights, plan: StepPlan, keep: list) -> bool:
         """Fill the model's engram sites; False (Python engram path) when a site's tables are
@@ -215,6 +246,46 @@ class NativePlan:
         )
         _check(status)
 
+    def step(self, tokens: np.ndarray, x0: np.ndarray | None, parts: Sequence[tuple],
+             cells: np.ndarray | None, out_rows: np.ndarray) -> np.ndarray:
+        """Logits [len(out_rows), vocab_out] of rows `out_rows` after the whole forward of the
+        stacked chunks (tokens int64 [R]); x0: the scaled embedding rows [R, d] when the plan
+        does not gather them (`native_embed` False), else None; `parts` = (first row, rows,
+        first position, the session's cache-pointer array (`cache_pointers`, every block),
+        session tokens so far, the chunk's tokens, engram ring [sites, ring rows, d]); cells
+        [R, L + 1, d] (or None) receives x0 and the lane mean after each block."""
+        hold, c_parts = [], []
+        for row0, count, start, caches, consumed, chunk, ring in parts:
+            before = consumed[max(0, start - self.keep_tokens) : start] if self.sites else \
+                consumed[:0]
+            history = np.concatenate([before, chunk]).astype(np.int64)
+            hold.append((history, caches))
+            c_parts.append(native.V3Part(row0, count, start, ctypes.addressof(caches),
+                                         history.ctypes.data,
+                                         len(before), ring.ctypes.data if self.sites else None,
+                                         ring.shape[1] if self.sites else 0))
+        rows = len(tokens)
+        tokens = np.ascontiguousarray(tokens, np.int64)
+        out_rows = np.ascontiguousarray(out_rows, np.int64)
+        out = np.empty((len(out_rows), self.vocab_out), F32)
+        arena = self.scratch().address if rows <= ARENA_ROWS else None
+        if x0 is not None:
+            x0 = np.ascontiguousarray(x0, F32)
+        _check(native.LIBRARY.np_v3_step(
+            self.address, arena, self.layers, tokens.ctypes.data,
+            None if x0 is None else x0.ctypes.data, rows,
+            (native.V3Part * len(c_parts))(*c_parts), len(c_parts),
+            None if cells is None else cells.ctypes.data, 0 if cells is None else cells.shape[1],
+            out_rows.ctypes.data, len(out_rows), out.ctypes.data))
+        return out
+
+    def scratch(self) -> Scratch:
+        """The calling thread's arena (made on its first call, freed with the thread)."""
+        scratch = self.local.scratch
+        if scratch is None:
+            scratch = self.local.scratch = Scratch()
+        return scratch
+
     def readout(self, lanes: np.ndarray, rows: np.ndarray) -> np.ndarray:
         """Logits [len(rows), vocab_out] of rows `rows` of lanes [R, n, d]."""
         rows = np.ascontiguousarray(rows, np.int64)
@@ -222,6 +293,25 @@ class NativePlan:
         _check(native.LIBRARY.np_v3_readout(self.address, lanes.ctypes.data, rows.ctypes.data,
                                             len(rows), out.ctypes.data))
         return out
+
+
+class PerThread(threading.local):
+    """Each thread's `Scratch` (None until its first `NativePlan.step`)."""
+
+    def __init__(self) -> None:
+        self.scratch: Scratch | None = None
+
+
+class Scratch:
+    """One thread's `np_arena`: the native step's scratch between calls, freed with it."""
+
+    def __init__(self) -> None:
+        self.arena = native.Arena()
+        self.free = native.LIBRARY.np_arena_free
+        self.address = ctypes.addressof(self.arena)
+
+    def __del__(self) -> None:
+        self.free(self.address)
 
 
 def _check(status: int) -> None:
