@@ -305,6 +305,88 @@ static void NP_NAME(np_att_row)(const void *q, float qscale, int64_t qk, int64_t
     NP_NAME(np_att_values)(kv, n, vd, work, o);
 }
 
+/* Query rows of one kv head sharing its keys (grouped-query attention: the heads of a kv
+ * head attend the same n keys), at most this many at once: their scores' key codes are
+ * widened once for all of them and their value sums share each value row's conversion. */
+#define NP_ATT_GMAX 6
+
+/* np_att_row for G <= NP_ATT_GMAX int8 query rows (codes q + g * qk, scales qscale[g])
+ * against the same n int8 keys of `kv`: o + g * vd, work: G * n floats. Each row's dots are the
+ * same integers and every float operation of a row is np_att_row's, in its order (the value
+ * row f32(v * sv) is computed once and added into each row's own sum), so the bits are. */
+static void NP_NAME(np_att_rows)(const int8_t *q, const float *qscale, int64_t G, int64_t qk,
+                                 int64_t vd, const np_kv_view *kv, int64_t n,
+                                 double inv_sqrt_qk, float *o, float *work) {
+    int64_t j = 0;
+#if defined(NP_SIMD_AVX2)
+    if (!kv->k16 && qk % 16 == 0 && qk <= 64 && G <= NP_ATT_GMAX) {
+        const int64_t chunks = qk / 16;
+        __m256i q16[NP_ATT_GMAX][4];
+        for (int64_t g = 0; g < G; g++)
+            for (int64_t c = 0; c < chunks; c++)
+                q16[g][c] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(q + g * qk + 16 * c)));
+        const __m256d vinv = _mm256_set1_pd(inv_sqrt_qk);
+        for (; j + 4 <= n; j += 4) {
+            int64_t s[4];
+            __m256i k[4][4];
+            for (int i = 0; i < 4; i++) {
+                s[i] = np_kv_slot(kv, j + i);
+                for (int64_t c = 0; c < chunks; c++)
+                    k[i][c] = _mm256_cvtepi8_epi16(
+                        _mm_loadu_si128((const __m128i *)(kv->k + s[i] * kv->k_step + 16 * c)));
+            }
+            for (int64_t g = 0; g < G; g++) {
+                __m256i a[4];
+                for (int i = 0; i < 4; i++) {
+                    a[i] = _mm256_madd_epi16(q16[g][0], k[i][0]);
+                    for (int64_t c = 1; c < chunks; c++)
+                        a[i] = _mm256_add_epi32(a[i], _mm256_madd_epi16(q16[g][c], k[i][c]));
+                }
+                __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(a[0], a[1]), _mm256_hadd_epi32(a[2], a[3]));
+                __m128i dot = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+                NP_NAME(np_att_score4)(_mm256_cvtepi32_pd(dot), _mm256_set1_pd((double)qscale[g]),
+                                       vinv, kv, s[0], s[1], s[2], s[3], work + g * n + j);
+            }
+        }
+    }
+#endif
+    for (int64_t g = 0; g < G; g++) {
+        if (j)
+            NP_NAME(np_att_scores_tail)(q + g * qk, (double)qscale[g], qk, kv, j, n, inv_sqrt_qk,
+                                        work + g * n);
+        else
+            NP_NAME(np_att_scores)(q + g * qk, qscale[g], qk, kv, n, inv_sqrt_qk, work + g * n);
+        NP_NAME(np_att_exp)(work + g * n, n);
+        NP_NAME(np_att_normalise)(work + g * n, n);
+    }
+#if defined(NP_SIMD_AVX512)
+    if (vd % 16 == 0 && vd <= 64 && G <= NP_ATT_GMAX) { /* a row's lanes in vd / 16 zmm */
+        const int nb = (int)(vd / 16);
+        __m512 acc[NP_ATT_GMAX][4];
+        for (int64_t g = 0; g < G; g++)
+            for (int b = 0; b < 4; b++) acc[g][b] = _mm512_setzero_ps();
+        for (int64_t jj = 0; jj < n; jj++) {
+            int64_t sl = np_kv_slot(kv, jj);
+            const int8_t *v = kv->v + sl * kv->v_step;
+            const __m512 sv = _mm512_set1_ps(kv->vs[sl * kv->s_step]);
+            __m512 value[4];
+            for (int b = 0; b < nb; b++)
+                value[b] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+                                             _mm_loadu_si128((const __m128i *)(v + 16 * b)))), sv);
+            for (int64_t g = 0; g < G; g++) {
+                const __m512 pj = _mm512_set1_ps(work[g * n + jj]);
+                for (int b = 0; b < nb; b++)
+                    acc[g][b] = _mm512_add_ps(acc[g][b], _mm512_mul_ps(pj, value[b]));
+            }
+        }
+        for (int64_t g = 0; g < G; g++)
+            for (int b = 0; b < nb; b++) _mm512_storeu_ps(o + g * vd + 16 * b, acc[g][b]);
+        return;
+    }
+#endif
+    for (int64_t g = 0; g < G; g++) NP_NAME(np_att_values)(kv, n, vd, work + g * n, o + g * vd);
+}
+
 /* Q query rows, row i against the count[i] slots listed at slots + i * slots_stride of kcode
  * [S, qk] (int8, or int16 where key16: then the query codes are int16 too) / vcode [S, vd]
  * (scales [S]) -> out [Q, vd] (kernels/pinned.py attend). */

@@ -31,7 +31,7 @@ static int NP_NAME(np_v3_blocks)(const np_v3_model *m, int64_t first, int64_t la
         max_count = NP_NAME(np_v3_max)(max_count, parts[p].count);
         longest = NP_NAME(np_v3_max)(longest, parts[p].start + parts[p].count);
     }
-    size_t floats = (size_t)(longest * (np_v3_max_threads(threads) - 1) /* attention work */
+    size_t floats = (size_t)(longest * (NP_ATT_GMAX * np_v3_max_threads(threads) - 1) /* attention work */
                              + R * nd          /* normed / new lanes */
                              + R * mixed_w + R * n * n * 2 + R * n * 2 /* gates */
                              + R * d * 5       /* u, block, h, attn, mlp */
@@ -68,8 +68,8 @@ static int NP_NAME(np_v3_blocks)(const np_v3_model *m, int64_t first, int64_t la
     ws.qscale = f; f += R * H;
     ws.kscale = f; f += max_count * KV;
     ws.vscale = f; f += max_count * KV;
-    ws.work = f; f += longest * np_v3_max_threads(threads);
-    ws.work_stride = longest;
+    ws.work = f; f += longest * NP_ATT_GMAX * np_v3_max_threads(threads);
+    ws.work_stride = longest * NP_ATT_GMAX; /* np_att_rows: a row of scores per head */
     ws.sq = sq;
     int32_t *v = (int32_t *)f;
     int8_t *codes = (int8_t *)(v + R * in_pad);

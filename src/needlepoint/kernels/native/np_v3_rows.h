@@ -101,20 +101,26 @@ static void NP_NAME(np_v3_attend_items)(void *arg, int64_t lo, int64_t hi, int64
     const np_v3_model *m = job->m;
     const np_v3_cache *c = job->c;
     const int64_t H = m->heads, qk = m->qk, vd = m->vd, group = H / m->kv_heads;
-    float o[1024];
+    float o[NP_ATT_GMAX * 1024];
     float *work = job->ws->work + worker * job->ws->work_stride;
-    for (int64_t item = lo; item < hi; item++) {
+    for (int64_t item = lo, run; item < hi; item += run) {
         int64_t r = job->first + item / H, h = item % H, kvh = h / group;
+        /* the following heads of the same kv head and position, in this range: one pass */
+        run = (kvh + 1) * group - h;
+        if (run > hi - item) run = hi - item;
+        if (run > NP_ATT_GMAX) run = NP_ATT_GMAX;
         int64_t p = job->start + r;
         int64_t from = c->window ? (p - c->window + 1 > 0 ? p - c->window + 1 : 0) : 0;
         np_kv_view kv = {c->kcode + kvh * c->capacity * qk, c->vcode + kvh * c->capacity * vd,
                          c->kscale + kvh * c->capacity, c->vscale + kvh * c->capacity, qk, vd,
                          1, c->window ? from % c->capacity : from, c->capacity, NULL};
         const int64_t q = (job->qrow0 + r) * H + h;
-        NP_NAME(np_att_row)(job->ws->qcode + q * qk, job->ws->qscale[q], qk, vd, &kv,
-                            p - from + 1, job->inv_sqrt_qk, o, work);
-        float *g = job->gate + r * H * vd + h * vd;
-        for (int64_t e = 0; e < vd; e++) g[e] = g[e] * o[e];
+        NP_NAME(np_att_rows)(job->ws->qcode + q * qk, job->ws->qscale + q, run, qk, vd, &kv,
+                             p - from + 1, job->inv_sqrt_qk, o, work);
+        for (int64_t i = 0; i < run; i++) {
+            float *g = job->gate + r * H * vd + (h + i) * vd;
+            for (int64_t e = 0; e < vd; e++) g[e] = g[e] * o[i * vd + e];
+        }
     }
 }
 
