@@ -119,7 +119,8 @@ def test_two_threads_each_use_their_own_arena():
 @pytest.mark.parametrize("variant", ["0", "1", "2"])
 def test_whole_step_on_each_variant_in_a_fresh_process(variant, tmp_path):
     """The one call on each compiled variant (a fresh process: the variant is picked once)
-    against the numpy reference here."""
+    against the numpy reference here, on a geometry whose query heads share kv heads (the
+    grouped attention rows, np_att_rows)."""
     names = {"0": "baseline", "1": "avx2+fma", "2": "avx512vnni"}
     if native.LIBRARY is None:
         pytest.skip("native library not built")
@@ -127,12 +128,12 @@ def test_whole_step_on_each_variant_in_a_fresh_process(variant, tmp_path):
         pytest.skip("this CPU has no AVX-512 VNNI")
     if variant == "1" and native.simd_variant() == "baseline":
         pytest.skip("this CPU has no AVX2")
-    fixture = get_fixture("needle3", "tiny")
+    fixture = get_fixture("needle3", "small")  # 3 query heads per kv head: np_att_rows
     prompt = fixture.arrays["p2_tokens"][:24]
     saved = native.LIBRARY
     native.LIBRARY = None
     try:
-        session = model("tiny").session()
+        session = model("small").session()
         expected = [session.prefill(prompt[:16])] + [session.step(int(t)) for t in prompt[16:]]
     finally:
         native.LIBRARY = saved
