@@ -97,84 +97,124 @@ static int NP_NAME(np_had_acts)(const int32_t *v, int64_t T, int64_t in_pad, int
 
 /* The transformed planes of one 16-row block and group: u[k4 * 3 + x] (see the header) from
  * the block's plane-nibble bytes nib (NP_LUT_BLOCK bytes in the interleaved order). lut: byte
- * j of dword n = sum_s (-1)^popcount(j & s) bit s of n (H_4 of a nibble, as bytes). */
+ * j of dword n = sum_s (-1)^popcount(j & s) bit s of n (H_4 of a nibble, as bytes). The 32
+ * quads go as two halves of 16 registers (H_32 = H_2 (x) H_16): the stages within a half in
+ * registers, the last one as the halves are stored. */
 static inline void NP_NAME(np_had_planes)(const uint8_t *nib, __m512i lut, __m512i *u) {
     static const uint8_t rev4[16] = {0, 8, 4, 12, 2, 10, 6, 14, 1, 9, 5, 13, 3, 11, 7, 15};
     const __m512i m15 = _mm512_set1_epi32(15), off = _mm512_set1_epi8(64);
-    __m512i n[32];
-    for (int c4 = 0; c4 < 32; c4++) /* rows' nibble bytes of quad c4, one per dword lane */
-        n[c4] = _mm512_cvtepu8_epi32(_mm_loadu_si128(
-            (const __m128i *)(nib + rev4[c4 & 15] * 32 + 16 * (c4 >> 4))));
+#pragma GCC unroll 3
     for (int x = 0; x < 3; x++) {
-        __m512i y[32];
-        for (int c4 = 0; c4 < 32; c4++) {
-            __m512i p0 = _mm512_and_si512(n[c4], m15);
-            __m512i p = x == 0 ? p0 : _mm512_srli_epi32(n[c4], 4);
-            if (x == 2) p = _mm512_and_si512(p, p0);
-            y[c4] = _mm512_permutexvar_epi32(p, lut);
-        }
-        /* + 64 on every u: H (64 e_0) = 64 (all ones), added before the butterflies */
-        y[0] = _mm512_add_epi8(y[0], off);
-        for (int h = 1; h < 32; h <<= 1)
-            for (int i = 0; i < 32; i++)
-                if (!(i & h)) {
-                    __m512i a = y[i], b = y[i + h];
-                    y[i] = _mm512_add_epi8(a, b);
-                    y[i + h] = _mm512_sub_epi8(a, b);
+#pragma GCC unroll 2
+        for (int half = 0; half < 2; half++) {
+            __m512i y[16];
+#pragma GCC unroll 16
+            for (int c = 0; c < 16; c++) { /* rows' nibble bytes of quad 16 half + c */
+                __m512i n = _mm512_cvtepu8_epi32(
+                    _mm_loadu_si128((const __m128i *)(nib + rev4[c] * 32 + 16 * half)));
+                __m512i p0 = _mm512_and_si512(n, m15);
+                __m512i p = x == 0 ? p0 : _mm512_and_si512(_mm512_srli_epi32(n, 4), m15);
+                if (x == 2) p = _mm512_and_si512(p, p0);
+                y[c] = _mm512_permutexvar_epi32(p, lut);
+            }
+            /* + 64 on every u: H (64 e_0) = 64 (all ones), added before the butterflies */
+            if (half == 0) y[0] = _mm512_add_epi8(y[0], off);
+#pragma GCC unroll 4
+            for (int h = 1; h < 16; h <<= 1)
+#pragma GCC unroll 16
+                for (int i = 0; i < 16; i++)
+                    if (!(i & h)) {
+                        __m512i a = y[i], b = y[i + h];
+                        y[i] = _mm512_add_epi8(a, b);
+                        y[i + h] = _mm512_sub_epi8(a, b);
+                    }
+#pragma GCC unroll 16
+            for (int k = 0; k < 16; k++) {
+                __m512i *lo = u + k * 3 + x, *hi = u + (k + 16) * 3 + x;
+                if (half == 0) {
+                    _mm512_store_si512((void *)lo, y[k]);
+                } else {
+                    __m512i a = _mm512_load_si512((const void *)lo);
+                    _mm512_store_si512((void *)lo, _mm512_add_epi8(a, y[k]));
+                    _mm512_store_si512((void *)hi, _mm512_sub_epi8(a, y[k]));
                 }
-        for (int k4 = 0; k4 < 32; k4++) _mm512_store_si512((void *)(u + k4 * 3 + x), y[k4]);
+            }
+        }
     }
 }
 
-/* D of 16 weight rows (one block, group g) for activation rows [b0, b0 + nb): vpdpbusd of the
- * block's planes u against the broadcast q dwords, then the S_j and D = sum_j cb[j] S_j (exact
- * in any order), stored at dots[(i * ntot + b) * groups + g] for rows i < rows. */
-static inline __attribute__((always_inline)) void NP_NAME(np_had_tile)(
-    const __m512i *u, const int8_t *q8, int64_t in_pad, const int32_t *v0, const int32_t *tot,
-    int64_t groups, int64_t g, int64_t b0, const int nb, int64_t ntot, int rows,
-    const double *cb, double *dots) {
-    __m512i acc[NP_HAD_TB][3];
-    for (int b = 0; b < nb; b++) acc[b][0] = acc[b][1] = acc[b][2] = _mm512_setzero_si512();
-    const int8_t *q = q8 + b0 * in_pad + g * 128;
-    for (int k4 = 0; k4 < 32; k4++) {
-        const __m512i w0 = _mm512_load_si512((const void *)(u + k4 * 3));
-        const __m512i w1 = _mm512_load_si512((const void *)(u + k4 * 3 + 1));
-        const __m512i w2 = _mm512_load_si512((const void *)(u + k4 * 3 + 2));
-        for (int b = 0; b < nb; b++) {
-            int32_t d;
-            memcpy(&d, q + b * in_pad + 4 * k4, 4);
-            const __m512i qb = _mm512_set1_epi32(d);
-            acc[b][0] = _mm512_dpbusd_epi32(acc[b][0], w0, qb);
-            acc[b][1] = _mm512_dpbusd_epi32(acc[b][1], w1, qb);
-            acc[b][2] = _mm512_dpbusd_epi32(acc[b][2], w2, qb);
+/* D of 16 weight rows (lanes) of one group and activation row from their accumulated
+ * sum_k u_k q_k of the three planes: P_x, the S_j and D = sum_j cb[j] S_j (exact in any order),
+ * stored at o[i * ostride] for rows i < rows. corr = 64 v_0 = 64 sum_k q_k. */
+static inline void NP_NAME(np_had_dots)(__m512i r0, __m512i r1, __m512i r01, int32_t corr,
+                                        int32_t total, const double *cb, int rows, double *o,
+                                        int64_t ostride) {
+    const __m512i c = _mm512_set1_epi32(corr);
+    __m512i p0 = _mm512_sub_epi32(r0, c), p1 = _mm512_sub_epi32(r1, c);
+    __m512i p01 = _mm512_sub_epi32(r01, c);
+    __m512i s1 = _mm512_sub_epi32(p0, p01), s2 = _mm512_sub_epi32(p1, p01);
+    __m512i s0 = _mm512_sub_epi32(_mm512_add_epi32(_mm512_set1_epi32(total), p01),
+                                  _mm512_add_epi32(p0, p1));
+    const __m512i sj[4] = {s0, s1, s2, p01};
+    double d[16];
+    for (int half = 0; half < 2; half++) {
+        __m512d acc = _mm512_setzero_pd();
+        for (int j = 0; j < 4; j++) {
+            __m256i part = half ? _mm512_extracti64x4_epi64(sj[j], 1) : _mm512_castsi512_si256(sj[j]);
+            acc = _mm512_add_pd(acc, _mm512_mul_pd(_mm512_cvtepi32_pd(part), _mm512_set1_pd(cb[j])));
         }
+        _mm512_storeu_pd(d + 8 * half, acc);
     }
-    const __m512d c0 = _mm512_set1_pd(cb[0]), c1 = _mm512_set1_pd(cb[1]);
-    const __m512d c2 = _mm512_set1_pd(cb[2]), c3 = _mm512_set1_pd(cb[3]);
-    for (int b = 0; b < nb; b++) {
-        int64_t at = (b0 + b) * groups + g;
-        const __m512i corr = _mm512_set1_epi32(64 * v0[at]); /* 64 sum_k q_k */
-        __m512i p0 = _mm512_sub_epi32(acc[b][0], corr), p1 = _mm512_sub_epi32(acc[b][1], corr);
-        __m512i p01 = _mm512_sub_epi32(acc[b][2], corr);
-        __m512i s1 = _mm512_sub_epi32(p0, p01), s2 = _mm512_sub_epi32(p1, p01);
-        __m512i s0 = _mm512_sub_epi32(_mm512_add_epi32(_mm512_set1_epi32(tot[at]), p01),
-                                      _mm512_add_epi32(p0, p1));
-        double d[16];
-        for (int half = 0; half < 2; half++) {
-            __m512d a = _mm512_mul_pd(_mm512_cvtepi32_pd(half ? _mm512_extracti64x4_epi64(s0, 1)
-                                                              : _mm512_castsi512_si256(s0)), c0);
-            a = _mm512_add_pd(a, _mm512_mul_pd(_mm512_cvtepi32_pd(
-                    half ? _mm512_extracti64x4_epi64(s1, 1) : _mm512_castsi512_si256(s1)), c1));
-            a = _mm512_add_pd(a, _mm512_mul_pd(_mm512_cvtepi32_pd(
-                    half ? _mm512_extracti64x4_epi64(s2, 1) : _mm512_castsi512_si256(s2)), c2));
-            a = _mm512_add_pd(a, _mm512_mul_pd(_mm512_cvtepi32_pd(
-                    half ? _mm512_extracti64x4_epi64(p01, 1) : _mm512_castsi512_si256(p01)), c3));
-            _mm512_storeu_pd(d + 8 * half, a);
-        }
-        double *o = dots + at;
-        for (int i = 0; i < rows; i++) o[i * ntot * groups] = d[i];
-    }
+    for (int i = 0; i < rows; i++) o[i * ostride] = d[i];
 }
+
+/* D of 16 weight rows (one block, group g) for NB activation rows [b0, b0 + NB) (NB = 8, 4,
+ * 2, 1, each a function of its own with its accumulators in named variables, so that they
+ * stay in the 32 vector registers): vpdpbusd of the block's planes u against broadcast dwords
+ * of q, then np_had_dots into dots[(i * ntot + b) * groups + g]. */
+#define NP_HAD_TILE_N(NB)                                                                      \
+    static __attribute__((noinline)) void NP_NAME(np_had_tile##NB)(                            \
+        const __m512i *u, const int8_t *q8, int64_t in_pad, const int32_t *v0,                \
+        const int32_t *tot, int64_t groups, int64_t g, int64_t b0, int64_t ntot, int rows,    \
+        const double *cb, double *dots) {                                                     \
+        const int nb = NB;                                                                    \
+        const __m512i z = _mm512_setzero_si512();                                             \
+        __m512i a00 = z, a01 = z, a02 = z, a10 = z, a11 = z, a12 = z, a20 = z, a21 = z;       \
+        __m512i a22 = z, a30 = z, a31 = z, a32 = z, a40 = z, a41 = z, a42 = z, a50 = z;       \
+        __m512i a51 = z, a52 = z, a60 = z, a61 = z, a62 = z, a70 = z, a71 = z, a72 = z;       \
+        const int8_t *q = q8 + b0 * in_pad + g * 128;                                         \
+        for (int k4 = 0; k4 < 32; k4++) {                                                     \
+            const __m512i w0 = _mm512_load_si512((const void *)(u + k4 * 3));                 \
+            const __m512i w1 = _mm512_load_si512((const void *)(u + k4 * 3 + 1));             \
+            const __m512i w2 = _mm512_load_si512((const void *)(u + k4 * 3 + 2));             \
+            NP_HAD_DP(0) NP_HAD_DP(1) NP_HAD_DP(2) NP_HAD_DP(3)                               \
+            NP_HAD_DP(4) NP_HAD_DP(5) NP_HAD_DP(6) NP_HAD_DP(7)                               \
+        }                                                                                     \
+        NP_HAD_OUT(0) NP_HAD_OUT(1) NP_HAD_OUT(2) NP_HAD_OUT(3)                               \
+        NP_HAD_OUT(4) NP_HAD_OUT(5) NP_HAD_OUT(6) NP_HAD_OUT(7)                               \
+    }
+#define NP_HAD_DP(b)                                                                           \
+    if (b < nb) {                                                                              \
+        int32_t d;                                                                             \
+        memcpy(&d, q + b * in_pad + 4 * k4, 4);                                                \
+        const __m512i qb = _mm512_set1_epi32(d);                                               \
+        a##b##0 = _mm512_dpbusd_epi32(a##b##0, w0, qb);                                        \
+        a##b##1 = _mm512_dpbusd_epi32(a##b##1, w1, qb);                                        \
+        a##b##2 = _mm512_dpbusd_epi32(a##b##2, w2, qb);                                        \
+    }
+#define NP_HAD_OUT(b)                                                                          \
+    if (b < nb) {                                                                              \
+        int64_t at = (b0 + b) * groups + g;                                                    \
+        NP_NAME(np_had_dots)(a##b##0, a##b##1, a##b##2, 64 * v0[at], tot[at], cb, rows,       \
+                             dots + at, ntot * groups);                                        \
+    }
+NP_HAD_TILE_N(8)
+NP_HAD_TILE_N(4)
+NP_HAD_TILE_N(2)
+NP_HAD_TILE_N(1)
+#undef NP_HAD_TILE_N
+#undef NP_HAD_DP
+#undef NP_HAD_OUT
 
 /* np_cq_matmul for 2-bit storage and at most 4 levels by the transform on the weights.
  * NP_BADARG (nothing written) when v is not 128-group Walsh-Hadamard images of int8 vectors
@@ -249,16 +289,16 @@ static int NP_NAME(np_cq_had2)(const int32_t *v, const float *scale, int64_t T, 
                         const int8_t *q = q8 + t0 * in_pad;
                         const int32_t *w0 = v0 + t0 * groups, *tt = tot + t0 * groups;
                         if (left >= 8) {
-                            NP_NAME(np_had_tile)(u, q, in_pad, w0, tt, groups, g, b, 8, nb, rows, cb, dots);
+                            NP_NAME(np_had_tile8)(u, q, in_pad, w0, tt, groups, g, b, nb, rows, cb, dots);
                             b += 8;
                         } else if (left >= 4) {
-                            NP_NAME(np_had_tile)(u, q, in_pad, w0, tt, groups, g, b, 4, nb, rows, cb, dots);
+                            NP_NAME(np_had_tile4)(u, q, in_pad, w0, tt, groups, g, b, nb, rows, cb, dots);
                             b += 4;
                         } else if (left >= 2) {
-                            NP_NAME(np_had_tile)(u, q, in_pad, w0, tt, groups, g, b, 2, nb, rows, cb, dots);
+                            NP_NAME(np_had_tile2)(u, q, in_pad, w0, tt, groups, g, b, nb, rows, cb, dots);
                             b += 2;
                         } else {
-                            NP_NAME(np_had_tile)(u, q, in_pad, w0, tt, groups, g, b, 1, nb, rows, cb, dots);
+                            NP_NAME(np_had_tile1)(u, q, in_pad, w0, tt, groups, g, b, nb, rows, cb, dots);
                             b += 1;
                         }
                     }
