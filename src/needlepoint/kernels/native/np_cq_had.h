@@ -145,10 +145,9 @@ static inline void NP_NAME(np_had_planes)(const uint8_t *nib, __m512i lut, __m51
 
 /* D of 16 weight rows (lanes) of one group and activation row from their accumulated
  * sum_k u_k q_k of the three planes: P_x, the S_j and D = sum_j cb[j] S_j (exact in any order),
- * stored at o[i * ostride] for rows i < rows. corr = 64 v_0 = 64 sum_k q_k. */
+ * stored at o[0..15]. corr = 64 v_0 = 64 sum_k q_k. */
 static inline void NP_NAME(np_had_dots)(__m512i r0, __m512i r1, __m512i r01, int32_t corr,
-                                        int32_t total, const double *cb, int rows, double *o,
-                                        int64_t ostride) {
+                                        int32_t total, const double *cb, double *o) {
     const __m512i c = _mm512_set1_epi32(corr);
     __m512i p0 = _mm512_sub_epi32(r0, c), p1 = _mm512_sub_epi32(r1, c);
     __m512i p01 = _mm512_sub_epi32(r01, c);
@@ -156,27 +155,56 @@ static inline void NP_NAME(np_had_dots)(__m512i r0, __m512i r1, __m512i r01, int
     __m512i s0 = _mm512_sub_epi32(_mm512_add_epi32(_mm512_set1_epi32(total), p01),
                                   _mm512_add_epi32(p0, p1));
     const __m512i sj[4] = {s0, s1, s2, p01};
-    double d[16];
     for (int half = 0; half < 2; half++) {
         __m512d acc = _mm512_setzero_pd();
         for (int j = 0; j < 4; j++) {
             __m256i part = half ? _mm512_extracti64x4_epi64(sj[j], 1) : _mm512_castsi512_si256(sj[j]);
             acc = _mm512_add_pd(acc, _mm512_mul_pd(_mm512_cvtepi32_pd(part), _mm512_set1_pd(cb[j])));
         }
-        _mm512_storeu_pd(d + 8 * half, acc);
+        _mm512_store_pd(o + 8 * half, acc);
     }
-    for (int i = 0; i < rows; i++) o[i * ostride] = d[i];
+}
+
+/* np_epilogue of the 16 rows of a block at once, one row per float64 lane, for activation
+ * rows [0, nb): each lane runs the scalar epilogue's operations in its order (acc = 0, then
+ * acc + norm_g D_g for g ascending, times s, times 2^-3.5, to float), so the bits are the
+ * same. dots[(t * groups + g) * 16 + i], nt[g * 16 + i] = norm of row i, group g (float64);
+ * rows past `rows` are not written. */
+static void NP_NAME(np_had_epilogue)(const double *dots, const double *nt, int64_t groups,
+                                     int64_t nb, int rows, const double *s, float *out,
+                                     int64_t out_stride) {
+    const __mmask8 mlo = (__mmask8)(rows >= 8 ? 0xFF : (1u << rows) - 1);
+    const __mmask8 mhi = (__mmask8)(rows >= 16 ? 0xFF : rows <= 8 ? 0 : (1u << (rows - 8)) - 1);
+    for (int64_t t = 0; t < nb; t++) {
+        const double *d = dots + t * groups * 16;
+        __m512d lo = _mm512_setzero_pd(), hi = _mm512_setzero_pd();
+        for (int64_t g = 0; g < groups; g++) {
+            lo = _mm512_add_pd(lo, _mm512_mul_pd(_mm512_load_pd(nt + g * 16),
+                                                 _mm512_load_pd(d + g * 16)));
+            hi = _mm512_add_pd(hi, _mm512_mul_pd(_mm512_load_pd(nt + g * 16 + 8),
+                                                 _mm512_load_pd(d + g * 16 + 8)));
+        }
+        const __m512d st = _mm512_set1_pd(s[t]), k = _mm512_set1_pd(0.08838834764831845);
+        lo = _mm512_mul_pd(_mm512_mul_pd(lo, st), k);
+        hi = _mm512_mul_pd(_mm512_mul_pd(hi, st), k);
+        float *o = out + t * out_stride;
+        _mm256_mask_storeu_ps(o, mlo, _mm512_cvtpd_ps(lo));
+        _mm256_mask_storeu_ps(o + 8, mhi, _mm512_cvtpd_ps(hi));
+    }
 }
 
 /* D of 16 weight rows (one block, group g) for NB activation rows [b0, b0 + NB) (NB = 8, 4,
  * 2, 1, each a function of its own with its accumulators in named variables, so that they
  * stay in the 32 vector registers): vpdpbusd of the block's planes u against broadcast dwords
- * of q, then np_had_dots into dots[(i * ntot + b) * groups + g]. */
+ * of q, then np_had_dots into dots[((b0 + b) * groups + g) * 16]. */
+/* acc += u8 w x s8 q in place (vpdpbusd): the intrinsic's register allocation in GCC copies
+ * each accumulator out and back and keeps a stack copy every iteration */
+#define NP_HAD_VPDPBUSD(acc, w, q) __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(w), "v"(q))
 #define NP_HAD_TILE_N(NB)                                                                      \
     static __attribute__((noinline)) void NP_NAME(np_had_tile##NB)(                            \
         const __m512i *u, const int8_t *q8, int64_t in_pad, const int32_t *v0,                \
-        const int32_t *tot, int64_t groups, int64_t g, int64_t b0, int64_t ntot, int rows,    \
-        const double *cb, double *dots) {                                                     \
+        const int32_t *tot, int64_t groups, int64_t g, int64_t b0, const double *cb,          \
+        double *dots) {                                                                       \
         const int nb = NB;                                                                    \
         const __m512i z = _mm512_setzero_si512();                                             \
         __m512i a00 = z, a01 = z, a02 = z, a10 = z, a11 = z, a12 = z, a20 = z, a21 = z;       \
@@ -198,21 +226,22 @@ static inline void NP_NAME(np_had_dots)(__m512i r0, __m512i r1, __m512i r01, int
         int32_t d;                                                                             \
         memcpy(&d, q + b * in_pad + 4 * k4, 4);                                                \
         const __m512i qb = _mm512_set1_epi32(d);                                               \
-        a##b##0 = _mm512_dpbusd_epi32(a##b##0, w0, qb);                                        \
-        a##b##1 = _mm512_dpbusd_epi32(a##b##1, w1, qb);                                        \
-        a##b##2 = _mm512_dpbusd_epi32(a##b##2, w2, qb);                                        \
+        NP_HAD_VPDPBUSD(a##b##0, w0, qb);                                                      \
+        NP_HAD_VPDPBUSD(a##b##1, w1, qb);                                                      \
+        NP_HAD_VPDPBUSD(a##b##2, w2, qb);                                                      \
     }
 #define NP_HAD_OUT(b)                                                                          \
     if (b < nb) {                                                                              \
         int64_t at = (b0 + b) * groups + g;                                                    \
-        NP_NAME(np_had_dots)(a##b##0, a##b##1, a##b##2, 64 * v0[at], tot[at], cb, rows,       \
-                             dots + at, ntot * groups);                                        \
+        NP_NAME(np_had_dots)(a##b##0, a##b##1, a##b##2, 64 * v0[at], tot[at], cb,            \
+                             dots + at * 16);                                                  \
     }
 NP_HAD_TILE_N(8)
 NP_HAD_TILE_N(4)
 NP_HAD_TILE_N(2)
 NP_HAD_TILE_N(1)
 #undef NP_HAD_TILE_N
+#undef NP_HAD_VPDPBUSD
 #undef NP_HAD_DP
 #undef NP_HAD_OUT
 
@@ -229,10 +258,11 @@ static int NP_NAME(np_cq_had2)(const int32_t *v, const float *scale, int64_t T, 
     int32_t *v0 = (int32_t *)malloc(sizeof(int32_t) * (size_t)(T * groups + 1));
     int32_t *tot = (int32_t *)malloc(sizeof(int32_t) * (size_t)(T * groups + 1));
     __m512i *u = (__m512i *)aligned_alloc(64, sizeof(__m512i) * 96);
-    double *dots = (double *)malloc(sizeof(double) * (size_t)(16 * sub * groups + 1));
+    double *dots = (double *)aligned_alloc(64, sizeof(double) * (size_t)(16 * sub * groups + 8));
+    double *nt = (double *)aligned_alloc(64, sizeof(double) * (size_t)(16 * groups + 8));
     double *sc = (double *)malloc(sizeof(double) * (size_t)(T + 1));
-    if (!q8 || !v0 || !tot || !u || !dots || !sc) {
-        free(q8), free(v0), free(tot), free(u), free(dots), free(sc);
+    if (!q8 || !v0 || !tot || !u || !dots || !nt || !sc) {
+        free(q8), free(v0), free(tot), free(u), free(dots), free(nt), free(sc);
         return NP_NOMEM;
     }
     int status = NP_NAME(np_had_acts)(v, T, in_pad, q8, v0, tot);
@@ -289,29 +319,29 @@ static int NP_NAME(np_cq_had2)(const int32_t *v, const float *scale, int64_t T, 
                         const int8_t *q = q8 + t0 * in_pad;
                         const int32_t *w0 = v0 + t0 * groups, *tt = tot + t0 * groups;
                         if (left >= 8) {
-                            NP_NAME(np_had_tile8)(u, q, in_pad, w0, tt, groups, g, b, nb, rows, cb, dots);
+                            NP_NAME(np_had_tile8)(u, q, in_pad, w0, tt, groups, g, b, cb, dots);
                             b += 8;
                         } else if (left >= 4) {
-                            NP_NAME(np_had_tile4)(u, q, in_pad, w0, tt, groups, g, b, nb, rows, cb, dots);
+                            NP_NAME(np_had_tile4)(u, q, in_pad, w0, tt, groups, g, b, cb, dots);
                             b += 4;
                         } else if (left >= 2) {
-                            NP_NAME(np_had_tile2)(u, q, in_pad, w0, tt, groups, g, b, nb, rows, cb, dots);
+                            NP_NAME(np_had_tile2)(u, q, in_pad, w0, tt, groups, g, b, cb, dots);
                             b += 2;
                         } else {
-                            NP_NAME(np_had_tile1)(u, q, in_pad, w0, tt, groups, g, b, nb, rows, cb, dots);
+                            NP_NAME(np_had_tile1)(u, q, in_pad, w0, tt, groups, g, b, cb, dots);
                             b += 1;
                         }
                     }
                 }
-                int64_t dstride = nb * groups;
-                for (int i = 0; i < rows; i += 4)
-                    NP_NAME(np_tile_epilogue)(part, groups, r16 + i, rows - i < 4 ? rows - i : 4,
-                                              (int)nb, dots + i * dstride, dstride, groups,
-                                              sc + t0, out + t0 * out_stride, out_stride);
+                for (int64_t g = 0; g < groups; g++)
+                    for (int i = 0; i < 16; i++)
+                        nt[g * 16 + i] = i < rows ? (double)part->norms[(r16 + i) * groups + g] : 0.0;
+                NP_NAME(np_had_epilogue)(dots, nt, groups, nb, rows, sc + t0,
+                                         out + t0 * out_stride + part->out_col + r16, out_stride);
             }
         }
     }
-    free(q8), free(v0), free(tot), free(u), free(dots), free(sc);
+    free(q8), free(v0), free(tot), free(u), free(dots), free(nt), free(sc);
     return status;
 }
 #undef NP_HAD_BFLY
