@@ -38,8 +38,11 @@
 #define NP_HAD_ONCE
 #define NP_HAD_TB 8   /* activation rows per register tile (8 x 3 accumulators + 3 planes) */
 #define NP_HAD_SUB 64 /* activation rows per pass over the weights (bounds the dots buffer) */
-/* Activation rows from which np_cq_int picks this kernel on AVX-512 VNNI (measured) */
-#define NP_HAD_TMIN_VNNI 1000000
+/* Activation rows from which np_cq_int picks this kernel on AVX-512 VNNI, measured in one
+ * process against the default pick before it (bench/needlepoint_bench/products_curve.py):
+ * even at 3 rows, 1.2x faster at 4, about 2x from 16; slower at 1-2 rows, where the
+ * transform of the planes is not shared by enough activation rows. */
+#define NP_HAD_TMIN_VNNI 4
 #endif
 
 #if defined(NP_SIMD_AVX512)

@@ -347,7 +347,10 @@ static inline int NP_NAME(np_cq_all_interleaved)(const np_cq_part *parts, int64_
  * NP_LUT_TMIN_VNNI rows. Otherwise the
  * level-sum kernel above for decode rows (T <= NP_I2_TMAX: fewer operations per weight for one
  * row) and the 16-bit digit kernel (np_cq_int16.h) for 4-bit storage and for prefill tiles
- * (two 16-bit products per weight instead of six byte products). */
+ * (two 16-bit products per weight instead of six byte products). On AVX-512 VNNI, first of
+ * all from NP_HAD_TMIN_VNNI rows: the transform on the weights (np_cq_had.h, three vpdpbusd
+ * byte products per weight against the int8 q recovered from v), which hands back to the picks
+ * above when v is not the Walsh-Hadamard image of int8 codes. */
 static int NP_NAME(np_cq_int)(const int32_t *v, const float *scale, int64_t T, int64_t in_pad,
                               int storage_bits, const float *codebook, int64_t codebook_len,
                               const double *cb, const np_cq_part *parts, int64_t n_parts,
