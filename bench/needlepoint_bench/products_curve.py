@@ -232,8 +232,9 @@ def _load(x: list) -> str:
 
 
 def _vnni_tile(run: dict, rows: str) -> bool:
-    """Whether the VNNI pick takes the lookups at `rows` with or without the copy."""
-    return run["variant"] == "avx512vnni" and int(rows) >= 16
+    """Whether the VNNI pick takes a kernel at `rows` with or without the copy (the transform
+    on the weights from 4 rows, np_cq_had.h NP_HAD_TMIN_VNNI)."""
+    return run["variant"] == "avx512vnni" and int(rows) >= 4
 
 
 def write_section(args: argparse.Namespace, runs: list) -> None:
@@ -250,10 +251,11 @@ def write_section(args: argparse.Namespace, runs: list) -> None:
          "interleaved copy a load builds; *before*: the default pick without it (the kernels "
          "and picks before the copy); *lookup* / *lookup, transposed*: the lookup kernel "
          "forced, with the copy / transposing the packed codes per call; *mult-add*: the "
-         "level-sum / 16-bit digit kernels (on AVX-512 VNNI from 16 rows the lookups are "
-         "picked with or without the copy, and *mult-add* is the pick before them, so the "
-         "before column and the ms before are those); *hadamard*: the transform on the weights "
-         "forced (`np_cq_had.h`, AVX-512 VNNI only). *stream*: an integer sum over the "
+         "level-sum / 16-bit digit kernels (on AVX-512 VNNI from 4 rows the transform on "
+         "the weights is picked with or without the copy, and *mult-add* is the pick before "
+         "it and the lookups, so the before column and the ms before are those); *hadamard*: "
+         "the transform on the weights forced (`np_cq_had.h`, AVX-512 VNNI only). *stream*: "
+         "an integer sum over the "
          "same packed bytes (codes and norms, all products) in the same process; *ratio*: "
          "all products "
          "(after) / stream. 4-bit (the LM head) runs the digit kernel in every configuration.",
