@@ -32,7 +32,8 @@
  * modulo 256, and every final u is in [0, 192], so the wrapped bytes are the exact values.
  * The plane nibbles come from the interleaved copy (np_cq_part.interleaved, np_cq_lut.h: per
  * 16-row block and group, byte i of lane L of register o is row i's code byte 16 L + rev4(o)
- * as b0 | b1 << 4) or, without it, from the packed codes regrouped the same way. */
+ * as b0 | b1 << 4) or, without it, from the packed codes transposed in registers per call
+ * (np_cq_lut.h np_lut_planes, whose registers the copy holds). */
 
 #ifndef NP_HAD_ONCE
 #define NP_HAD_ONCE
@@ -254,7 +255,6 @@ NP_HAD_TILE_N(1)
 static int NP_NAME(np_cq_had2)(const int32_t *v, const float *scale, int64_t T, int64_t in_pad,
                                const double *cb, const np_cq_part *parts, int64_t n_parts,
                                float *out, int64_t out_stride, int64_t r_first, int64_t r_last) {
-    static const uint8_t rev4[16] = {0, 8, 4, 12, 2, 10, 6, 14, 1, 9, 5, 13, 3, 11, 7, 15};
     int64_t groups = in_pad / 128;
     int64_t sub = T < NP_HAD_SUB ? T : NP_HAD_SUB;
     int8_t *q8 = (int8_t *)malloc((size_t)(T * in_pad + 64));
@@ -264,8 +264,9 @@ static int NP_NAME(np_cq_had2)(const int32_t *v, const float *scale, int64_t T, 
     double *dots = (double *)aligned_alloc(64, sizeof(double) * (size_t)(16 * sub * groups + 8));
     double *nt = (double *)aligned_alloc(64, sizeof(double) * (size_t)(16 * groups + 8));
     double *sc = (double *)malloc(sizeof(double) * (size_t)(T + 1));
-    if (!q8 || !v0 || !tot || !u || !dots || !nt || !sc) {
-        free(q8), free(v0), free(tot), free(u), free(dots), free(nt), free(sc);
+    __m256i *lp = (__m256i *)aligned_alloc(32, sizeof(__m256i) * (size_t)(groups * 48 + 1));
+    if (!q8 || !v0 || !tot || !u || !dots || !nt || !sc || !lp) {
+        free(q8), free(v0), free(tot), free(u), free(dots), free(nt), free(sc), free(lp);
         return NP_NOMEM;
     }
     int status = NP_NAME(np_had_acts)(v, T, in_pad, q8, v0, tot);
@@ -282,13 +283,6 @@ static int NP_NAME(np_cq_had2)(const int32_t *v, const float *scale, int64_t T, 
         lut32[n] = (int32_t)word;
     }
     const __m512i lut = _mm512_loadu_si512((const void *)lut32);
-    uint8_t nibt[256]; /* a code byte as its plane nibbles b0 | b1 << 4 */
-    for (int b = 0; b < 256; b++) {
-        int n = 0;
-        for (int s = 0; s < 4; s++)
-            n |= ((b >> (2 * s)) & 1) << s | ((b >> (2 * s + 1)) & 1) << (s + 4);
-        nibt[b] = (uint8_t)n;
-    }
     uint8_t own[NP_LUT_BLOCK] __attribute__((aligned(64)));
     for (int64_t t0 = 0; status == NP_OK && t0 < T; t0 += sub) {
         int64_t nb = T - t0 < sub ? T - t0 : sub;
@@ -304,18 +298,17 @@ static int NP_NAME(np_cq_had2)(const int32_t *v, const float *scale, int64_t T, 
                 int rows = (int)(end - r16);
                 const uint8_t *il = part->interleaved && !(r16 & 15)
                                         ? part->interleaved + r16 * part->row_bytes : NULL;
+                if (!il) /* without the copy: the lookup kernel's in-register transpose */
+                    NP_NAME(np_lut_planes)(part->packed + r16 * part->row_bytes, part->row_bytes,
+                                           rows, groups, NULL, lp);
                 for (int64_t g = 0; g < groups; g++) {
                     const uint8_t *nib = il ? il + g * NP_LUT_BLOCK : own;
-                    if (!il) { /* the packed codes regrouped as the interleaved copy */
-                        memset(own, 0, sizeof own);
-                        for (int i = 0; i < rows; i++) {
-                            const uint8_t *p = part->packed + (r16 + i) * part->row_bytes + g * 32;
-                            for (int o = 0; o < 16; o++) {
-                                own[o * 32 + i] = nibt[p[rev4[o]]];
-                                own[o * 32 + 16 + i] = nibt[p[16 + rev4[o]]];
-                            }
+                    if (!il) /* the transposed planes b0, b1 as the copy's b0 | b1 << 4 */
+                        for (int o = 0; o < 16; o++) {
+                            const __m256i *pl = lp + (g * 16 + o) * 3;
+                            _mm256_store_si256((__m256i *)(own + o * 32),
+                                               _mm256_or_si256(pl[0], _mm256_slli_epi16(pl[1], 4)));
                         }
-                    }
                     NP_NAME(np_had_planes)(nib, lut, u);
                     for (int64_t b = 0; b < nb;) {
                         int64_t left = nb - b;
@@ -344,7 +337,7 @@ static int NP_NAME(np_cq_had2)(const int32_t *v, const float *scale, int64_t T, 
             }
         }
     }
-    free(q8), free(v0), free(tot), free(u), free(dots), free(nt), free(sc);
+    free(q8), free(v0), free(tot), free(u), free(dots), free(nt), free(sc), free(lp);
     return status;
 }
 #undef NP_HAD_BFLY
