@@ -39,11 +39,13 @@
 #define NP_HAD_ONCE
 #define NP_HAD_TB 8   /* activation rows per register tile (8 x 3 accumulators + 3 planes) */
 #define NP_HAD_SUB 64 /* activation rows per pass over the weights (bounds the dots buffer) */
-/* Activation rows from which np_cq_int picks this kernel on AVX-512 VNNI, measured in one
- * process against the default pick before it (bench/needlepoint_bench/products_curve.py):
- * even at 3 rows, 1.2x faster at 4, about 2x from 16; slower at 1-2 rows, where the
- * transform of the planes is not shared by enough activation rows. */
+/* Activation rows from which np_cq_int picks this kernel on AVX-512 VNNI, with the interleaved
+ * copy and without it (the codes transposed per call), measured in one process against the
+ * default pick before it (bench/needlepoint_bench/products_curve.py): with the copy even at 3
+ * rows, 1.2x faster at 4, 2.2-2.4x from 16; without it slower at 4 rows, faster from 5;
+ * slower at 1-2 rows, where too few activation rows share the transform of the planes. */
 #define NP_HAD_TMIN_VNNI 4
+#define NP_HAD_TMIN_PACKED_VNNI 5
 #endif
 
 #if defined(NP_SIMD_AVX512)

@@ -347,10 +347,11 @@ static inline int NP_NAME(np_cq_all_interleaved)(const np_cq_part *parts, int64_
  * NP_LUT_TMIN_VNNI rows. Otherwise the
  * level-sum kernel above for decode rows (T <= NP_I2_TMAX: fewer operations per weight for one
  * row) and the 16-bit digit kernel (np_cq_int16.h) for 4-bit storage and for prefill tiles
- * (two 16-bit products per weight instead of six byte products). On AVX-512 VNNI, first of
- * all from NP_HAD_TMIN_VNNI rows: the transform on the weights (np_cq_had.h, three vpdpbusd
- * byte products per weight against the int8 q recovered from v), which hands back to the picks
- * above when v is not the Walsh-Hadamard image of int8 codes. */
+ * (two 16-bit products per weight instead of six byte products). Before all of these, on
+ * AVX-512 VNNI from NP_HAD_TMIN_VNNI rows (NP_HAD_TMIN_PACKED_VNNI without the interleaved
+ * copy): the transform on the weights (np_cq_had.h, three vpdpbusd byte products per weight
+ * against the int8 q recovered from v), which hands back to the picks above when v is not the
+ * Walsh-Hadamard image of int8 codes. */
 static int NP_NAME(np_cq_int)(const int32_t *v, const float *scale, int64_t T, int64_t in_pad,
                               int storage_bits, const float *codebook, int64_t codebook_len,
                               const double *cb, const np_cq_part *parts, int64_t n_parts,
@@ -361,7 +362,8 @@ static int NP_NAME(np_cq_int)(const int32_t *v, const float *scale, int64_t T, i
     const int pick = np_cq_kernel_pick == 3 ? 0 : np_cq_kernel_pick;
 #ifdef NP_SIMD_AVX512
     if (storage_bits == 2 && codebook_len <= 4 &&
-        (np_cq_kernel_pick == 3 || (np_cq_kernel_pick == 0 && T >= NP_HAD_TMIN_VNNI))) {
+        (np_cq_kernel_pick == 3 ||
+         (np_cq_kernel_pick == 0 && T >= (il ? NP_HAD_TMIN_VNNI : NP_HAD_TMIN_PACKED_VNNI)))) {
         int status = NP_NAME(np_cq_had2)(v, scale, T, in_pad, cb, parts, n_parts, out,
                                          out_stride, r_first, r_last);
         if (status != NP_BADARG) return status; /* else v is not H q: the kernels below */
