@@ -106,7 +106,8 @@ static int NP_NAME(np_had_acts)(const int32_t *v, int64_t T, int64_t in_pad, int
  * j of dword n = sum_s (-1)^popcount(j & s) bit s of n (H_4 of a nibble, as bytes). The 32
  * quads go as two halves of 16 registers (H_32 = H_2 (x) H_16): the stages within a half in
  * registers, the last one as the halves are stored. */
-static inline void NP_NAME(np_had_planes)(const uint8_t *nib, __m512i lut, __m512i *u) {
+static __attribute__((noinline)) void NP_NAME(np_had_planes)(const uint8_t *nib, __m512i lut,
+                                                              __m512i *u) {
     static const uint8_t rev4[16] = {0, 8, 4, 12, 2, 10, 6, 14, 1, 9, 5, 13, 3, 11, 7, 15};
     const __m512i m15 = _mm512_set1_epi32(15), off = _mm512_set1_epi8(64);
 #pragma GCC unroll 3
@@ -161,11 +162,11 @@ static inline void NP_NAME(np_had_dots)(__m512i r0, __m512i r1, __m512i r01, int
     __m512i s0 = _mm512_sub_epi32(_mm512_add_epi32(_mm512_set1_epi32(total), p01),
                                   _mm512_add_epi32(p0, p1));
     const __m512i sj[4] = {s0, s1, s2, p01};
-    for (int half = 0; half < 2; half++) {
+    for (int half = 0; half < 2; half++) { /* every product and partial sum exact: FMA too */
         __m512d acc = _mm512_setzero_pd();
         for (int j = 0; j < 4; j++) {
             __m256i part = half ? _mm512_extracti64x4_epi64(sj[j], 1) : _mm512_castsi512_si256(sj[j]);
-            acc = _mm512_add_pd(acc, _mm512_mul_pd(_mm512_cvtepi32_pd(part), _mm512_set1_pd(cb[j])));
+            acc = _mm512_fmadd_pd(_mm512_cvtepi32_pd(part), _mm512_set1_pd(cb[j]), acc);
         }
         _mm512_store_pd(o + 8 * half, acc);
     }
