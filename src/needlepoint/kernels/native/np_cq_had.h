@@ -109,7 +109,7 @@ static int NP_NAME(np_had_acts)(const int32_t *v, int64_t T, int64_t in_pad, int
 static __attribute__((noinline)) void NP_NAME(np_had_planes)(const uint8_t *nib, __m512i lut,
                                                               __m512i *u) {
     static const uint8_t rev4[16] = {0, 8, 4, 12, 2, 10, 6, 14, 1, 9, 5, 13, 3, 11, 7, 15};
-    const __m512i m15 = _mm512_set1_epi32(15), off = _mm512_set1_epi8(64);
+    const __m512i off = _mm512_set1_epi8(64);
 #pragma GCC unroll 3
     for (int x = 0; x < 3; x++) {
 #pragma GCC unroll 2
@@ -119,9 +119,9 @@ static __attribute__((noinline)) void NP_NAME(np_had_planes)(const uint8_t *nib,
             for (int c = 0; c < 16; c++) { /* rows' nibble bytes of quad 16 half + c */
                 __m512i n = _mm512_cvtepu8_epi32(
                     _mm_loadu_si128((const __m128i *)(nib + rev4[c] * 32 + 16 * half)));
-                __m512i p0 = _mm512_and_si512(n, m15);
-                __m512i p = x == 0 ? p0 : _mm512_and_si512(_mm512_srli_epi32(n, 4), m15);
-                if (x == 2) p = _mm512_and_si512(p, p0);
+                /* vpermd reads the low 4 bits of each index: b0 = n, b1 = n >> 4 (n < 256) */
+                __m512i p = x == 0 ? n : _mm512_srli_epi32(n, 4);
+                if (x == 2) p = _mm512_and_si512(p, n);
                 y[c] = _mm512_permutexvar_epi32(p, lut);
             }
             /* + 64 on every u: H (64 e_0) = 64 (all ones), added before the butterflies */
