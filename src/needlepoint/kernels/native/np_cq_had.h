@@ -14,8 +14,9 @@
  * [0, 192], a u8, and P_x = sum_k u_k q_k - 64 sum_k q_k with sum_k q_k = v_0 (row 0 of H is all
  * ones): one u8 x s8 product per weight and plane (vpdpbusd), three per weight instead of the
  * six of the byte split of v (np_cq_int.h). |sum_k u_k q_k| <= 128 * 192 * 128 < 2^22, exact in
- * the int32 lanes; S_j, D = sum_j cb[j] S_j and the epilogue (np_tile_epilogue) are then the
- * values and bits of the other integer kernels.
+ * the int32 lanes; S_j, D = sum_j cb[j] S_j and the epilogue (np_had_epilogue: np_epilogue's
+ * operations in its order, 16 rows a vector) are then the values and bits of the other
+ * integer kernels.
  *
  * q is recovered exactly per call: q = H v / 128, checked (every entry of H v a multiple of
  * 128 and q in [-128, 127], v in [-2^14, 2^14) so that nothing wraps); any other v returns
@@ -23,7 +24,7 @@
  * 128 H q', so v = H q' and the identity above holds for any such v.
  *
  * u is built per call for every 16 weight rows and group and reused by every activation row
- * of the tile, so the kernel pays from tens of rows (np_cq_int picks it by measurement). Its
+ * of the tile, so the kernel pays from a few rows (np_cq_int picks it by measurement). Its
  * layout is vpdpbusd's: register (k4, x) holds, in 32-bit lane i, u_{4 k4 + j} (j = 0..3, byte
  * j) of plane x of weight row i, against a broadcast dword of q (columns 4 k4 .. 4 k4 + 3).
  * H = H_32 (x) H_4 over k = 4 k4 + j: the H_4 of a quad of columns is a lookup of its plane
