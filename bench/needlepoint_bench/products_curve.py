@@ -47,14 +47,23 @@ from .products import _matrices, archive_parser
 
 F32 = np.float32
 # name: (np_cq_kernel pick, interleaved copy present). "default" is what a deploy load runs;
-# "default, no copy" is the pick without the copy (the kernels and picks before it).
+# "default, no copy" is the pick without the copy (the kernels and picks before it);
+# "hadamard" the transform on the weights forced (np_cq_kernel 3).
 CONFIGS = {
     "default": (0, True),
     "default, no copy": (0, False),
     "lookup": (2, True),
     "lookup, transposed": (2, False),
     "multiply-add": (1, False),
+    "hadamard": (3, True),
 }
+VNNI_ONLY = ("hadamard",)  # the transform on the weights (np_cq_had.h) is AVX-512 VNNI only
+
+
+def configs() -> dict:
+    """`CONFIGS` this process's variant runs (elsewhere pick 3 is the default pick)."""
+    vnni = simd_variant() == "avx512vnni"
+    return {k: c for k, c in CONFIGS.items() if vnni or k not in VNNI_ONLY}
 HEADING = "## Exact CQ x A8 products: the per-row cost curve"
 NOTES_FILE = Path(__file__).with_name("products_curve_notes.md")
 
@@ -87,15 +96,16 @@ def curve(sets: dict, rows: int, rounds: int) -> dict:
     call; asserts their outputs are equal (same bits)."""
     rng = np.random.default_rng(rows)
     lib = native_library()
-    best: dict = {k: {} for k in CONFIGS}
+    run = configs()
+    best: dict = {k: {} for k in run}
     for i, m in enumerate(sets[False]):
         x = rng.standard_normal((rows, m.cols)).astype(F32)
         v, scale = a8_rotate(x, m.in_pad)
-        calls = {name: _call(sets[copy][i], v, scale) for name, (_, copy) in CONFIGS.items()}
+        calls = {name: _call(sets[copy][i], v, scale) for name, (_, copy) in run.items()}
         key = f"{m.storage_bits}-bit"
         seen = {}
         for _ in range(rounds):
-            for name, (pick, _) in CONFIGS.items():
+            for name, (pick, _) in run.items():
                 call, out = calls[name]
                 lib.np_cq_kernel(pick)
                 t0 = time.thread_time()
@@ -222,8 +232,9 @@ def _load(x: list) -> str:
 
 
 def _vnni_tile(run: dict, rows: str) -> bool:
-    """Whether the VNNI pick takes the lookups at `rows` with or without the copy."""
-    return run["variant"] == "avx512vnni" and int(rows) >= 16
+    """Whether the VNNI pick takes a kernel at `rows` with or without the copy (the transform
+    on the weights from 4 rows, np_cq_had.h NP_HAD_TMIN_VNNI)."""
+    return run["variant"] == "avx512vnni" and int(rows) >= 4
 
 
 def write_section(args: argparse.Namespace, runs: list) -> None:
@@ -240,9 +251,11 @@ def write_section(args: argparse.Namespace, runs: list) -> None:
          "interleaved copy a load builds; *before*: the default pick without it (the kernels "
          "and picks before the copy); *lookup* / *lookup, transposed*: the lookup kernel "
          "forced, with the copy / transposing the packed codes per call; *mult-add*: the "
-         "level-sum / 16-bit digit kernels (on AVX-512 VNNI from 16 rows the lookups are "
-         "picked with or without the copy, and *mult-add* is the pick before them, so the "
-         "before column and the ms before are those). *stream*: an integer sum over the "
+         "level-sum / 16-bit digit kernels (on AVX-512 VNNI from 4 rows the transform on "
+         "the weights is picked with or without the copy, and *mult-add* is the pick before "
+         "it and the lookups, so the before column and the ms before are those); *hadamard*: "
+         "the transform on the weights forced (`np_cq_had.h`, AVX-512 VNNI only). *stream*: "
+         "an integer sum over the "
          "same packed bytes (codes and norms, all products) in the same process; *ratio*: "
          "all products "
          "(after) / stream. 4-bit (the LM head) runs the digit kernel in every configuration.",
@@ -253,16 +266,18 @@ def write_section(args: argparse.Namespace, runs: list) -> None:
               f"{_load(run['load_end'])}; interleaved copy {run['copy_bytes'] / 1e6:.2f} MB, "
               f"built in {run['copy_seconds'] * 1e3:.1f} ms; stream {st * 1e3:.3f} ms):", "",
               "| rows | 2-bit after | 2-bit before | lookup | lookup, transposed | mult-add "
-              "| 4-bit | all products ms before → after | ratio to stream | int8 GEMM "
+              "| hadamard | 4-bit | all products ms before → after | ratio to stream | int8 GEMM "
               "ns/weight-row |",
-              "|---|---|---|---|---|---|---|---|---|---|"]
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
         for rows, e in run["rows"].items():
-            ns = {k: e[k]["ns_per_weight_row"]["2-bit"] for k in CONFIGS}
+            ns = {k: e[k]["ns_per_weight_row"]["2-bit"] for k in CONFIGS if k in e}
+            had = f"{ns['hadamard']:.4f}" if "hadamard" in ns else "–"
             old = "multiply-add" if _vnni_tile(run, rows) else "default, no copy"
             after, before = e["default"], e[old]
             L.append(f"| {rows} | **{ns['default']:.4f}** | {ns[old]:.4f} | "
                      f"{ns['lookup']:.4f} | {ns['lookup, transposed']:.4f} | "
-                     f"{ns['multiply-add']:.4f} | {after['ns_per_weight_row']['4-bit']:.4f} | "
+                     f"{ns['multiply-add']:.4f} | {had} | "
+                     f"{after['ns_per_weight_row']['4-bit']:.4f} | "
                      f"{before['total_ms']:.2f} → {after['total_ms']:.2f} | "
                      f"{after['total_ms'] / (st * 1e3):.1f}x | "
                      f"{e['int8_gemm']['ns_per_weight_row']:.4f} |")

@@ -327,6 +327,7 @@ static int NP_NAME(np_cq_int2)(const int32_t *v, const float *scale, int64_t T, 
 
 #include "np_cq_int16.h"
 #include "np_cq_lut.h"
+#include "np_cq_had.h"
 
 /* 1 when every part carries the interleaved codes (np_cq_lut.h np_lut_split). */
 static inline int NP_NAME(np_cq_all_interleaved)(const np_cq_part *parts, int64_t n_parts) {
@@ -346,19 +347,32 @@ static inline int NP_NAME(np_cq_all_interleaved)(const np_cq_part *parts, int64_
  * NP_LUT_TMIN_VNNI rows. Otherwise the
  * level-sum kernel above for decode rows (T <= NP_I2_TMAX: fewer operations per weight for one
  * row) and the 16-bit digit kernel (np_cq_int16.h) for 4-bit storage and for prefill tiles
- * (two 16-bit products per weight instead of six byte products). */
+ * (two 16-bit products per weight instead of six byte products). Before all of these, on
+ * AVX-512 VNNI from NP_HAD_TMIN_VNNI rows (NP_HAD_TMIN_PACKED_VNNI without the interleaved
+ * copy): the transform on the weights (np_cq_had.h, three vpdpbusd byte products per weight
+ * against the int8 q recovered from v), which hands back to the picks above when v is not the
+ * Walsh-Hadamard image of int8 codes. */
 static int NP_NAME(np_cq_int)(const int32_t *v, const float *scale, int64_t T, int64_t in_pad,
                               int storage_bits, const float *codebook, int64_t codebook_len,
                               const double *cb, const np_cq_part *parts, int64_t n_parts,
                               float *out, int64_t out_stride, int64_t r_first, int64_t r_last) {
 #ifdef NP_SIMD_AVX2
     const int il = NP_NAME(np_cq_all_interleaved)(parts, n_parts);
+    /* pick 3 (the transform on the weights) where it does not apply: the default pick */
+    const int pick = np_cq_kernel_pick == 3 ? 0 : np_cq_kernel_pick;
 #ifdef NP_SIMD_AVX512
+    if (storage_bits == 2 && codebook_len <= 4 &&
+        (np_cq_kernel_pick == 3 ||
+         (np_cq_kernel_pick == 0 && T >= (il ? NP_HAD_TMIN_VNNI : NP_HAD_TMIN_PACKED_VNNI)))) {
+        int status = NP_NAME(np_cq_had2)(v, scale, T, in_pad, cb, parts, n_parts, out,
+                                         out_stride, r_first, r_last);
+        if (status != NP_BADARG) return status; /* else v is not H q: the kernels below */
+    }
     const int by_rows = (T == 1 && il) || T >= NP_LUT_TMIN_VNNI;
 #else
     const int by_rows = T >= NP_LUT_TMIN || il;
 #endif
-    const int lookup = np_cq_kernel_pick == 2 || (np_cq_kernel_pick == 0 && by_rows);
+    const int lookup = pick == 2 || (pick == 0 && by_rows);
     if (storage_bits == 2 && codebook_len <= 4 && lookup)
         return NP_NAME(np_cq_lut2)(v, scale, T, in_pad, cb, parts, n_parts, out, out_stride,
                                    r_first, r_last);
