@@ -326,6 +326,7 @@ static int NP_NAME(np_cq_int2)(const int32_t *v, const float *scale, int64_t T, 
 #endif /* NP_SIMD_AVX2 */
 
 #include "np_cq_int16.h"
+#include "np_cq_int4.h"
 #include "np_cq_lut.h"
 
 /* 1 when every part carries the interleaved codes (np_cq_lut.h np_lut_split). */
@@ -365,6 +366,11 @@ static int NP_NAME(np_cq_int)(const int32_t *v, const float *scale, int64_t T, i
     if (storage_bits == 2 && codebook_len <= 4 && T <= NP_I2_TMAX)
         return NP_NAME(np_cq_int2)(v, scale, T, in_pad, cb, parts, n_parts, out, out_stride,
                                    r_first, r_last);
+#ifdef NP_SIMD_AVX512
+    if (storage_bits == 4 && codebook_len <= 16 && np_cq_kernel_pick != 1)
+        return NP_NAME(np_cq_perm4)(v, scale, T, in_pad, codebook, codebook_len, parts, n_parts,
+                                    out, out_stride, r_first, r_last);
+#endif
     if ((storage_bits == 2 && codebook_len <= 4) || (storage_bits == 4 && codebook_len <= 16))
         return NP_NAME(np_cq_int16)(v, scale, T, in_pad, storage_bits, codebook, codebook_len,
                                     parts, n_parts, out, out_stride, r_first, r_last);
