@@ -56,9 +56,12 @@ def check_codebook(codebook: np.ndarray) -> None:
 
 
 # The storage layouts of the packed codes (`storage_layout`, the weight records' `layout`):
-# the archive's LSB-first rows alone, or with a row-interleaved copy for the lookup kernel.
+# the archive's LSB-first rows alone, or with a copy regrouped by 16-row blocks built at load:
+# for 2-bit codes the lookup kernel's interleaved nibble planes, for 4-bit codes 4-byte columns
+# of 16 rows (np_cq_int4.h, the AVX-512 VNNI kernel's one-lane-per-row form).
 PACKED = "packed"
 INTERLEAVED = "packed + row-interleaved nibble planes (interleave_codes)"
+BLOCKED = "packed + 16-row blocks of 4-byte columns (block_codes)"
 LUT_ROWS = 16  # weight rows per interleaved block (np_cq_lut.h)
 REV4 = np.array([0, 8, 4, 12, 2, 10, 6, 14, 1, 9, 5, 13, 3, 11, 7, 15])
 # a 2-bit code byte (codes c_s in bits 2s..2s+1) as its plane nibbles b0 | b1 << 4, bit s of
@@ -69,8 +72,47 @@ PLANE_NIBBLES = sum(((_BYTE >> 2 * s & 1) << s) | ((_BYTE >> 2 * s + 1 & 1) << (
 
 
 def storage_layout(storage_bits: int) -> str:
-    """The layout a storage width is loaded in: 2-bit codes get the interleaved copy."""
-    return INTERLEAVED if storage_bits == 2 else PACKED
+    """The layout a storage width is loaded in: 2-bit codes get the interleaved copy, 4-bit
+    codes the blocked one."""
+    return {2: INTERLEAVED, 4: BLOCKED}.get(storage_bits, PACKED)
+
+
+def layout_codes(packed: np.ndarray, storage_bits: int, use_native: bool | None = None
+                 ) -> np.ndarray | None:
+    """The copy `storage_layout(storage_bits)` builds beside the packed codes, or None."""
+    layout = storage_layout(storage_bits)
+    if layout == INTERLEAVED:
+        return interleave_codes(packed, use_native)
+    if layout == BLOCKED:
+        return block_codes(packed, use_native)
+    return None
+
+
+def block_codes(packed: np.ndarray, use_native: bool | None = None) -> np.ndarray:
+    """`block_codes_reference`, by the native builder when it is built (same bytes)."""
+    return native.dispatch(use_native, block_codes_reference, _block_native, packed)
+
+
+def _block_native(lib, packed: np.ndarray) -> np.ndarray:
+    rows, row_bytes = packed.shape
+    if packed.strides[1] != 1:
+        packed = np.ascontiguousarray(packed)
+    out = np.empty((-(-rows // LUT_ROWS), LUT_ROWS * row_bytes), np.uint8)
+    lib.np_cq_block4(packed.ctypes.data, rows, row_bytes, packed.strides[0], out.ctypes.data)
+    return out
+
+
+def block_codes_reference(packed: np.ndarray) -> np.ndarray:
+    """The blocked copy of 4-bit codes [rows, row_bytes] (np_cq_int4.h np_b4_group): rows
+    padded with zero bytes to blocks of 16, each block and 64-byte group 16 registers of 64
+    bytes, register k holding bytes 4k .. 4k + 3 of rows 0..15 in turn. uint8
+    [blocks, 16 * row_bytes]: the same bytes regrouped."""
+    rows, row_bytes = packed.shape
+    blocks, groups = -(-rows // LUT_ROWS), row_bytes // 64
+    padded = np.zeros((blocks * LUT_ROWS, row_bytes), np.uint8)
+    padded[:rows] = packed
+    cube = padded.reshape(blocks, LUT_ROWS, groups, 16, 4)  # [b, row, g, k, byte]
+    return np.ascontiguousarray(cube.transpose(0, 2, 3, 1, 4)).reshape(blocks, -1)
 
 
 def interleave_codes(packed: np.ndarray, use_native: bool | None = None) -> np.ndarray:
@@ -103,8 +145,9 @@ def interleave_codes_reference(packed: np.ndarray) -> np.ndarray:
 @dataclass(frozen=True)
 class ExactPart:
     """Rows of one CQ tensor in a fused product: packed codes [rows, row_bytes] (a view of the
-    archive), float32 norms [rows, groups], the first output column they write, and for 2-bit
-    codes optionally their `interleave_codes` copy (the lookup kernel's; the same bytes)."""
+    archive), float32 norms [rows, groups], the first output column they write, and optionally
+    the copy of their storage layout (`layout_codes`: for 2-bit codes `interleave_codes`, for
+    4-bit codes `block_codes`; the same bytes regrouped)."""
 
     packed: np.ndarray
     norms: np.ndarray
@@ -153,10 +196,11 @@ class ExactMatrix:
 
 
 def with_layout(matrix: ExactMatrix, interleave: bool = True) -> ExactMatrix:
-    """`matrix` with (or without) the interleaved copy of its 2-bit parts (the same bits)."""
+    """`matrix` with (or without) the copy of its parts' storage layout (`layout_codes`; the
+    same bits)."""
     parts = tuple(
         ExactPart(p.packed, p.norms, p.out_col,
-                  interleave_codes(p.packed) if interleave and matrix.storage_bits == 2 else None)
+                  layout_codes(p.packed, matrix.storage_bits) if interleave else None)
         for p in matrix.parts)
     return ExactMatrix(matrix.cols, matrix.in_pad, matrix.out, matrix.storage_bits,
                        matrix.codebook, parts, matrix.threads)
@@ -168,8 +212,7 @@ def exact_matrices(
     """The fused product of `pieces` (tensor, first row, end row), concatenated along the
     output: one ExactMatrix per run of pieces sharing storage width and codebook; `threads`
     for the native kernel (large products split their output rows). With `interleave`, parts
-    whose `storage_layout` is INTERLEAVED get their `interleave_codes` copy (built here, once
-    per load)."""
+    get the copy of their `storage_layout` (`layout_codes`, built here, once per load)."""
     runs: list[tuple[tuple, CQTensor, list[ExactPart]]] = []
     column = 0
     for cq, row0, row1 in pieces:
@@ -179,9 +222,8 @@ def exact_matrices(
             raise ExactEngineError(f"{cq.name}: fused parts read different widths")
         check_codebook(cq.codebook)
         packed = np.asarray(cq.packed[row0:row1])
-        copy = interleave and storage_layout(cq.storage_bits) == INTERLEAVED
         part = ExactPart(packed, np.ascontiguousarray(cq.norms[row0:row1], dtype=F32), column,
-                         interleave_codes(packed) if copy else None)
+                         layout_codes(packed, cq.storage_bits) if interleave else None)
         key = (cq.storage_bits, np.asarray(cq.codebook, F32).tobytes())
         if runs and runs[-1][0] == key:
             runs[-1][2].append(part)

@@ -367,6 +367,9 @@ static int NP_NAME(np_cq_int)(const int32_t *v, const float *scale, int64_t T, i
         return NP_NAME(np_cq_int2)(v, scale, T, in_pad, cb, parts, n_parts, out, out_stride,
                                    r_first, r_last);
 #ifdef NP_SIMD_AVX512
+    if (storage_bits == 4 && codebook_len <= 16 && np_cq_kernel_pick != 1 && il)
+        return NP_NAME(np_cq_blk4)(v, scale, T, in_pad, codebook, codebook_len, parts, n_parts,
+                                   out, out_stride, r_first, r_last);
     if (storage_bits == 4 && codebook_len <= 16 && np_cq_kernel_pick != 1)
         return NP_NAME(np_cq_perm4)(v, scale, T, in_pad, codebook, codebook_len, parts, n_parts,
                                     out, out_stride, r_first, r_last);

@@ -163,6 +163,180 @@ static int NP_NAME(np_cq_perm4)(const int32_t *v, const float *scale, int64_t T,
     free(w), free(tot), free(dots), free(q);
     return status;
 }
+
+/* -- 16-row blocks (np_cq_part.interleaved of a 4-bit part, kernels/exact.py block_codes) --
+ * A load copies the codes of every 16 weight rows and group into 16 registers of 64 bytes:
+ * register k, 32-bit lane i = code bytes 4k .. 4k + 3 of row i (columns 8k .. 8k + 7), the
+ * same bytes regrouped (rows past the part's end are zero: code 0). Lane i of a vpdpwssd then
+ * belongs to row i alone: its low word holds columns 8k .. 8k + 3, its high word 8k + 4 .. 8k + 7,
+ * and the activation operand is one 32-bit pair (v[8k + s], v[8k + 4 + s]) broadcast to every
+ * lane. A lane thus sums its row's whole group, 128 products, with no reduction across lanes;
+ * for that to stay in int32 the digits are balanced base 2^10, u_j = sum_p 2^(10 p) e_jp with
+ * e_jp in [-511, 512] (P <= 4 for |u_j| <= 2^32): |lane| <= 128 * 512 * 2^14 = 2^30. W of 16
+ * rows = sum_p 2^(10 p) (lane p) goes to float64 (below 2^53 as above), D = (gc W + kc tot) qu
+ * exactly, and the epilogue is np_tile_epilogue's. */
+#define NP_B4_RB 4 /* activation rows per pass over a block */
+
+/* v of rows [0, T) as the broadcast pairs: pairs[(t * groups + g) * 64 + k * 4 + s] = v[8k + s]
+ * (low word) and v[8k + 4 + s] (high word) of group g; the totals tot [T, groups].
+ * NP_BADARG when some v is outside [-2^14, 2^14). */
+static int NP_NAME(np_b4_prepare)(const int32_t *v, int64_t T, int64_t in_pad, uint32_t *pairs,
+                                  int32_t *tot) {
+    int64_t groups = in_pad / 128;
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t g = 0; g < groups; g++) {
+            const int32_t *x = v + t * in_pad + g * 128;
+            uint32_t *out = pairs + (t * groups + g) * 64;
+            int32_t sum = 0, bad = 0;
+            for (int c = 0; c < 128; c++) {
+                bad |= x[c] < -16384 || x[c] >= 16384;
+                sum += x[c];
+            }
+            if (bad) return NP_BADARG;
+            for (int k = 0; k < 16; k++)
+                for (int s = 0; s < 4; s++)
+                    out[k * 4 + s] = (uint32_t)(uint16_t)x[8 * k + s] |
+                                     (uint32_t)(uint16_t)x[8 * k + 4 + s] << 16;
+            tot[t * groups + g] = sum;
+        }
+    return NP_OK;
+}
+
+/* D of the 16 rows of one block and group g (codes il, 1024 bytes) for nb activation rows:
+ * row i, activation row b at d[i * dstride + b * groups]. */
+static inline __attribute__((always_inline)) void NP_NAME(np_b4_group)(
+    const uint8_t *il, const uint32_t *pairs, int64_t pstride, const int32_t *tot,
+    int64_t groups, const int nb, const int P, const __m512i *tab, const np_d16_levels *lv,
+    double *d, int64_t dstride) {
+    __m512i acc[NP_B4_RB][4];
+    for (int b = 0; b < nb; b++)
+        for (int p = 0; p < P; p++) acc[b][p] = _mm512_setzero_si512();
+    for (int k = 0; k < 16; k++) {
+        const __m512i c = _mm512_loadu_si512((const void *)(il + k * 64));
+        for (int s = 0; s < 4; s++) {
+            const __m512i idx = s ? _mm512_srli_epi16(c, 4 * s) : c;
+            for (int p = 0; p < P; p++) {
+                const __m512i w = _mm512_permutexvar_epi16(idx, tab[p]);
+                for (int b = 0; b < nb; b++)
+                    acc[b][p] = _mm512_dpwssd_epi32(
+                        acc[b][p], w, _mm512_set1_epi32((int32_t)pairs[b * pstride + k * 4 + s]));
+            }
+        }
+    }
+    const __m512d gc = _mm512_set1_pd(lv->gc), kc = _mm512_set1_pd(lv->kc);
+    const __m512d qu = _mm512_set1_pd(lv->quantum);
+    for (int b = 0; b < nb; b++) {
+        double out[16];
+        const __m512d t = _mm512_set1_pd((double)tot[b * groups]);
+        for (int h = 0; h < 2; h++) {
+            __m512d W = _mm512_setzero_pd();
+            for (int p = 0; p < P; p++) {
+                __m256i lanes = h ? _mm512_extracti64x4_epi64(acc[b][p], 1)
+                                  : _mm512_castsi512_si256(acc[b][p]);
+                __m512d part = _mm512_cvtepi32_pd(lanes);
+                W = p ? _mm512_add_pd(W, _mm512_mul_pd(part, _mm512_set1_pd((double)(1LL << (10 * p)))))
+                      : part;
+            }
+            __m512d k = _mm512_add_pd(_mm512_mul_pd(W, gc), _mm512_mul_pd(t, kc));
+            _mm512_storeu_pd(out + 8 * h, _mm512_mul_pd(k, qu));
+        }
+        for (int i = 0; i < 16; i++) d[i * dstride + b * groups] = out[i];
+    }
+}
+
+/* Weight rows [r0, r1) of `part` (its blocks in part->interleaved) against activation rows
+ * [0, nb): whole 16-row blocks are computed, the rows in [r0, r1) written. */
+static inline __attribute__((always_inline)) void NP_NAME(np_b4_rows)(
+    const np_cq_part *part, int64_t groups, int64_t r0, int64_t r1, const uint32_t *pairs,
+    const int32_t *tot, const int nb, const int P, const __m512i *tab, const np_d16_levels *lv,
+    const double *s, float *out, int64_t out_stride, double *dots) {
+    int64_t dstride = NP_B4_RB * groups;
+    for (int64_t r16 = r0 & ~(int64_t)15; r16 < r1; r16 += 16) {
+        const uint8_t *il = part->interleaved + r16 * part->row_bytes;
+        for (int64_t g = 0; g < groups; g++)
+            NP_NAME(np_b4_group)(il + g * 1024, pairs + g * 64, groups * 64, tot + g, groups, nb,
+                                 P, tab, lv, dots + g, dstride);
+        int64_t lo = r16 > r0 ? r16 : r0, hi = r16 + 16 < r1 ? r16 + 16 : r1;
+        for (int64_t r = lo; r < hi; r += 4)
+            NP_NAME(np_tile_epilogue)(part, groups, r, (int)(hi - r < 4 ? hi - r : 4), nb,
+                                      dots + (r - r16) * dstride, dstride, groups, s, out,
+                                      out_stride);
+    }
+}
+
+#define NP_B4_CASE(nb, P)                                                                  \
+    NP_NAME(np_b4_rows)(&parts[p], groups, a, z, pairs + t0 * groups * 64, tot + t0 * groups,  \
+                        nb, P, tab, &lv, s, o, out_stride, dots)
+#define NP_B4_P(nb)                                                                        \
+    switch (pieces) {                                                                      \
+    case 4: NP_B4_CASE(nb, 4); break;                                                      \
+    case 3: NP_B4_CASE(nb, 3); break;                                                      \
+    case 2: NP_B4_CASE(nb, 2); break;                                                      \
+    default: NP_B4_CASE(nb, 1); break;                                                     \
+    }
+
+/* np_cq_matmul for 4-bit storage whose parts all carry the 16-row blocks. NP_BADARG (nothing
+ * written) when the codebook or v is outside what the integer sums cover. */
+static int NP_NAME(np_cq_blk4)(const int32_t *v, const float *scale, int64_t T, int64_t in_pad,
+                               const float *codebook, int64_t codebook_len,
+                               const np_cq_part *parts, int64_t n_parts, float *out,
+                               int64_t out_stride, int64_t r_first, int64_t r_last) {
+    np_d16_levels lv;
+    if (NP_NAME(np_d16_levels_of)(codebook, codebook_len, 4, &lv) != NP_OK) return NP_BADARG;
+    int16_t e[4][16] = {{0}};
+    int pieces = 1;
+    for (int j = 0; j < 16; j++) { /* u_j from its base-2^14 digits, then base 2^10 */
+        int64_t u = lv.digit[0][j] + ((int64_t)lv.digit[1][j] << 14) +
+                    ((int64_t)lv.digit[2][j] << 28);
+        for (int p = 0; u != 0; p++) {
+            if (p == 4) return NP_BADARG; /* |u| <= 2^32 (np_d16_levels_of): unreachable */
+            int64_t d = ((u + 511) & 1023) - 511;
+            e[p][j] = (int16_t)d;
+            u = (u - d) >> 10;
+            if (p + 1 > pieces) pieces = p + 1;
+        }
+    }
+    __m512i tab[4];
+    for (int p = 0; p < 4; p++) {
+        int16_t words[32];
+        for (int j = 0; j < 32; j++) words[j] = e[p][j & 15];
+        tab[p] = _mm512_loadu_si512((const void *)words);
+    }
+    int64_t groups = in_pad / 128;
+    uint32_t *pairs = (uint32_t *)malloc(sizeof(uint32_t) * (size_t)(T * groups * 64 + 16));
+    int32_t *tot = (int32_t *)calloc((size_t)(T * groups + 1), sizeof(int32_t));
+    double *dots = (double *)malloc(sizeof(double) * (size_t)(16 * NP_B4_RB * groups + 1));
+    if (!pairs || !tot || !dots) {
+        free(pairs), free(tot), free(dots);
+        return NP_NOMEM;
+    }
+    int status = NP_NAME(np_b4_prepare)(v, T, in_pad, pairs, tot);
+    for (int64_t t0 = 0; status == NP_OK && t0 < T; t0 += NP_B4_RB) {
+        int nb = (int)(T - t0 < NP_B4_RB ? T - t0 : NP_B4_RB);
+        double s[NP_B4_RB];
+        for (int b = 0; b < nb; b++) s[b] = (double)scale[t0 + b];
+        float *o = out + t0 * out_stride;
+        int64_t base = 0;
+        for (int64_t p = 0; p < n_parts; p++) {
+            int64_t a = r_first > base ? r_first - base : 0;
+            int64_t z = r_last - base < parts[p].rows ? r_last - base : parts[p].rows;
+            if (a < z) {
+                switch (nb) {
+                case 4: NP_B4_P(4) break;
+                case 3: NP_B4_P(3) break;
+                case 2: NP_B4_P(2) break;
+                default: NP_B4_P(1) break;
+                }
+            }
+            base += parts[p].rows;
+        }
+    }
+    free(pairs), free(tot), free(dots);
+    return status;
+}
+#undef NP_B4_CASE
+#undef NP_B4_P
+#undef NP_B4_RB
 #undef NP_P4_CASE
 #undef NP_P4_P
 #undef NP_P4_RB
