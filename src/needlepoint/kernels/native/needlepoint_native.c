@@ -145,10 +145,11 @@ int np_cq_matmul(const int32_t *v, const float *scale, int64_t T, int64_t in_pad
                        parts, n_parts, out, out_stride, r_first, r_last);
 }
 
-/* Which kernel the 2-bit products run from now on (k >= 0; benchmarks and tests comparing
- * them in one process): 0 the default pick by variant and row count (np_cq_int), 1 the
- * level-sum / digit kernels (np_cq_int.h, np_cq_int16.h), 2 the table-lookup kernel
- * (np_cq_lut.h) at every row count. Same bits in every case. Returns the previous pick. */
+/* Which kernel the 2- and 4-bit products run from now on (k >= 0; benchmarks and tests
+ * comparing them in one process): 0 the default pick by variant, row count and layout copy
+ * (np_cq_int), 1 the level-sum / digit kernels (np_cq_int.h, np_cq_int16.h; for 4-bit storage
+ * the digit kernel), 2 the table-lookup kernel (np_cq_lut.h) at every row count for 2-bit
+ * storage (4-bit: as 0). Same bits in every case. Returns the previous pick. */
 int np_cq_kernel(int k) {
     int old = np_cq_kernel_pick;
     if (k >= 0) np_cq_kernel_pick = k;
