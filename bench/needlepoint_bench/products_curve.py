@@ -12,8 +12,9 @@ call by call (best of `rounds` per matrix and configuration), so all see the sam
 is the calling thread's CPU time (`time.thread_time`: the 2 shared cores run other work, and
 waiting for a core is not the kernel's cost). Beside them, in the same process: the time to
 stream the same packed bytes (an integer sum over each part's codes and norms, CPU time, best
-of `rounds`), the copies' size (per storage width) and build time, and an int8 GEMM rate (needlepoint's
-own int8 tile kernel `i8.matmul`, np_i8_tile.h, on a synthetic [4096, 2048] weight). Prints the
+of `rounds`), the copies' size (per storage width) and build time, and an int8 GEMM rate
+(needlepoint's own int8 tile kernel `i8.matmul`, np_i8_tile.h, on a synthetic [4096, 2048]
+weight). Prints the
 variant (NEEDLEPOINT_NATIVE_VARIANT caps it) and the load average at the start and the end.
 ns per weight-row = seconds / (weights x rows).
 """
