@@ -33,7 +33,7 @@ typedef struct {
     int64_t rows;
     int64_t out_col;
     /* NULL, or the codes regrouped by 16-row blocks at load (the same bytes): 2-bit codes
-     * row-interleaved for the lookup kernel (np_cq_lut.h np_lut_split; kernels/exact.py
+     * row-interleaved for the lookup kernel (np_cq_lut.h np_lut_split; kernels/code_layout.py
      * interleave_codes), 4-bit codes in 4-byte columns (np_cq_int4.h; block_codes) */
     const uint8_t *interleaved;
 } np_cq_part;
@@ -156,7 +156,7 @@ int np_cq_kernel(int k) {
     return old;
 }
 
-/* kernels/exact.py interleave_codes_reference, byte for byte: the lookup kernel's copy of 2-bit
+/* kernels/code_layout.py interleave_codes_reference, byte for byte: the lookup kernel's copy of 2-bit
  * codes [rows, row_bytes] (row stride `stride`) into out [ceil(rows / 16), 16 * row_bytes].
  * Plain C in every variant: it moves bytes once per load. */
 void np_cq_interleave(const uint8_t *packed, int64_t rows, int64_t row_bytes, int64_t stride,
@@ -184,7 +184,7 @@ void np_cq_interleave(const uint8_t *packed, int64_t rows, int64_t row_bytes, in
     }
 }
 
-/* kernels/exact.py block_codes_reference, byte for byte: 4-bit codes [rows, row_bytes] (row
+/* kernels/code_layout.py block_codes_reference, byte for byte: 4-bit codes [rows, row_bytes] (row
  * stride `stride`) into out [ceil(rows / 16), 16 * row_bytes], per 16-row block and 64-byte
  * group 16 registers of 64 bytes, register k holding bytes 4k .. 4k + 3 of rows 0..15 in turn
  * (np_cq_int4.h np_b4_group; rows past `rows` zero). Plain C in every variant. */

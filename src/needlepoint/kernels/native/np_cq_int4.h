@@ -168,7 +168,7 @@ static int NP_NAME(np_cq_perm4)(const int32_t *v, const float *scale, int64_t T,
     return status;
 }
 
-/* -- 16-row blocks (np_cq_part.interleaved of a 4-bit part, kernels/exact.py block_codes) --
+/* -- 16-row blocks (np_cq_part.interleaved of a 4-bit part, kernels/code_layout.py block_codes) --
  * A load copies the codes of every 16 weight rows and group into 16 registers of 64 bytes:
  * register k, 32-bit lane i = code bytes 4k .. 4k + 3 of row i (columns 8k .. 8k + 7), the
  * same bytes regrouped (rows past the part's end are zero: code 0). Lane i of a vpdpwssd then
