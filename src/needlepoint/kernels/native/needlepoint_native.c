@@ -156,9 +156,9 @@ int np_cq_kernel(int k) {
     return old;
 }
 
-/* kernels/code_layout.py interleave_codes_reference, byte for byte: the lookup kernel's copy of 2-bit
- * codes [rows, row_bytes] (row stride `stride`) into out [ceil(rows / 16), 16 * row_bytes].
- * Plain C in every variant: it moves bytes once per load. */
+/* kernels/code_layout.py interleave_codes_reference, byte for byte: the lookup kernel's copy
+ * of 2-bit codes [rows, row_bytes] (row stride `stride`) into out [ceil(rows / 16),
+ * 16 * row_bytes]. Plain C in every variant: it moves bytes once per load. */
 void np_cq_interleave(const uint8_t *packed, int64_t rows, int64_t row_bytes, int64_t stride,
                       uint8_t *out) {
     static const uint8_t rev4[16] = {0, 8, 4, 12, 2, 10, 6, 14, 1, 9, 5, 13, 3, 11, 7, 15};

@@ -349,9 +349,9 @@ static inline int NP_NAME(np_cq_all_interleaved)(const np_cq_part *parts, int64_
  * row) and the 16-bit digit kernel (np_cq_int16.h) for 4-bit storage and for prefill tiles
  * (two 16-bit products per weight instead of six byte products). 4-bit storage on AVX-512
  * VNNI (np_cq_int4.h): the blocked kernel at every row count when the parts carry the 16-row
- * blocks (no reduction across lanes: 1.4-1.5x the digit kernel at one row, about 1.3x from 2),
- * else the word-lookup kernel up to NP_P4_TMAX rows; AVX2 has no vpermw and keeps the digit
- * kernel. */
+ * blocks (no reduction across lanes: about 1.5x the digit kernel at 1 to 64 rows in one
+ * process), else the word-lookup kernel up to NP_P4_TMAX rows; AVX2 has no vpermw and keeps
+ * the digit kernel. */
 static int NP_NAME(np_cq_int)(const int32_t *v, const float *scale, int64_t T, int64_t in_pad,
                               int storage_bits, const float *codebook, int64_t codebook_len,
                               const double *cb, const np_cq_part *parts, int64_t n_parts,

@@ -14,11 +14,15 @@
  * masking, byte tables or unpacking (np_cq_int16.h: an and, two vpshufb and two unpacks). The
  * activation comes as int16 in the matching order, v of column 4e + s at s * 32 + e of its
  * group. An int32 lane adds 8 products (2 per vpdpwssd, 4 shifts), each in
- * [-2^27, 8192 * 16383]: in [-2^30, 2^30]. Per group and digit the 16 lanes go to float64
- * (integers below 2^35, exact) and W = sum_p 2^(14 p) (lane sum) stays below 2^53 as in
- * np_cq_int16.h, so D = (gc W + kc tot) qu is the exact sum, and the shared epilogue
- * (np_tile_epilogue) gives the float64 reference's bits. v outside [-2^14, 2^14) returns
- * NP_BADARG: the float64 kernel runs. */
+ * [-2^27, 2^27 - 8192], so two lanes added hold 16 in [-2^31, 2^31) (as np_cq_int16.h's);
+ * per group and digit those 8 sums go to float64 (integers, exact) and W = sum_p 2^(14 p)
+ * (lane sums) stays below 2^53 as in np_cq_int16.h, so D = (gc W + kc tot) qu is the exact
+ * sum, and the shared epilogue (np_tile_epilogue) gives the float64 reference's bits. v
+ * outside [-2^14, 2^14) returns NP_BADARG: the float64 kernel runs.
+ *
+ * The second kernel below (np_cq_blk4) reads the 16-row blocked copy of the codes a load
+ * builds and needs no reduction across lanes; np_cq_int picks it whenever every part carries
+ * that copy, this one (np_cq_perm4) otherwise up to NP_P4_TMAX activation rows. */
 
 #ifdef NP_SIMD_AVX512
 #define NP_P4_RB 4 /* activation rows per pass over the weights */
@@ -28,7 +32,8 @@
 #define NP_P4_TMAX 3
 
 /* v of rows [0, T) as int16 in the order above (w [T, in_pad]) and the group totals
- * tot [T, g4] (g4 = groups rounded up to 4, padding zero); NP_BADARG when some v is outside [-2^14, 2^14). */
+ * tot [T, g4] (g4 = groups rounded up to 4, padding zero); NP_BADARG when some v is outside
+ * [-2^14, 2^14). */
 static int NP_NAME(np_p4_prepare)(const int32_t *v, int64_t T, int64_t in_pad, int16_t *w,
                                   int32_t *tot, int64_t g4) {
     int64_t groups = in_pad / 128;
