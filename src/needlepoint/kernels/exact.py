@@ -94,8 +94,8 @@ class ExactMatrix:
 
     @property
     def nbytes(self) -> int:
-        """Bytes a one-row product reads: the norms and the codes (their interleaved copy,
-        which the lookup kernel reads instead, where there is one)."""
+        """Bytes a one-row product reads: the norms and the codes (the copy of their layout,
+        which the lookup and blocked 4-bit kernels read instead, where there is one)."""
         return sum(p.norms.nbytes + (p.packed if p.interleaved is None else p.interleaved).nbytes
                    for p in self.parts)
 
