@@ -329,7 +329,8 @@ static int NP_NAME(np_cq_int2)(const int32_t *v, const float *scale, int64_t T, 
 #include "np_cq_int4.h"
 #include "np_cq_lut.h"
 
-/* 1 when every part carries the interleaved codes (np_cq_lut.h np_lut_split). */
+/* 1 when every part carries the copy of its layout (2-bit: np_cq_lut.h np_lut_split; 4-bit:
+ * np_cq_int4.h np_cq_blk4). */
 static inline int NP_NAME(np_cq_all_interleaved)(const np_cq_part *parts, int64_t n_parts) {
     for (int64_t p = 0; p < n_parts; p++)
         if (!parts[p].interleaved) return 0;
