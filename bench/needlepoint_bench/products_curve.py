@@ -1,17 +1,20 @@
-"""The per-row cost curve of the exact CQ x A8 products, every 2-bit kernel A/B in one process.
+"""The per-row cost curve of the exact CQ x A8 products, every 2- and 4-bit kernel A/B in one
+process.
 
 `python -m needlepoint_bench.products_curve [archive] [--rows 1,2,4,8,16,32,64] [--rounds 5]
 [--docs docs/benchmarks.md]` (with --docs: the AVX2 and the best variant, each in its own
 process, and the section of the markdown file, which replaces its own heading there): every
 deploy product slot of the archive (as `needlepoint_bench.products`), at each activation-row
 count, timed in the configurations of `CONFIGS` (the kernel pick `np_cq_kernel` and whether the
-parts carry the interleaved copy of their 2-bit codes, `kernels.with_layout`), alternating
+parts carry the copy of their storage layout, `kernels.with_layout`: the interleaved 2-bit codes,
+the 16-row blocked 4-bit codes), alternating
 call by call (best of `rounds` per matrix and configuration), so all see the same load; the time
 is the calling thread's CPU time (`time.thread_time`: the 2 shared cores run other work, and
 waiting for a core is not the kernel's cost). Beside them, in the same process: the time to
 stream the same packed bytes (an integer sum over each part's codes and norms, CPU time, best
-of `rounds`), the interleaved copy's size and build time, and an int8 GEMM rate (needlepoint's
-own int8 tile kernel `i8.matmul`, np_i8_tile.h, on a synthetic [4096, 2048] weight). Prints the
+of `rounds`), the copies' size (per storage width) and build time, and an int8 GEMM rate
+(needlepoint's own int8 tile kernel `i8.matmul`, np_i8_tile.h, on a synthetic [4096, 2048]
+weight). Prints the
 variant (NEEDLEPOINT_NATIVE_VARIANT caps it) and the load average at the start and the end.
 ns per weight-row = seconds / (weights x rows).
 """
@@ -46,8 +49,9 @@ from .paths import REPO_ROOT
 from .products import _matrices, archive_parser
 
 F32 = np.float32
-# name: (np_cq_kernel pick, interleaved copy present). "default" is what a deploy load runs;
-# "default, no copy" is the pick without the copy (the kernels and picks before it);
+# name: (np_cq_kernel pick, layout copy present). "default" is what a deploy load runs;
+# "default, no copy" is the pick without the copy; "multiply-add" the level-sum / 16-bit digit
+# kernels without it (for 4-bit storage: the digit kernel, the "before" of the 4-bit column);
 # "hadamard" the transform on the weights forced (np_cq_kernel 3).
 CONFIGS = {
     "default": (0, True),
@@ -80,15 +84,19 @@ def _call(matrix: ExactMatrix, v: np.ndarray, scale: np.ndarray):
 
 
 def layouts(matrices: list[ExactMatrix]) -> dict:
-    """{True: the matrices with the interleaved copy, False: without}, and the copy's bytes
-    and build seconds (CPU time)."""
+    """{True: the matrices with the layout copy, False: without}, the copies' bytes (in all
+    and per storage width) and build seconds (CPU time)."""
     t0 = time.thread_time()
     with_copy = [with_layout(m, True) for m in matrices]
     seconds = time.thread_time() - t0
-    copy_bytes = sum(p.interleaved.nbytes for m in with_copy for p in m.parts
-                     if p.interleaved is not None)
+    by_bits: dict = {}
+    for m in with_copy:
+        for p in m.parts:
+            if p.interleaved is not None:
+                key = f"{m.storage_bits}-bit"
+                by_bits[key] = by_bits.get(key, 0) + p.interleaved.nbytes
     return {True: with_copy, False: [with_layout(m, False) for m in matrices],
-            "bytes": copy_bytes, "seconds": seconds}
+            "bytes": sum(by_bits.values()), "bytes_by_bits": by_bits, "seconds": seconds}
 
 
 def curve(sets: dict, rows: int, rounds: int) -> dict:
@@ -114,7 +122,7 @@ def curve(sets: dict, rows: int, rounds: int) -> dict:
                 best[name][(i, key)] = min(best[name].get((i, key), dt), dt)
                 seen[name] = out.copy()
         if any(not np.array_equal(o, seen["default"]) for o in seen.values()):
-            raise AssertionError("the 2-bit kernels differ")
+            raise AssertionError("the kernels differ")
     lib.np_cq_kernel(0)
     summed: dict = {}
     for name, per in best.items():
@@ -175,11 +183,12 @@ def main() -> int:
     streamed = stream(sets[False], args.rounds)
     result = {"variant": simd_variant(), "cpu": _cpu(), "load_start": os.getloadavg(),
               "rows": {}, "stream": streamed, "copy_bytes": sets["bytes"],
-              "copy_seconds": sets["seconds"]}
+              "copy_bytes_by_bits": sets["bytes_by_bits"], "copy_seconds": sets["seconds"]}
     print(f"variant {result['variant']} ({result['cpu']}); load average {result['load_start']}; "
           f"weights { {k: f'{w / 1e6:.1f} M' for k, w in weights.items()} }; stream "
-          f"{ {k: f'{x * 1e3:.3f} ms' for k, x in streamed.items()} }; interleaved copy "
-          f"{sets['bytes'] / 1e6:.2f} MB built in {sets['seconds'] * 1e3:.1f} ms", flush=True)
+          f"{ {k: f'{x * 1e3:.3f} ms' for k, x in streamed.items()} }; layout copies "
+          f"{ {k: f'{x / 1e6:.2f} MB' for k, x in sets['bytes_by_bits'].items()} } built in "
+          f"{sets['seconds'] * 1e3:.1f} ms", flush=True)
     for rows in (int(r) for r in args.rows.split(",")):
         c = curve(sets, rows, args.rounds)
         g = int8_gemm(rows, args.rounds)
@@ -191,6 +200,11 @@ def main() -> int:
             entry[name] = {"seconds": by, "ns_per_weight_row": ns, "total_ms": total * 1e3}
             line.append(f"{name}: " + " ".join(f"{k} {x:.4f}" for k, x in sorted(ns.items()))
                         + f" ({total * 1e3:.2f} ms)")
+        four = {n: e["ns_per_weight_row"].get("4-bit") for n, e in entry.items()
+                if n != "int8_gemm"}
+        if four["default"] is not None:
+            line.append(f"4-bit before {four['multiply-add']:.4f} → after {four['default']:.4f} "
+                        f"({four['multiply-add'] / four['default']:.2f}x)")
         line.append(f"int8 GEMM {g['gmacs']:.1f} GMAC/s = {g['ns_per_weight_row']:.4f}")
         result["rows"][str(rows)] = entry
         print(" | ".join(line) + f" | load {os.getloadavg()[0]:.2f}", flush=True)
@@ -231,6 +245,11 @@ def _load(x: list) -> str:
     return ", ".join(f"{a:.2f}" for a in x)
 
 
+def _copies(run: dict) -> str:
+    by = run.get("copy_bytes_by_bits") or {"2-bit": run["copy_bytes"]}
+    return ", ".join(f"{k} {x / 1e6:.2f} MB" for k, x in sorted(by.items()))
+
+
 def _vnni_tile(run: dict, rows: str) -> bool:
     """Whether the VNNI pick takes a kernel at `rows` with or without the copy (the transform
     on the weights from 4 rows, np_cq_had.h NP_HAD_TMIN_VNNI)."""
@@ -254,21 +273,21 @@ def write_section(args: argparse.Namespace, runs: list) -> None:
          "level-sum / 16-bit digit kernels (on AVX-512 VNNI from 4 rows the transform on "
          "the weights is picked with or without the copy, and *mult-add* is the pick before "
          "it and the lookups, so the before column and the ms before are those); *hadamard*: "
-         "the transform on the weights forced (`np_cq_had.h`, AVX-512 VNNI only). *stream*: "
-         "an integer sum over the "
-         "same packed bytes (codes and norms, all products) in the same process; *ratio*: "
-         "all products "
-         "(after) / stream. 4-bit (the LM head) runs the digit kernel in every configuration.",
+         "the transform on the weights forced (`np_cq_had.h`, AVX-512 VNNI only). *4-bit "
+         "after*: the default pick with the 16-row blocked copy a load builds (AVX-512 VNNI: "
+         "np_cq_int4.h; AVX2: the digit kernel); *4-bit before*: the 16-bit digit kernel "
+         "without the copy. *stream*: an integer sum over the same packed bytes (codes and "
+         "norms, all products) in the same process; *ratio*: all products (after) / stream.",
          ""]
     for run in runs:
         st = sum(run["stream"].values())
         L += [f"**{run['variant']}** (load average {_load(run['load_start'])} → "
-              f"{_load(run['load_end'])}; interleaved copy {run['copy_bytes'] / 1e6:.2f} MB, "
+              f"{_load(run['load_end'])}; layout copies {_copies(run)}, "
               f"built in {run['copy_seconds'] * 1e3:.1f} ms; stream {st * 1e3:.3f} ms):", "",
               "| rows | 2-bit after | 2-bit before | lookup | lookup, transposed | mult-add "
-              "| hadamard | 4-bit | all products ms before → after | ratio to stream | int8 GEMM "
-              "ns/weight-row |",
-              "|---|---|---|---|---|---|---|---|---|---|---|"]
+              "| hadamard | 4-bit after | 4-bit before | all products ms before → after "
+              "| ratio to stream | int8 GEMM ns/weight-row |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for rows, e in run["rows"].items():
             ns = {k: e[k]["ns_per_weight_row"]["2-bit"] for k in CONFIGS if k in e}
             had = f"{ns['hadamard']:.4f}" if "hadamard" in ns else "–"
@@ -277,7 +296,8 @@ def write_section(args: argparse.Namespace, runs: list) -> None:
             L.append(f"| {rows} | **{ns['default']:.4f}** | {ns[old]:.4f} | "
                      f"{ns['lookup']:.4f} | {ns['lookup, transposed']:.4f} | "
                      f"{ns['multiply-add']:.4f} | {had} | "
-                     f"{after['ns_per_weight_row']['4-bit']:.4f} | "
+                     f"**{after['ns_per_weight_row']['4-bit']:.4f}** | "
+                     f"{e['multiply-add']['ns_per_weight_row']['4-bit']:.4f} | "
                      f"{before['total_ms']:.2f} → {after['total_ms']:.2f} | "
                      f"{after['total_ms'] / (st * 1e3):.1f}x | "
                      f"{e['int8_gemm']['ns_per_weight_row']:.4f} |")

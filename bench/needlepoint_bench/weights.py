@@ -114,8 +114,9 @@ def resident_array_bytes(model, max_depth: int = 8) -> dict:
     every numpy array reachable from the model object is summed once (by data pointer);
     arrays on a path containing `table` (engram tables: gathered, not streamed),
     `confidence` or `tokenizer` are excluded from the per-token estimate, and so are the
-    interleaved copies of 2-bit codes (`ExactPart.interleaved`: a decode product reads them
-    instead of the packed codes, the same bytes, so one of the two is counted).
+    layout copies of the codes (`ExactPart.interleaved`, 2-bit interleaved and 4-bit blocked:
+    a decode product reads them instead of the packed codes, the same bytes, so one of the two
+    is counted).
     """
     declared = getattr(model, "decode_weight_bytes", None)
     if callable(declared):

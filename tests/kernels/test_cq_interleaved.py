@@ -53,17 +53,18 @@ def test_interleaved_copy_is_the_same_bytes_regrouped_by_register(use_native):
 
 
 def test_two_bit_records_carry_the_interleaved_layout_and_loads_build_it():
-    """The CQ weight records name their layout; a load builds the copy for 2-bit storage only
-    (its bytes: the codes' rows padded to 16)."""
+    """The CQ weight records name their layout; a load builds the interleaved copy for 2-bit
+    storage (its bytes: the codes' rows padded to 16; 4-bit parts get the blocked copy,
+    tests/kernels/test_cq_int4.py)."""
     layouts = {t.name: t.layout for t in wtypes.TYPES.values() if t.kind == "cq"}
     assert layouts == {"CQ1": exact.PACKED, "CQ2": exact.INTERLEAVED, "CQ3": exact.PACKED,
-                       "CQ4": exact.PACKED, "CQT": exact.INTERLEAVED}
+                       "CQ4": exact.BLOCKED, "CQT": exact.INTERLEAVED}
     for m in base._archive_matrices("tiny"):
         for p in m.parts:
+            assert p.interleaved.nbytes == -(-p.rows // 16) * 16 * p.packed.shape[1]
             if m.storage_bits == 2:
-                assert p.interleaved.nbytes == -(-p.rows // 16) * 16 * p.packed.shape[1]
-            else:
-                assert p.interleaved is None
+                np.testing.assert_array_equal(p.interleaved,
+                                              exact.interleave_codes_reference(p.packed))
 
 
 def _cases() -> list:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import NonFiniteActivationError
+from . import code_layout as _layout
 from . import native
 from .cq_tensor import CQTensor
 
@@ -31,6 +32,12 @@ GROUP = 128
 INV_SQRT_GROUP = 0.08838834764831845  # 1 / sqrt(128), a float64
 F32, F64 = np.float32, np.float64
 LEVEL = F32(127.0)
+# the storage layouts of the codes (kernels/code_layout.py), under their exact.* names
+PACKED, INTERLEAVED, BLOCKED = _layout.PACKED, _layout.INTERLEAVED, _layout.BLOCKED
+storage_layout, layout_codes = _layout.storage_layout, _layout.layout_codes
+interleave_codes = _layout.interleave_codes
+interleave_codes_reference = _layout.interleave_codes_reference
+block_codes, block_codes_reference = _layout.block_codes, _layout.block_codes_reference
 
 
 class ExactEngineError(ValueError):
@@ -55,56 +62,12 @@ def check_codebook(codebook: np.ndarray) -> None:
         )
 
 
-# The storage layouts of the packed codes (`storage_layout`, the weight records' `layout`):
-# the archive's LSB-first rows alone, or with a row-interleaved copy for the lookup kernel.
-PACKED = "packed"
-INTERLEAVED = "packed + row-interleaved nibble planes (interleave_codes)"
-LUT_ROWS = 16  # weight rows per interleaved block (np_cq_lut.h)
-REV4 = np.array([0, 8, 4, 12, 2, 10, 6, 14, 1, 9, 5, 13, 3, 11, 7, 15])
-# a 2-bit code byte (codes c_s in bits 2s..2s+1) as its plane nibbles b0 | b1 << 4, bit s of
-# b0 / b1 the low / high bit of c_s
-_BYTE = np.arange(256)
-PLANE_NIBBLES = sum(((_BYTE >> 2 * s & 1) << s) | ((_BYTE >> 2 * s + 1 & 1) << (s + 4))
-                    for s in range(4)).astype(np.uint8)
-
-
-def storage_layout(storage_bits: int) -> str:
-    """The layout a storage width is loaded in: 2-bit codes get the interleaved copy."""
-    return INTERLEAVED if storage_bits == 2 else PACKED
-
-
-def interleave_codes(packed: np.ndarray, use_native: bool | None = None) -> np.ndarray:
-    """`interleave_codes_reference`, by the native builder when it is built (same bytes)."""
-    return native.dispatch(use_native, interleave_codes_reference, _interleave_native, packed)
-
-
-def _interleave_native(lib, packed: np.ndarray) -> np.ndarray:
-    rows, row_bytes = packed.shape
-    if packed.strides[1] != 1:
-        packed = np.ascontiguousarray(packed)
-    out = np.empty((-(-rows // LUT_ROWS), LUT_ROWS * row_bytes), np.uint8)
-    lib.np_cq_interleave(packed.ctypes.data, rows, row_bytes, packed.strides[0], out.ctypes.data)
-    return out
-
-
-def interleave_codes_reference(packed: np.ndarray) -> np.ndarray:
-    """The row-interleaved copy of 2-bit codes [rows, row_bytes] (np_cq_lut.h np_lut_split):
-    rows padded with code 0 to blocks of 16, each block and 128-group 16 registers of 32 bytes,
-    register o holding byte rev4(o) (lane 0) and 16 + rev4(o) (lane 1) of the group's codes of
-    rows 0..15, each byte as PLANE_NIBBLES. uint8 [blocks, 16 * row_bytes]: the same bytes."""
-    rows, row_bytes = packed.shape
-    blocks, groups = -(-rows // LUT_ROWS), row_bytes // 32
-    padded = np.zeros((blocks * LUT_ROWS, row_bytes), np.uint8)
-    padded[:rows] = PLANE_NIBBLES[packed]
-    cube = padded.reshape(blocks, LUT_ROWS, groups, 2, 16)[..., REV4]  # [b, row, g, lane, o]
-    return np.ascontiguousarray(cube.transpose(0, 2, 4, 3, 1)).reshape(blocks, -1)
-
-
 @dataclass(frozen=True)
 class ExactPart:
     """Rows of one CQ tensor in a fused product: packed codes [rows, row_bytes] (a view of the
-    archive), float32 norms [rows, groups], the first output column they write, and for 2-bit
-    codes optionally their `interleave_codes` copy (the lookup kernel's; the same bytes)."""
+    archive), float32 norms [rows, groups], the first output column they write, and optionally
+    the copy of their storage layout (`layout_codes`: for 2-bit codes `interleave_codes`, for
+    4-bit codes `block_codes`; the same bytes regrouped)."""
 
     packed: np.ndarray
     norms: np.ndarray
@@ -131,8 +94,8 @@ class ExactMatrix:
 
     @property
     def nbytes(self) -> int:
-        """Bytes a one-row product reads: the norms and the codes (their interleaved copy,
-        which the lookup kernel reads instead, where there is one)."""
+        """Bytes a one-row product reads: the norms and the codes (the copy of their layout,
+        which the lookup and blocked 4-bit kernels read instead, where there is one)."""
         return sum(p.norms.nbytes + (p.packed if p.interleaved is None else p.interleaved).nbytes
                    for p in self.parts)
 
@@ -153,10 +116,11 @@ class ExactMatrix:
 
 
 def with_layout(matrix: ExactMatrix, interleave: bool = True) -> ExactMatrix:
-    """`matrix` with (or without) the interleaved copy of its 2-bit parts (the same bits)."""
+    """`matrix` with (or without) the copy of its parts' storage layout (`layout_codes`; the
+    same bits)."""
     parts = tuple(
         ExactPart(p.packed, p.norms, p.out_col,
-                  interleave_codes(p.packed) if interleave and matrix.storage_bits == 2 else None)
+                  layout_codes(p.packed, matrix.storage_bits) if interleave else None)
         for p in matrix.parts)
     return ExactMatrix(matrix.cols, matrix.in_pad, matrix.out, matrix.storage_bits,
                        matrix.codebook, parts, matrix.threads)
@@ -168,8 +132,7 @@ def exact_matrices(
     """The fused product of `pieces` (tensor, first row, end row), concatenated along the
     output: one ExactMatrix per run of pieces sharing storage width and codebook; `threads`
     for the native kernel (large products split their output rows). With `interleave`, parts
-    whose `storage_layout` is INTERLEAVED get their `interleave_codes` copy (built here, once
-    per load)."""
+    get the copy of their `storage_layout` (`layout_codes`, built here, once per load)."""
     runs: list[tuple[tuple, CQTensor, list[ExactPart]]] = []
     column = 0
     for cq, row0, row1 in pieces:
@@ -179,9 +142,8 @@ def exact_matrices(
             raise ExactEngineError(f"{cq.name}: fused parts read different widths")
         check_codebook(cq.codebook)
         packed = np.asarray(cq.packed[row0:row1])
-        copy = interleave and storage_layout(cq.storage_bits) == INTERLEAVED
         part = ExactPart(packed, np.ascontiguousarray(cq.norms[row0:row1], dtype=F32), column,
-                         interleave_codes(packed) if copy else None)
+                         layout_codes(packed, cq.storage_bits) if interleave else None)
         key = (cq.storage_bits, np.asarray(cq.codebook, F32).tobytes())
         if runs and runs[-1][0] == key:
             runs[-1][2].append(part)

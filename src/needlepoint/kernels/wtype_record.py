@@ -37,7 +37,8 @@ class WeightType:
       code), `codebook_len` (levels in the header codebook of that code), `native_gather` (the
       native Needle 3 step gathers its rows itself: `native/np_v3_rows.h`), `layout` (what a
       load builds beside the packed codes: `kernels.exact.storage_layout`, an interleaved copy
-      of 2-bit codes for the lookup kernel).
+      of 2-bit codes for the lookup kernel, a 16-row blocked copy of 4-bit codes for the
+      AVX-512 VNNI kernel).
     """
 
     name: str

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-ABI_VERSION = 15
+ABI_VERSION = 16
 HERE = Path(__file__).resolve().parent
 
 c_int64_p = ctypes.POINTER(ctypes.c_int64)
@@ -149,6 +149,8 @@ def _signatures(lib: ctypes.CDLL) -> None:
     lib.np_cq_matmul_threads.restype = i32
     lib.np_cq_interleave.argtypes = [p, i64, i64, i64, p]
     lib.np_cq_interleave.restype = None
+    lib.np_cq_block4.argtypes = [p, i64, i64, i64, p]
+    lib.np_cq_block4.restype = None
     lib.np_cq_kernel.argtypes = [i32]
     lib.np_cq_kernel.restype = i32
     lib.np_matmul_seq.argtypes = [p, i64, i64, i64, p, i64, p]

@@ -32,8 +32,9 @@ typedef struct {
     const float *norms;
     int64_t rows;
     int64_t out_col;
-    /* NULL, or the 2-bit codes row-interleaved for the lookup kernel (np_cq_lut.h
-     * np_lut_split; kernels/exact.py interleave_codes): the same bytes regrouped */
+    /* NULL, or the codes regrouped by 16-row blocks at load (the same bytes): 2-bit codes
+     * row-interleaved for the lookup kernel (np_cq_lut.h np_lut_split; kernels/code_layout.py
+     * interleave_codes), 4-bit codes in 4-byte columns (np_cq_int4.h; block_codes) */
     const uint8_t *interleaved;
 } np_cq_part;
 
@@ -126,7 +127,7 @@ int np_force_variant(int v) {
 #define NP_DISPATCH(name, ...) name##_base(__VA_ARGS__)
 #endif
 
-int np_abi_version(void) { return 15; }
+int np_abi_version(void) { return 16; }
 
 /* 2 when the AVX-512 VNNI variant runs, 1 for AVX2 + FMA, 0 for the baseline one. */
 int np_simd_variant(void) { return np_pick(); }
@@ -144,21 +145,22 @@ int np_cq_matmul(const int32_t *v, const float *scale, int64_t T, int64_t in_pad
                        parts, n_parts, out, out_stride, r_first, r_last);
 }
 
-/* Which kernel the 2-bit products run from now on (k >= 0; benchmarks and tests comparing
- * them in one process): 0 the default pick by variant and row count (np_cq_int), 1 the
- * level-sum / digit kernels (np_cq_int.h, np_cq_int16.h), 2 the table-lookup kernel
- * (np_cq_lut.h) at every row count, 3 the transform on the weights (np_cq_had.h, AVX-512 VNNI;
- * elsewhere, or when v is not an A8 rotation, the default pick) at every row count. Same bits
- * in every case. Returns the previous pick. */
+/* Which kernel the 2- and 4-bit products run from now on (k >= 0; benchmarks and tests
+ * comparing them in one process): 0 the default pick by variant, row count and layout copy
+ * (np_cq_int), 1 the level-sum / digit kernels (np_cq_int.h, np_cq_int16.h; for 4-bit storage
+ * the digit kernel), 2 the table-lookup kernel (np_cq_lut.h) at every row count for 2-bit
+ * storage (4-bit: as 0), 3 the transform on the weights (np_cq_had.h, AVX-512 VNNI; elsewhere,
+ * or when v is not an A8 rotation, the default pick) at every row count for 2-bit storage.
+ * Same bits in every case. Returns the previous pick. */
 int np_cq_kernel(int k) {
     int old = np_cq_kernel_pick;
     if (k >= 0) np_cq_kernel_pick = k;
     return old;
 }
 
-/* kernels/exact.py interleave_codes_reference, byte for byte: the lookup kernel's copy of 2-bit
- * codes [rows, row_bytes] (row stride `stride`) into out [ceil(rows / 16), 16 * row_bytes].
- * Plain C in every variant: it moves bytes once per load. */
+/* kernels/code_layout.py interleave_codes_reference, byte for byte: the lookup kernel's copy
+ * of 2-bit codes [rows, row_bytes] (row stride `stride`) into out [ceil(rows / 16),
+ * 16 * row_bytes]. Plain C in every variant: it moves bytes once per load. */
 void np_cq_interleave(const uint8_t *packed, int64_t rows, int64_t row_bytes, int64_t stride,
                       uint8_t *out) {
     static const uint8_t rev4[16] = {0, 8, 4, 12, 2, 10, 6, 14, 1, 9, 5, 13, 3, 11, 7, 15};
@@ -182,6 +184,28 @@ void np_cq_interleave(const uint8_t *packed, int64_t rows, int64_t row_bytes, in
             }
         }
     }
+}
+
+/* kernels/code_layout.py block_codes_reference, byte for byte: 4-bit codes [rows, row_bytes] (row
+ * stride `stride`) into out [ceil(rows / 16), 16 * row_bytes], per 16-row block and 64-byte
+ * group 16 registers of 64 bytes, register k holding bytes 4k .. 4k + 3 of rows 0..15 in turn
+ * (np_cq_int4.h np_b4_group; rows past `rows` zero). Plain C in every variant. */
+void np_cq_block4(const uint8_t *packed, int64_t rows, int64_t row_bytes, int64_t stride,
+                  uint8_t *out) {
+    int64_t groups = row_bytes / 64;
+    for (int64_t r0 = 0; r0 < rows; r0 += 16)
+        for (int64_t g = 0; g < groups; g++) {
+            uint8_t *dst = out + r0 * row_bytes + g * 1024;
+            for (int i = 0; i < 16; i++) {
+                const uint8_t *src = packed + (r0 + i) * stride + g * 64;
+                for (int k = 0; k < 16; k++) {
+                    if (r0 + i < rows)
+                        memcpy(dst + k * 64 + i * 4, src + k * 4, 4);
+                    else
+                        memset(dst + k * 64 + i * 4, 0, 4);
+                }
+            }
+        }
 }
 
 /* np_cq_matmul with the output rows split into `threads` ranges on the worker pool

@@ -326,10 +326,12 @@ static int NP_NAME(np_cq_int2)(const int32_t *v, const float *scale, int64_t T, 
 #endif /* NP_SIMD_AVX2 */
 
 #include "np_cq_int16.h"
+#include "np_cq_int4.h"
 #include "np_cq_lut.h"
 #include "np_cq_had.h"
 
-/* 1 when every part carries the interleaved codes (np_cq_lut.h np_lut_split). */
+/* 1 when every part carries the copy of its layout (2-bit: np_cq_lut.h np_lut_split; 4-bit:
+ * np_cq_int4.h np_cq_blk4). */
 static inline int NP_NAME(np_cq_all_interleaved)(const np_cq_part *parts, int64_t n_parts) {
     for (int64_t p = 0; p < n_parts; p++)
         if (!parts[p].interleaved) return 0;
@@ -351,7 +353,11 @@ static inline int NP_NAME(np_cq_all_interleaved)(const np_cq_part *parts, int64_
  * AVX-512 VNNI from NP_HAD_TMIN_VNNI rows (NP_HAD_TMIN_PACKED_VNNI without the interleaved
  * copy): the transform on the weights (np_cq_had.h, three vpdpbusd byte products per weight
  * against the int8 q recovered from v), which hands back to the picks above when v is not the
- * Walsh-Hadamard image of int8 codes. */
+ * Walsh-Hadamard image of int8 codes. 4-bit storage on AVX-512
+ * VNNI (np_cq_int4.h): the blocked kernel at every row count when the parts carry the 16-row
+ * blocks (no reduction across lanes: about 1.5x the digit kernel at 1 to 64 rows in one
+ * process), else the word-lookup kernel up to NP_P4_TMAX rows; AVX2 has no vpermw and keeps
+ * the digit kernel. */
 static int NP_NAME(np_cq_int)(const int32_t *v, const float *scale, int64_t T, int64_t in_pad,
                               int storage_bits, const float *codebook, int64_t codebook_len,
                               const double *cb, const np_cq_part *parts, int64_t n_parts,
@@ -379,6 +385,14 @@ static int NP_NAME(np_cq_int)(const int32_t *v, const float *scale, int64_t T, i
     if (storage_bits == 2 && codebook_len <= 4 && T <= NP_I2_TMAX)
         return NP_NAME(np_cq_int2)(v, scale, T, in_pad, cb, parts, n_parts, out, out_stride,
                                    r_first, r_last);
+#ifdef NP_SIMD_AVX512
+    if (storage_bits == 4 && codebook_len <= 16 && np_cq_kernel_pick != 1 && il)
+        return NP_NAME(np_cq_blk4)(v, scale, T, in_pad, codebook, codebook_len, parts, n_parts,
+                                   out, out_stride, r_first, r_last);
+    if (storage_bits == 4 && codebook_len <= 16 && np_cq_kernel_pick != 1 && T <= NP_P4_TMAX)
+        return NP_NAME(np_cq_perm4)(v, scale, T, in_pad, codebook, codebook_len, parts, n_parts,
+                                    out, out_stride, r_first, r_last);
+#endif
     if ((storage_bits == 2 && codebook_len <= 4) || (storage_bits == 4 && codebook_len <= 16))
         return NP_NAME(np_cq_int16)(v, scale, T, in_pad, storage_bits, codebook, codebook_len,
                                     parts, n_parts, out, out_stride, r_first, r_last);
@@ -390,4 +404,7 @@ static int NP_NAME(np_cq_int)(const int32_t *v, const float *scale, int64_t T, i
 }
 #ifdef NP_SIMD_AVX2
 #undef NP_I2_TMAX
+#endif
+#ifdef NP_SIMD_AVX512
+#undef NP_P4_TMAX
 #endif

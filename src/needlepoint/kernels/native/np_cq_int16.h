@@ -32,6 +32,7 @@
 
 typedef struct {
     __m256i lo[3], hi[3]; /* low / high byte of digit p of u_j, j = 0..15, in both lanes */
+    int16_t digit[3][16]; /* d_jp itself (np_cq_int4.h's word tables) */
     int pieces;
     double gc, kc, quantum;
 } np_d16_levels;
@@ -97,6 +98,7 @@ static int NP_NAME(np_d16_levels_of)(const float *codebook, int64_t codebook_len
         lv->lo[p] = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)lo));
         lv->hi[p] = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)hi));
     }
+    memcpy(lv->digit, digit, sizeof digit);
     lv->pieces = pieces;
     lv->gc = (double)gc;
     lv->kc = (double)kc;

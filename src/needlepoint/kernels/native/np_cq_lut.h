@@ -35,9 +35,10 @@
 
 #ifndef NP_LUT_ONCE
 #define NP_LUT_ONCE
-/* Which kernel the 2-bit products use (np_cq_kernel in needlepoint_native.c, for benchmarks
- * and tests that compare them in one process): 0 by variant and row count (np_cq_int), 1 the
- * level-sum / digit kernels, 2 the lookup kernel below. The same bits in every case. */
+/* Which kernel the 2- and 4-bit products use (np_cq_kernel in needlepoint_native.c, for
+ * benchmarks and tests that compare them in one process): 0 by variant, row count and layout
+ * copy (np_cq_int), 1 the level-sum / digit kernels, 2 the lookup kernel below (2-bit). The same
+ * bits in every case. */
 static int np_cq_kernel_pick = 0;
 #define NP_LUT_SUB 256 /* KiB of activation tables per pass over a block of weight rows */
 /* Activation rows from which the lookup kernel is picked without the interleaved copy (AVX2)
