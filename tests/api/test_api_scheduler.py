@@ -26,6 +26,7 @@ from conftest import get_fixture, toy_model_path
 
 import needlepoint
 from needlepoint.api.scheduler import AdmissionFull, RequestCancelled, Scheduler, SchedulerFull
+from needlepoint.generation.draft_policy import policy_for
 from needlepoint.models.protocol import SessionCapabilities
 
 EXAMPLES = [json.loads(line) for line in EVAL.read_text().splitlines()[:17]]
@@ -359,10 +360,17 @@ def test_speculative_turns_through_the_scheduler(models: dict[str, Any]) -> None
     queries = [e["query"] for e in EXAMPLES[:8]]
     alone = [needle.complete(q, max_new_tokens=32) for q in queries]
     scheduler = Scheduler(model, max_sessions=8, log_steps=True)
+    policy = policy_for(model)
+    reports: list[tuple[int, int]] = []
+    policy.batched = lambda sessions, rows: reports.append((sessions, rows))  # type: ignore
     try:
         together = needle.complete_many(queries, max_new_tokens=32, scheduler=scheduler)
     finally:
         scheduler.close()
+        del policy.batched
+    # every decoding step told the draft policy its decoders and rows (draft_policy.py)
+    assert any(sessions > 1 for sessions, _ in reports)
+    assert all(1 <= sessions <= rows for sessions, rows in reports)
     for a, b in zip(alone, together, strict=True):
         for key in ("type", "function_calls", "text", "stop_reason"):
             assert a[key] == b[key]

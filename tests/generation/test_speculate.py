@@ -146,6 +146,30 @@ def test_policy_cuts_drafts_where_they_stop_paying_off():
     assert timed.ratio() == pytest.approx(0.2)
 
 
+def test_batched_steps_price_a_draft_row_at_what_a_row_yields():
+    """In a batch a draft token is kept while its reach beats B / R, the tokens a row of the
+    step yields (module doc); a step of one session returns to the timed ratio."""
+    policy = DraftPolicy()
+    policy.timed(1, 0.010)
+    policy.timed(5, 0.011)  # a batch's wall times: extra rows look free
+    assert policy.ratio() == pytest.approx(0.025)
+    assert policy.keep(["lookup1", "lookup1+", "lookup1+"]) == 3
+    policy.batched(8, 10)  # 8 decoders, 2 draft rows
+    assert policy.ratio() == pytest.approx(0.8)
+    assert policy.keep(["lookup1"]) == 0 and policy.keep(["grammar"] * 3) == 3
+    policy.batched(4, 16)  # a running average over steps
+    assert policy.ratio() == pytest.approx(0.8 * 0.8 + 0.2 * 0.25)
+    policy.batched(0, 128)  # prompts only: says nothing about drafts
+    policy.batched(3, 2)  # fewer rows than decoders cannot happen: ignored
+    assert policy.ratio() == pytest.approx(0.8 * 0.8 + 0.2 * 0.25)
+    policy.batched(1, 3)  # one session: its own timings again
+    assert policy.ratio() == pytest.approx(0.025)
+    assert DraftPolicy(ratio=0.3).ratio() == 0.3  # a fixed ratio wins
+    fixed = DraftPolicy(ratio=0.3)
+    fixed.batched(8, 9)
+    assert fixed.ratio() == 0.3
+
+
 def test_acceptance_is_counted_on_reached_tokens_and_shared_per_model():
     session = LogSession()
     policy = DraftPolicy(ratio=0.0)

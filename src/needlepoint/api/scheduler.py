@@ -52,6 +52,7 @@ from typing import Any
 
 import numpy as np
 
+from ..generation.draft_policy import policy_for
 from ..models.protocol import ModelProtocol
 from .admission import Admission, AdmissionClosed, AdmissionFull
 from .batched import Work, plan_step, run_batch, session_bytes
@@ -302,11 +303,14 @@ class Scheduler:
                   w.want and w.fed + n == len(w.ids) or w.all_logits) for w, n in plan]
         error: BaseException | None = None
         outputs: list[Any] = [None] * len(plan)
+        decoding = sum(1 for w, _ in plan if w.decode_like)  # sessions this step brings a token
         if items:
             try:
                 outputs = run_batch(self.model, items, self.batched)
             except Exception as failure:  # noqa: BLE001 - reported to every request in it
                 error = failure
+        if decoding and error is None and self.batched:  # a draft row's cost to the step
+            policy_for(self.model).batched(decoding, sum(n for _, n in plan))
         for (work, n), logits in zip(plan, outputs, strict=True):
             if error is not None:
                 done.append((work, None, error))
@@ -337,6 +341,7 @@ class Scheduler:
             return
         stats["steps"] += 1  # engine steps that ran the model
         stats["rows"] += sum(n for _, n in plan)
+
         stats["sessions_stepped"] += len(plan)
         stats["max_batch"] = max(stats["max_batch"], len(plan))
         if self.step_log is not None:

@@ -9,6 +9,15 @@ overhead (the toy: one more position costs ~5% of a step) long drafts are cheap;
 shipped geometry (~35%) only tokens that are nearly sure (grammar fast-forward, long
 n-gram matches that keep being accepted) are worth a position.
 
+In a batch (the scheduler's engine steps, `api/scheduler.py`) a pass's wall time is the
+whole step of every session, so the slope a turn measures is near zero and every draft looks
+free, while each draft row costs the step what any row costs. There a draft token is worth
+a row when its expected yield beats what a row yields: with a step of R rows taking S seconds
+(rows cost nearly alike: a batched step is its products) that bring B decoding sessions one
+token each, a row costs about S / R and yields B / S tokens a second, so the cut is
+`r_i < B / R` (`batched`, reported by the scheduler after each step; steps of one session keep
+the timed slope / step).
+
 Acceptance rates are counted per kind of draft token (`Draft.kinds`: grammar, opening,
 lookup by n-gram length and first/continuing token), starting from priors; the step and
 slope are running averages of this model's own passes. Both are kept per model
@@ -39,6 +48,7 @@ class DraftPolicy:
         self.step: float | None = None  # seconds of a one-position pass
         self.slope: float | None = None  # seconds per extra position
         self.fixed_ratio = ratio
+        self.batch: float | None = None  # running B / R of batched steps (None: not batched)
         self._lock = threading.Lock()
 
     def rate(self, kind: str) -> float:
@@ -50,9 +60,11 @@ class DraftPolicy:
         """slope / step: the cost of one more verified position, in steps."""
         if self.fixed_ratio is not None:
             return self.fixed_ratio
+        low, high = RATIO_RANGE
+        if self.batch is not None:
+            return min(high, max(low, self.batch))
         if not self.step or self.slope is None:
             return DEFAULT_RATIO
-        low, high = RATIO_RANGE
         return min(high, max(low, self.slope / self.step))
 
     def keep(self, kinds: Sequence[str]) -> int:
@@ -80,6 +92,17 @@ class DraftPolicy:
             counts = self.counts.setdefault(kind, [0.0, 0.0])
             counts[0] += accepted
             counts[1] += 1
+
+    def batched(self, sessions: int, rows: int) -> None:
+        """An engine step ran `rows` rows that brought `sessions` decoding sessions a token
+        each (module doc); a step of one session returns the policy to its timings."""
+        with self._lock:
+            if sessions < 2 or rows < sessions:
+                if sessions == 1:
+                    self.batch = None
+                return
+            share = sessions / rows
+            self.batch = share if self.batch is None else (1 - EMA) * self.batch + EMA * share
 
     def timed(self, positions: int, seconds: float) -> None:
         """A pass of `positions` rows took `seconds`."""
