@@ -335,6 +335,10 @@ static void NP_NAME(np_att_rows)(const int8_t *q, const float *qscale, int64_t G
                     k[i][c] = _mm256_cvtepi8_epi16(
                         _mm_loadu_si128((const __m128i *)(kv->k + s[i] * kv->k_step + 16 * c)));
             }
+            const float *ks = kv->ks; /* the 4 keys' scales, shared by the G rows */
+            const int64_t ss = kv->s_step;
+            const __m256d vks = _mm256_set_pd((double)ks[s[3] * ss], (double)ks[s[2] * ss],
+                                              (double)ks[s[1] * ss], (double)ks[s[0] * ss]);
             for (int64_t g = 0; g < G; g++) {
                 __m256i a[4];
                 for (int i = 0; i < 4; i++) {
@@ -344,8 +348,10 @@ static void NP_NAME(np_att_rows)(const int8_t *q, const float *qscale, int64_t G
                 }
                 __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(a[0], a[1]), _mm256_hadd_epi32(a[2], a[3]));
                 __m128i dot = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
-                NP_NAME(np_att_score4)(_mm256_cvtepi32_pd(dot), _mm256_set1_pd((double)qscale[g]),
-                                       vinv, kv, s[0], s[1], s[2], s[3], work + g * n + j);
+                /* np_att_score4's chain: ((dot * sq) * sk) * inv_sqrt, in float64 */
+                __m256d t = _mm256_mul_pd(_mm256_cvtepi32_pd(dot), _mm256_set1_pd((double)qscale[g]));
+                t = _mm256_mul_pd(_mm256_mul_pd(t, vks), vinv);
+                _mm_storeu_ps(work + g * n + j, _mm256_cvtpd_ps(t));
             }
         }
     }
