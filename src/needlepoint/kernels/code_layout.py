@@ -48,11 +48,17 @@ def block_codes(packed: np.ndarray, use_native: bool | None = None) -> np.ndarra
 
 
 def _block_native(lib, packed: np.ndarray) -> np.ndarray:
+    return _native_copy(lib.np_cq_block4, packed)
+
+
+def _native_copy(builder, packed: np.ndarray) -> np.ndarray:
+    """A native builder's copy of codes [rows, row_bytes] (rows any stride apart) as uint8
+    [blocks of 16 rows, 16 * row_bytes]."""
     rows, row_bytes = packed.shape
     if packed.strides[1] != 1:
         packed = np.ascontiguousarray(packed)
     out = np.empty((-(-rows // LUT_ROWS), LUT_ROWS * row_bytes), np.uint8)
-    lib.np_cq_block4(packed.ctypes.data, rows, row_bytes, packed.strides[0], out.ctypes.data)
+    builder(packed.ctypes.data, rows, row_bytes, packed.strides[0], out.ctypes.data)
     return out
 
 
@@ -75,12 +81,7 @@ def interleave_codes(packed: np.ndarray, use_native: bool | None = None) -> np.n
 
 
 def _interleave_native(lib, packed: np.ndarray) -> np.ndarray:
-    rows, row_bytes = packed.shape
-    if packed.strides[1] != 1:
-        packed = np.ascontiguousarray(packed)
-    out = np.empty((-(-rows // LUT_ROWS), LUT_ROWS * row_bytes), np.uint8)
-    lib.np_cq_interleave(packed.ctypes.data, rows, row_bytes, packed.strides[0], out.ctypes.data)
-    return out
+    return _native_copy(lib.np_cq_interleave, packed)
 
 
 def interleave_codes_reference(packed: np.ndarray) -> np.ndarray:
