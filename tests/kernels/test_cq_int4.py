@@ -14,9 +14,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import test_cq_int as base
+from cq_helpers import expected_variant, pick_results
 from kernel_helpers import variant_results
 
-from needlepoint.kernels import exact, native, wtypes
+from needlepoint.kernels import exact, wtypes
 
 F32 = np.float32
 # the 4-bit codebooks of test_cq_int (the fixtures' levels, the widest spread check_codebook
@@ -106,44 +107,12 @@ def _cases() -> list:
     return cases
 
 
-def _window(m: exact.ExactMatrix, v: np.ndarray, scale: np.ndarray, lo: int, hi: int
-            ) -> np.ndarray:
-    """Output columns [lo, hi) of `m` by `np_cq_matmul` with that row range (one that may start
-    and end inside a 16-row block), the rest NaN."""
-    out = np.full((v.shape[0], m.out), np.nan, F32)
-    status = native.LIBRARY.np_cq_matmul(
-        v.ctypes.data, scale.ctypes.data, v.shape[0], m.in_pad, m.storage_bits,
-        m.codebook.ctypes.data, m.codebook.size, m.c_parts(), len(m.parts), out.ctypes.data,
-        m.out, lo, hi)
-    assert status == 0
-    return out
-
-
 def check_int4() -> dict:
     """Native vs reference in this process's variant: {case: equal} for the default pick (0)
     and the digit kernel forced (1), the copy present and absent, 1 and 3 threads, and the
     rows from a third of the way to two thirds alone."""
-    results = {"variant": native.simd_variant()}
-    for name, m, v, scale in _cases():
-        want = exact.cq_matmul(v, scale, m, use_native=False)
-        for copy in (True, False):
-            laid = exact.with_layout(m, copy)
-            for threads in (1, 3):
-                split = exact.ExactMatrix(laid.cols, laid.in_pad, laid.out, laid.storage_bits,
-                                          laid.codebook, laid.parts, threads)
-                for pick in (0, 1):
-                    native.LIBRARY.np_cq_kernel(pick)
-                    got = exact.cq_matmul(v, scale, split, use_native=True)
-                    results[f"{name}-copy{int(copy)}-th{threads}-pick{pick}"] = bool(
-                        np.array_equal(got, want) and np.isfinite(want).all())
-            lo, hi = m.out // 3, max(m.out // 3 + 1, 2 * m.out // 3)
-            native.LIBRARY.np_cq_kernel(0)
-            got = _window(laid, v, scale, lo, hi)
-            results[f"{name}-copy{int(copy)}-rows{lo}:{hi}"] = bool(
-                np.array_equal(got[:, lo:hi], want[:, lo:hi]) and np.isnan(got[:, :lo]).all()
-                and np.isnan(got[:, hi:]).all())
-    native.LIBRARY.np_cq_kernel(0)
-    return results
+    return pick_results(_cases(), (0, 1),
+                        lambda m: [(m.out // 3, max(m.out // 3 + 1, 2 * m.out // 3), 0)])
 
 
 @pytest.mark.parametrize("cap", ["0", "1", "best"])
@@ -151,13 +120,7 @@ def test_four_bit_kernels_give_the_reference_bits(cap):
     """Each variant in a fresh process (the library picks its variant once per process)."""
     results = variant_results(cap, "test_cq_int4", "check_int4()")
     variant = results.pop("variant")
-    if cap == "0":
-        assert variant == "baseline"
-    elif cap == "1":
-        assert variant == ("avx2+fma" if base._cpu_has_avx2() else "baseline")
-    else:
-        assert variant == ("avx512vnni" if base._cpu_has_vnni() else
-                           "avx2+fma" if base._cpu_has_avx2() else "baseline")
+    assert variant == expected_variant(cap, base._cpu_has_avx2(), base._cpu_has_vnni())
     assert len(results) > 3000
     assert [case for case, equal in results.items() if not equal] == []
 
