@@ -372,7 +372,7 @@ static int NP_NAME(np_cq_int)(const int32_t *v, const float *scale, int64_t T, i
 #else
     const int by_rows = T >= NP_LUT_TMIN || il;
 #endif
-    const int lookup = pick == 2 || (pick == 0 && by_rows);
+    const int lookup = pick == 2 || pick == 5 || (pick == 0 && by_rows);
     if (storage_bits == 2 && codebook_len <= 4 && lookup)
         return NP_NAME(np_cq_lut2)(v, scale, T, in_pad, cb, parts, n_parts, out, out_stride,
                                    r_first, r_last);

@@ -37,7 +37,9 @@
 #define NP_LUT_ONCE
 /* Which kernel the 2-bit products use (np_cq_kernel in needlepoint_native.c, for benchmarks
  * and tests that compare them in one process): 0 by variant and row count (np_cq_int), 1 the
- * level-sum / digit kernels, 2 the lookup kernel below. The same bits in every case. */
+ * level-sum / digit kernels, 2 the lookup kernel below, 5 the lookup kernel with its one-row
+ * path one 16-row block at a time (np_lut_group1) where AVX-512 would take two (np_lut_group2).
+ * The same bits in every case. */
 static int np_cq_kernel_pick = 0;
 #define NP_LUT_SUB 256 /* KiB of activation tables per pass over a block of weight rows */
 /* Activation rows from which the lookup kernel is picked without the interleaved copy (AVX2)
@@ -285,6 +287,101 @@ static inline __attribute__((always_inline)) void NP_NAME(np_lut_group1)(
     NP_NAME(np_lut_group)(pg, tab, tot, groups, g8, g, b0, 1, cb, dots, dstride);
 }
 
+#ifdef NP_SIMD_AVX512
+/* D of 8 rows of each of two blocks (half 0: block A's rows 2 i + parity at
+ * dots[(2 i + parity) * dstride], half 1: block B's at dots[(16 + 2 i + parity) * dstride]) from
+ * their plane sums: np_lut_dots8's float operations in its order, 8 rows per operation. */
+static inline void NP_NAME(np_lut_dots16)(__m512i p0, __m512i p1, __m512i p01, int32_t total,
+                                          const double *cb, double *dots, int64_t dstride,
+                                          int parity) {
+    __m512i s1 = _mm512_sub_epi32(p0, p01), s2 = _mm512_sub_epi32(p1, p01);
+    __m512i s0 = _mm512_sub_epi32(_mm512_add_epi32(_mm512_set1_epi32(total), p01),
+                                  _mm512_add_epi32(p0, p1));
+    const __m512i sj[4] = {s0, s1, s2, p01};
+    double d[16];
+    for (int half = 0; half < 2; half++) {
+        __m512d acc = _mm512_setzero_pd();
+        for (int j = 0; j < 4; j++) {
+            __m256i part = half ? _mm512_extracti64x4_epi64(sj[j], 1) : _mm512_castsi512_si256(sj[j]);
+            acc = _mm512_add_pd(acc, _mm512_mul_pd(_mm512_cvtepi32_pd(part), _mm512_set1_pd(cb[j])));
+        }
+        _mm512_storeu_pd(d + 8 * half, acc);
+    }
+    for (int i = 0; i < 8; i++) {
+        dots[(2 * i + parity) * dstride] = d[i];
+        dots[(16 + 2 * i + parity) * dstride] = d[8 + i];
+    }
+}
+
+/* D of two consecutive full 16-row blocks (interleaved codes ila, ilb of group g) for one
+ * activation row (tables tg of the group, total its group total): np_lut_group1's integers, two
+ * blocks per zmm register (half 0 block A's register o, half 1 block B's), each table broadcast
+ * to both halves, so one table load serves 32 weight rows and vpshufb / vpmaddubsw / vpmaddwd
+ * work per 128-bit lane as in the AVX2 form. Each table register is looked up by the three
+ * planes at once (a digit pair per pass: 28 of the 32 registers live, no stack traffic); the
+ * planes are split from the codes in each pass (cheaper than storing and reloading them). The
+ * same integers as np_lut_group, hence the same bits (docs/numerics.md "Exact CQ x A8
+ * products"). */
+static inline __attribute__((always_inline)) void NP_NAME(np_lut_group2)(
+    const uint8_t *ila, const uint8_t *ilb, const __m256i *tg, int32_t total, const double *cb,
+    double *dots, int64_t dstride) {
+    const __m512i m15 = _mm512_set1_epi8(15);
+    const __m512i c_e1 = _mm512_set1_epi16(1), c_o1 = _mm512_set1_epi16(1 << 8);
+    const __m512i c_e16 = _mm512_set1_epi16(16), c_o16 = _mm512_set1_epi16(16 << 8);
+    __m512i ev[2][3], od[2][3]; /* [digit pair h][plane x], int16 */
+    for (int h = 0; h < 2; h++) {
+        __m512i e[3], o[3];
+        for (int x = 0; x < 3; x++) e[x] = o[x] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+        for (int o0 = 0; o0 < 16; o0 += 4) {
+            __m512i lo[3], hi[3];
+            for (int x = 0; x < 3; x++) lo[x] = hi[x] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+            for (int r = o0; r < o0 + 4; r++) {
+                const __m512i raw = _mm512_inserti64x4(
+                    _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(ila + r * 32))),
+                    _mm256_loadu_si256((const __m256i *)(ilb + r * 32)), 1);
+                __m512i pl[3];
+                pl[0] = _mm512_and_si512(raw, m15);
+                pl[1] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), m15);
+                pl[2] = _mm512_and_si512(pl[0], pl[1]);
+                const __m512i t0 = _mm512_broadcast_i64x4(_mm256_load_si256(tg + r * 4 + 2 * h));
+                const __m512i t1 = _mm512_broadcast_i64x4(_mm256_load_si256(tg + r * 4 + 2 * h + 1));
+                for (int x = 0; x < 3; x++) {
+                    lo[x] = _mm512_add_epi8(lo[x], _mm512_shuffle_epi8(t0, pl[x]));
+                    hi[x] = _mm512_add_epi8(hi[x], _mm512_shuffle_epi8(t1, pl[x]));
+                }
+            }
+            for (int x = 0; x < 3; x++) {
+                e[x] = _mm512_add_epi16(e[x], _mm512_add_epi16(_mm512_maddubs_epi16(c_e1, lo[x]),
+                                                               _mm512_maddubs_epi16(c_e16, hi[x])));
+                o[x] = _mm512_add_epi16(o[x], _mm512_add_epi16(_mm512_maddubs_epi16(c_o1, lo[x]),
+                                                               _mm512_maddubs_epi16(c_o16, hi[x])));
+            }
+        }
+        for (int x = 0; x < 3; x++) ev[h][x] = e[x], od[h][x] = o[x];
+    }
+    /* A + 256 B per row; per 256-bit half, lane 0 (quads 0..15) and lane 1 (16..31) added:
+     * np_lut_plane's vperm2i128 0x20 / 0x31 as one vpermt2q per half pair */
+    const __m512i w = _mm512_set1_epi32(1 | (256 << 16));
+    const __m512i q20 = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13);
+    const __m512i q31 = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
+    __m512i ep[3], op[3];
+    for (int x = 0; x < 3; x++) {
+        __m512i el = _mm512_madd_epi16(_mm512_unpacklo_epi16(ev[0][x], ev[1][x]), w);
+        __m512i eh = _mm512_madd_epi16(_mm512_unpackhi_epi16(ev[0][x], ev[1][x]), w);
+        __m512i ol = _mm512_madd_epi16(_mm512_unpacklo_epi16(od[0][x], od[1][x]), w);
+        __m512i oh = _mm512_madd_epi16(_mm512_unpackhi_epi16(od[0][x], od[1][x]), w);
+        ep[x] = _mm512_add_epi32(_mm512_permutex2var_epi64(el, q20, eh),
+                                 _mm512_permutex2var_epi64(el, q31, eh));
+        op[x] = _mm512_add_epi32(_mm512_permutex2var_epi64(ol, q20, oh),
+                                 _mm512_permutex2var_epi64(ol, q31, oh));
+    }
+    NP_NAME(np_lut_dots16)(ep[0], ep[1], ep[2], total, cb, dots, dstride, 0);
+    NP_NAME(np_lut_dots16)(op[0], op[1], op[2], total, cb, dots, dstride, 1);
+}
+#endif /* NP_SIMD_AVX512 */
+
 /* np_cq_matmul for 2-bit storage and at most 4 levels by table lookups. NP_BADARG (nothing
  * written) when some v is outside [-2^14, 2^14): the float64 kernel runs. */
 static int NP_NAME(np_cq_lut2)(const int32_t *v, const float *scale, int64_t T, int64_t in_pad,
@@ -298,7 +395,8 @@ static int NP_NAME(np_cq_lut2)(const int32_t *v, const float *scale, int64_t T, 
     __m256i *tab = (__m256i *)aligned_alloc(32, sizeof(__m256i) * (size_t)(sub * groups * 64));
     __m256i *planes = (__m256i *)aligned_alloc(32, sizeof(__m256i) * (size_t)(groups * 48));
     int32_t *tot = (int32_t *)calloc((size_t)(T * g8), sizeof(int32_t));
-    double *dots = (double *)malloc(sizeof(double) * (size_t)(16 * sub * groups));
+    /* 16 weight rows per activation row, 32 for the two-block one-row path */
+    double *dots = (double *)malloc(sizeof(double) * (size_t)((sub > 1 ? 16 * sub : 32) * groups));
     double *sc = (double *)malloc(sizeof(double) * (size_t)T);
     if (!tab || !planes || !tot || !dots || !sc) {
         free(tab), free(planes), free(tot), free(dots), free(sc);
@@ -324,6 +422,15 @@ static int NP_NAME(np_cq_lut2)(const int32_t *v, const float *scale, int64_t T, 
                 int64_t dstride = nb * groups;
                 const uint8_t *il = part->interleaved && !(r16 & 15)
                                         ? part->interleaved + r16 * part->row_bytes : NULL;
+#ifdef NP_SIMD_AVX512
+                if (il && nb == 1 && z - r16 >= 32 && np_cq_kernel_pick != 5) {
+                    end = r16 + 32, rows = 32; /* two full blocks, B's codes 16 rows on */
+                    const uint8_t *ilb = il + 16 * part->row_bytes;
+                    for (int64_t g = 0; g < groups; g++)
+                        NP_NAME(np_lut_group2)(il + g * NP_LUT_BLOCK, ilb + g * NP_LUT_BLOCK,
+                                               tab + g * 64, tot0[g], cb, dots + g, dstride);
+                } else
+#endif
                 if (il && nb == 1) {
                     for (int64_t g = 0; g < groups; g++)
                         NP_NAME(np_lut_group1)(il, tab, tot0, groups, g8, g, 0, cb, dots, dstride);
