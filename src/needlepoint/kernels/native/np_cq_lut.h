@@ -330,9 +330,12 @@ static inline __attribute__((always_inline)) void NP_NAME(np_lut_group2)(
     const __m512i c_e16 = _mm512_set1_epi16(16), c_o16 = _mm512_set1_epi16(16 << 8);
     __m512i ev[2][3], od[2][3]; /* [digit pair h][plane x], int16 */
     for (int h = 0; h < 2; h++) {
+        /* the planes again from the codes: without this GCC keeps pass 0's 48 planes for pass
+         * 1, on the stack */
+        __asm__ volatile("" ::: "memory");
         __m512i e[3], o[3];
         for (int x = 0; x < 3; x++) e[x] = o[x] = _mm512_setzero_si512();
-#pragma GCC unroll 4
+#pragma GCC unroll 1 /* unrolled, GCC loads every chunk first and spills */
         for (int o0 = 0; o0 < 16; o0 += 4) {
             __m512i lo[3], hi[3];
             for (int x = 0; x < 3; x++) lo[x] = hi[x] = _mm512_setzero_si512();
