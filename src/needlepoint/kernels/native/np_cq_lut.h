@@ -313,57 +313,74 @@ static inline void NP_NAME(np_lut_dots16)(__m512i p0, __m512i p1, __m512i p01, i
     }
 }
 
-/* D of two consecutive full 16-row blocks (interleaved codes ila, ilb of group g) for one
- * activation row (tables tg of the group, total its group total): np_lut_group1's integers, two
- * blocks per zmm register (half 0 block A's register o, half 1 block B's), each table broadcast
- * to both halves, so one table load serves 32 weight rows and vpshufb / vpmaddubsw / vpmaddwd
- * work per 128-bit lane as in the AVX2 form. Each table register is looked up by the three
- * planes at once (a digit pair per pass: 28 of the 32 registers live, no stack traffic); the
- * planes are split from the codes in each pass (cheaper than storing and reloading them). The
- * same integers as np_lut_group, hence the same bits (docs/numerics.md "Exact CQ x A8
- * products"). */
-static inline __attribute__((always_inline)) void NP_NAME(np_lut_group2)(
-    const uint8_t *ila, const uint8_t *ilb, const __m256i *tg, int32_t total, const double *cb,
-    double *dots, int64_t dstride) {
+/* Digits 2 h and 2 h + 1 of the three planes of two 16-row blocks (half 0 block A, half 1
+ * block B) of one group for one activation row (tables tg): np_lut_pair's int16 sums of the
+ * even rows in even[x], of the odd rows in odd[x], per 256-bit half. Each table register is
+ * broadcast to both halves and looked up by the three planes at once. split: the planes from
+ * the codes ila / ilb (stored to st), else loaded from st. */
+static inline __attribute__((always_inline)) void NP_NAME(np_lut_pass2)(
+    const uint8_t *ila, const uint8_t *ilb, const __m256i *tg, const int h, const int split,
+    __m512i *st, __m512i *even, __m512i *odd) {
     const __m512i m15 = _mm512_set1_epi8(15);
     const __m512i c_e1 = _mm512_set1_epi16(1), c_o1 = _mm512_set1_epi16(1 << 8);
     const __m512i c_e16 = _mm512_set1_epi16(16), c_o16 = _mm512_set1_epi16(16 << 8);
-    __m512i ev[2][3], od[2][3]; /* [digit pair h][plane x], int16 */
-    for (int h = 0; h < 2; h++) {
-        /* the planes again from the codes: without this GCC keeps pass 0's 48 planes for pass
-         * 1, on the stack */
-        __asm__ volatile("" ::: "memory");
-        __m512i e[3], o[3];
-        for (int x = 0; x < 3; x++) e[x] = o[x] = _mm512_setzero_si512();
+    __m512i e[3], o[3];
+    for (int x = 0; x < 3; x++) e[x] = o[x] = _mm512_setzero_si512();
 #pragma GCC unroll 1 /* unrolled, GCC loads every chunk first and spills */
-        for (int o0 = 0; o0 < 16; o0 += 4) {
-            __m512i lo[3], hi[3];
-            for (int x = 0; x < 3; x++) lo[x] = hi[x] = _mm512_setzero_si512();
+    for (int o0 = 0; o0 < 16; o0 += 4) {
+        __m512i lo[3], hi[3];
+        for (int x = 0; x < 3; x++) lo[x] = hi[x] = _mm512_setzero_si512();
 #pragma GCC unroll 4
-            for (int r = o0; r < o0 + 4; r++) {
+        for (int r = o0; r < o0 + 4; r++) {
+            __m512i pl[3];
+            if (split) {
                 const __m512i raw = _mm512_inserti64x4(
                     _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(ila + r * 32))),
                     _mm256_loadu_si256((const __m256i *)(ilb + r * 32)), 1);
-                __m512i pl[3];
                 pl[0] = _mm512_and_si512(raw, m15);
                 pl[1] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), m15);
                 pl[2] = _mm512_and_si512(pl[0], pl[1]);
-                const __m512i t0 = _mm512_broadcast_i64x4(_mm256_load_si256(tg + r * 4 + 2 * h));
-                const __m512i t1 = _mm512_broadcast_i64x4(_mm256_load_si256(tg + r * 4 + 2 * h + 1));
-                for (int x = 0; x < 3; x++) {
-                    lo[x] = _mm512_add_epi8(lo[x], _mm512_shuffle_epi8(t0, pl[x]));
-                    hi[x] = _mm512_add_epi8(hi[x], _mm512_shuffle_epi8(t1, pl[x]));
-                }
+                for (int x = 0; x < 3; x++) _mm512_store_si512(st + r * 3 + x, pl[x]);
+            } else {
+                for (int x = 0; x < 3; x++) pl[x] = _mm512_load_si512(st + r * 3 + x);
             }
+            const __m512i t0 = _mm512_broadcast_i64x4(_mm256_load_si256(tg + r * 4 + 2 * h));
+            const __m512i t1 = _mm512_broadcast_i64x4(_mm256_load_si256(tg + r * 4 + 2 * h + 1));
             for (int x = 0; x < 3; x++) {
-                e[x] = _mm512_add_epi16(e[x], _mm512_add_epi16(_mm512_maddubs_epi16(c_e1, lo[x]),
-                                                               _mm512_maddubs_epi16(c_e16, hi[x])));
-                o[x] = _mm512_add_epi16(o[x], _mm512_add_epi16(_mm512_maddubs_epi16(c_o1, lo[x]),
-                                                               _mm512_maddubs_epi16(c_o16, hi[x])));
+                lo[x] = _mm512_add_epi8(lo[x], _mm512_shuffle_epi8(t0, pl[x]));
+                hi[x] = _mm512_add_epi8(hi[x], _mm512_shuffle_epi8(t1, pl[x]));
+                /* the sums in this order: reassociated, the 24 lookups of a chunk are live at
+                 * once and spill */
+                __asm__("" : "+v"(lo[x]), "+v"(hi[x]));
             }
         }
-        for (int x = 0; x < 3; x++) ev[h][x] = e[x], od[h][x] = o[x];
+        for (int x = 0; x < 3; x++) {
+            e[x] = _mm512_add_epi16(e[x], _mm512_add_epi16(_mm512_maddubs_epi16(c_e1, lo[x]),
+                                                           _mm512_maddubs_epi16(c_e16, hi[x])));
+            o[x] = _mm512_add_epi16(o[x], _mm512_add_epi16(_mm512_maddubs_epi16(c_o1, lo[x]),
+                                                           _mm512_maddubs_epi16(c_o16, hi[x])));
+        }
     }
+    for (int x = 0; x < 3; x++) even[x] = e[x], odd[x] = o[x];
+}
+
+/* D of two consecutive full 16-row blocks (interleaved codes ila, ilb of group g) for one
+ * activation row (tables tg of the group, total its group total): np_lut_group1's integers, two
+ * blocks per zmm register (half 0 block A's register o, half 1 block B's), so one table load
+ * serves 32 weight rows and vpshufb / vpmaddubsw / vpmaddwd work per 128-bit lane as in the
+ * AVX2 form. One digit pair per pass (np_lut_pass2: 28 of the 32 registers live); the planes
+ * split in the first pass are read back from L1 by the second (the split is a fifth of a pass's
+ * vector work). The same integers as np_lut_group, hence the same bits (docs/numerics.md
+ * "Exact CQ x A8 products"). */
+static inline __attribute__((always_inline)) void NP_NAME(np_lut_group2)(
+    const uint8_t *ila, const uint8_t *ilb, const __m256i *tg, int32_t total, const double *cb,
+    double *dots, int64_t dstride) {
+    __m512i st[48];
+    __m512i ev[2][3], od[2][3]; /* [digit pair h][plane x], int16 */
+    NP_NAME(np_lut_pass2)(ila, ilb, tg, 0, 1, st, ev[0], od[0]);
+    /* GCC would otherwise keep pass 0's 48 planes in registers for pass 1, and spill */
+    __asm__ volatile("" ::: "memory");
+    NP_NAME(np_lut_pass2)(ila, ilb, tg, 1, 0, st, ev[1], od[1]);
     /* A + 256 B per row; per 256-bit half, lane 0 (quads 0..15) and lane 1 (16..31) added:
      * np_lut_plane's vperm2i128 0x20 / 0x31 as one vpermt2q per half pair */
     const __m512i w = _mm512_set1_epi32(1 | (256 << 16));
