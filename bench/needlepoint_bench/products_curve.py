@@ -48,7 +48,9 @@ from .products import _matrices, archive_parser
 F32 = np.float32
 # name: (np_cq_kernel pick, interleaved copy present). "default" is what a deploy load runs;
 # "default, no copy" is the pick without the copy (the kernels and picks before it);
-# "hadamard" the transform on the weights forced (np_cq_kernel 3).
+# "hadamard" the transform on the weights forced (np_cq_kernel 3); "lookup, one block" the
+# lookups with the one-row path one 16-row block at a time (np_cq_kernel 5: the AVX2 form, where
+# AVX-512 otherwise takes two blocks per zmm register, np_cq_lut.h np_lut_group2).
 CONFIGS = {
     "default": (0, True),
     "default, no copy": (0, False),
@@ -56,8 +58,11 @@ CONFIGS = {
     "lookup, transposed": (2, False),
     "multiply-add": (1, False),
     "hadamard": (3, True),
+    "lookup, one block": (5, True),
 }
-VNNI_ONLY = ("hadamard",)  # the transform on the weights (np_cq_had.h) is AVX-512 VNNI only
+# AVX-512 VNNI only: the transform on the weights (np_cq_had.h); the two-block lookups (the
+# AVX-512 variant is the VNNI one), elsewhere pick 5 is pick 2
+VNNI_ONLY = ("hadamard", "lookup, one block")
 
 
 def configs() -> dict:
