@@ -1,11 +1,12 @@
-"""The AVX-512 one-row lookup path that takes two full 16-row blocks per zmm register
-(kernels/native/np_cq_lut.h np_lut_group2, picked in np_cq_lut2 for one activation row with
-the interleaved copy) against the numpy reference (`exact.cq_matmul_reference`) bit for bit, in
-the AVX-512 VNNI variant in a fresh process, beside the one-block form (`np_cq_kernel(5)`) and
-the default pick: all codes equal (0..3), activations at +-127, codebooks at the
-`check_codebook` limits, 31..70 weight rows in 1-3 parts (two full blocks, one, a tail), row
-ranges that start and end inside a 16-row block, 1 and 3 threads, the copy present and
-absent."""
+"""The AVX-512 lookup path that takes two full 16-row blocks per zmm register
+(kernels/native/np_cq_lut.h np_lut_group2, taken by np_cq_lut2 with the interleaved copy; the
+default pick runs it at one activation row) against the numpy reference
+(`exact.cq_matmul_reference`) bit for bit, in the AVX-512 VNNI variant in a fresh process:
+the default pick, the lookups forced (`np_cq_kernel(2)`) and the one-block form forced
+(`np_cq_kernel(5)`), on all codes equal (0..3), activations at +-127, codebooks at the
+`check_codebook` limits, 31..70 weight rows in 1-3 parts (two full blocks, one, a tail), 1-3
+activation rows, row ranges that start and end inside a 16-row block, 1 and 3 threads, the
+copy present and absent."""
 
 from __future__ import annotations
 
@@ -20,17 +21,23 @@ from needlepoint.kernels import exact, native
 F32 = np.float32
 ROWS = (31, 32, 33, 48, 64, 70)
 GROUPS = 2
-PICKS = (0, 5)  # the default (two blocks where they fit), the one-block form forced
+# the default (two blocks where they fit at one activation row), the lookups forced (two
+# blocks at every row count), the one-block form forced
+PICKS = (0, 2, 5)
 
 
 def _activations() -> list:
-    """(name, v, scale) of one activation row: +-127 alternating, -127 everywhere, random."""
+    """(name, v, scale): one activation row at +-127 alternating, -127 everywhere, random, and
+    the three as a tile of 3 rows (the first two as one of 2)."""
     cols = 128 * GROUPS
     rng = np.random.default_rng(11)
     rows = {"pm127": np.where(np.arange(cols) % 3, 1.0, -1.0).astype(F32),
             "m127": np.full(cols, -1.0, F32),
             "random": rng.standard_normal(cols).astype(F32)}
-    return [(name, *exact.a8_rotate(x[None, :], cols)) for name, x in rows.items()]
+    tiles = {name: x[None, :] for name, x in rows.items()}
+    tiles["T2"] = np.stack([rows["pm127"], rows["m127"]])
+    tiles["T3"] = np.stack(list(rows.values()))
+    return [(name, *exact.a8_rotate(x, cols)) for name, x in tiles.items()]
 
 
 def _matrices() -> list:
@@ -56,7 +63,7 @@ def _ranges(out: int) -> list:
 
 
 def check_two_blocks() -> dict:
-    """{case: equal} in this process's variant, for picks 0 and 5."""
+    """{case: equal} in this process's variant, for picks 0, 2 and 5."""
     results = {"variant": native.simd_variant()}
     acts = _activations()
     for name, m in _matrices():
@@ -86,7 +93,7 @@ def check_two_blocks() -> dict:
 
 def _expected_count() -> int:
     per_matrix = sum(2 * (2 * len(PICKS) + len(_ranges(rows)) * len(PICKS)) for rows in ROWS)
-    return per_matrix * 3 * 2 * 5 * 3  # parts, codebooks, code kinds, activations
+    return per_matrix * 3 * 2 * 5 * 5  # parts, codebooks, code kinds, activations
 
 
 def test_two_block_lookups_give_the_reference_bits():

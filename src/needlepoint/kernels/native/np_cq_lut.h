@@ -415,8 +415,8 @@ static int NP_NAME(np_cq_lut2)(const int32_t *v, const float *scale, int64_t T, 
     __m256i *tab = (__m256i *)aligned_alloc(32, sizeof(__m256i) * (size_t)(sub * groups * 64));
     __m256i *planes = (__m256i *)aligned_alloc(32, sizeof(__m256i) * (size_t)(groups * 48));
     int32_t *tot = (int32_t *)calloc((size_t)(T * g8), sizeof(int32_t));
-    /* 16 weight rows per activation row, 32 for the two-block one-row path */
-    double *dots = (double *)malloc(sizeof(double) * (size_t)((sub > 1 ? 16 * sub : 32) * groups));
+    /* 32 weight rows per activation row (two blocks on AVX-512) */
+    double *dots = (double *)malloc(sizeof(double) * (size_t)(32 * sub * groups));
     double *sc = (double *)malloc(sizeof(double) * (size_t)T);
     if (!tab || !planes || !tot || !dots || !sc) {
         free(tab), free(planes), free(tot), free(dots), free(sc);
@@ -443,12 +443,14 @@ static int NP_NAME(np_cq_lut2)(const int32_t *v, const float *scale, int64_t T, 
                 const uint8_t *il = part->interleaved && !(r16 & 15)
                                         ? part->interleaved + r16 * part->row_bytes : NULL;
 #ifdef NP_SIMD_AVX512
-                if (il && nb == 1 && z - r16 >= 32 && np_cq_kernel_pick != 5) {
+                if (il && z - r16 >= 32 && np_cq_kernel_pick != 5) {
                     end = r16 + 32, rows = 32; /* two full blocks, B's codes 16 rows on */
                     const uint8_t *ilb = il + 16 * part->row_bytes;
                     for (int64_t g = 0; g < groups; g++)
-                        NP_NAME(np_lut_group2)(il + g * NP_LUT_BLOCK, ilb + g * NP_LUT_BLOCK,
-                                               tab + g * 64, tot0[g], cb, dots + g, dstride);
+                        for (int b = 0; b < nb; b++) /* the group's codes stay in L1 */
+                            NP_NAME(np_lut_group2)(il + g * NP_LUT_BLOCK, ilb + g * NP_LUT_BLOCK,
+                                                   tab + (b * groups + g) * 64, tot0[b * g8 + g],
+                                                   cb, dots + b * groups + g, dstride);
                 } else
 #endif
                 if (il && nb == 1) {
