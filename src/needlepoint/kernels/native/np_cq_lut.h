@@ -31,7 +31,16 @@
  * and group is what the transpose above yields, with each code byte replaced by its plane
  * nibbles b0 | b1 << 4 (bit s of b0 / b1: bit 0 / 1 of the byte's code s). np_lut_split turns a
  * register into the three plane registers with three ands and a shift, so a one-row product
- * (np_lut_group1) costs the lookups alone, one pass over the weights. */
+ * (np_lut_group1) costs the lookups alone, one pass over the weights.
+ *
+ * AVX-512 (np_lut_group2, with the copy, where two full 16-row blocks lie in the row range):
+ * two blocks per zmm register, block A's register o in the low 256 bits and block B's in the
+ * high, each table broadcast to both halves (one table load serves 32 weight rows). vpshufb,
+ * vpmaddubsw and vpmaddwd work per 128-bit lane and the cross-lane sum is a vpermt2q per pair
+ * of halves, so every integer is the one-block form's and the epilogue is the same
+ * (docs/numerics.md "Exact CQ x A8 products"). Each table register is looked up by the three
+ * planes at once and the sums are kept in order, so no register spills (Zen 4's 512-bit
+ * operations are double-pumped: the gain is in loads and spills, not in lookups per cycle). */
 
 #ifndef NP_LUT_ONCE
 #define NP_LUT_ONCE
@@ -43,13 +52,17 @@
 static int np_cq_kernel_pick = 0;
 #define NP_LUT_SUB 256 /* KiB of activation tables per pass over a block of weight rows */
 /* Activation rows from which the lookup kernel is picked without the interleaved copy (AVX2)
- * and at all (AVX-512 VNNI, where one row with the copy is picked too), measured in one process
- * against the level-sum / digit kernels (bench/needlepoint_bench/products_curve.py,
- * docs/benchmarks.md "Exact CQ x A8 products: the per-row cost curve"): on AVX2 about 1.1-1.3x
- * faster from 4 rows when the codes are transposed per call; on VNNI 2-4 % faster from 16 rows,
- * even or slower at 2-8 rows against vpdpbusd level sums / vpdpwssd digits. */
+ * and at all (AVX-512 VNNI, where up to NP_LUT_TMAX_IL_VNNI rows with the copy are picked too),
+ * measured in one process against the level-sum / digit kernels
+ * (bench/needlepoint_bench/products_curve.py, docs/benchmarks.md "Exact CQ x A8 products: the
+ * per-row cost curve"): on AVX2 about 1.1-1.3x faster from 4 rows when the codes are transposed
+ * per call; on VNNI 2-4 % faster from 16 rows, even or slower at 4-8 rows against vpdpbusd
+ * level sums / vpdpwssd digits. With the copy, the two-block form (np_lut_group2) against the
+ * level sums: 1.15-1.3x at one row, 1.04x at 2 and 1.1x at 3 (from 4 the transform on the
+ * weights, np_cq_had.h, is faster still). */
 #define NP_LUT_TMIN 4
 #define NP_LUT_TMIN_VNNI 16
+#define NP_LUT_TMAX_IL_VNNI 3
 #define NP_LUT_BLOCK 512 /* interleaved bytes per 16-row block and group (16 x 32) */
 #endif
 
@@ -365,13 +378,13 @@ static inline __attribute__((always_inline)) void NP_NAME(np_lut_pass2)(
 }
 
 /* D of two consecutive full 16-row blocks (interleaved codes ila, ilb of group g) for one
- * activation row (tables tg of the group, total its group total): np_lut_group1's integers, two
+ * activation row (tables tg of the group, total its group total): np_lut_group's integers, two
  * blocks per zmm register (half 0 block A's register o, half 1 block B's), so one table load
  * serves 32 weight rows and vpshufb / vpmaddubsw / vpmaddwd work per 128-bit lane as in the
- * AVX2 form. One digit pair per pass (np_lut_pass2: 28 of the 32 registers live); the planes
- * split in the first pass are read back from L1 by the second (the split is a fifth of a pass's
- * vector work). The same integers as np_lut_group, hence the same bits (docs/numerics.md
- * "Exact CQ x A8 products"). */
+ * AVX2 form. One digit pair per pass (np_lut_pass2: about 24 of the 32 registers live); the
+ * planes split in the first pass are read back from L1 by the second (splitting them again
+ * measured about 8 % slower). The same integers as np_lut_group, hence the same bits
+ * (docs/numerics.md "Exact CQ x A8 products"). */
 static inline __attribute__((always_inline)) void NP_NAME(np_lut_group2)(
     const uint8_t *ila, const uint8_t *ilb, const __m256i *tg, int32_t total, const double *cb,
     double *dots, int64_t dstride) {
