@@ -49,8 +49,8 @@ F32 = np.float32
 # name: (np_cq_kernel pick, interleaved copy present). "default" is what a deploy load runs;
 # "default, no copy" is the pick without the copy (the kernels and picks before it);
 # "hadamard" the transform on the weights forced (np_cq_kernel 3); "lookup, one block" the
-# lookups with the one-row path one 16-row block at a time (np_cq_kernel 5: the AVX2 form, where
-# AVX-512 otherwise takes two blocks per zmm register, np_cq_lut.h np_lut_group2).
+# lookups one 16-row block at a time (np_cq_kernel 5: the AVX2 form, where AVX-512 otherwise
+# takes two blocks per zmm register with the copy, np_cq_lut.h np_lut_group2).
 CONFIGS = {
     "default": (0, True),
     "default, no copy": (0, False),

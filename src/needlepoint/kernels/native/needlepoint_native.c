@@ -149,9 +149,9 @@ int np_cq_matmul(const int32_t *v, const float *scale, int64_t T, int64_t in_pad
  * level-sum / digit kernels (np_cq_int.h, np_cq_int16.h), 2 the table-lookup kernel
  * (np_cq_lut.h) at every row count, 3 the transform on the weights (np_cq_had.h, AVX-512 VNNI;
  * elsewhere, or when v is not an A8 rotation, the default pick) at every row count, 5 the
- * table-lookup kernel at every row count with its one-row path one 16-row block at a time (the
- * AVX2 form; the AVX-512 variant otherwise takes two full blocks per zmm register). Same bits
- * in every case. Returns the previous pick. */
+ * table-lookup kernel at every row count one 16-row block at a time (the AVX2 form; with the
+ * interleaved copy the AVX-512 variant otherwise takes two full blocks per zmm register). Same
+ * bits in every case. Returns the previous pick. */
 int np_cq_kernel(int k) {
     int old = np_cq_kernel_pick;
     if (k >= 0) np_cq_kernel_pick = k;

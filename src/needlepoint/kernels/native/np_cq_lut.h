@@ -46,9 +46,10 @@
 #define NP_LUT_ONCE
 /* Which kernel the 2-bit products use (np_cq_kernel in needlepoint_native.c, for benchmarks
  * and tests that compare them in one process): 0 by variant and row count (np_cq_int), 1 the
- * level-sum / digit kernels, 2 the lookup kernel below, 5 the lookup kernel with its one-row
- * path one 16-row block at a time (np_lut_group1) where AVX-512 would take two (np_lut_group2).
- * The same bits in every case. */
+ * level-sum / digit kernels, 2 the lookup kernel below, 3 the transform on the weights
+ * (np_cq_had.h), 5 the lookup kernel one 16-row block at a time (np_lut_group1, np_lut_split)
+ * where AVX-512 would take two full blocks with the copy (np_lut_group2). The same bits in
+ * every case. */
 static int np_cq_kernel_pick = 0;
 #define NP_LUT_SUB 256 /* KiB of activation tables per pass over a block of weight rows */
 /* Activation rows from which the lookup kernel is picked without the interleaved copy (AVX2)
@@ -58,7 +59,7 @@ static int np_cq_kernel_pick = 0;
  * per-row cost curve"): on AVX2 about 1.1-1.3x faster from 4 rows when the codes are transposed
  * per call; on VNNI 2-4 % faster from 16 rows, even or slower at 4-8 rows against vpdpbusd
  * level sums / vpdpwssd digits. With the copy, the two-block form (np_lut_group2) against the
- * level sums: 1.15-1.3x at one row, 1.04x at 2 and 1.1x at 3 (from 4 the transform on the
+ * level sums: 1.15-1.3x at one row, 1.04-1.08x at 2 and 1.1x at 3 (from 4 the transform on the
  * weights, np_cq_had.h, is faster still). */
 #define NP_LUT_TMIN 4
 #define NP_LUT_TMIN_VNNI 16
