@@ -52,7 +52,9 @@ F32 = np.float32
 # name: (np_cq_kernel pick, layout copy present). "default" is what a deploy load runs;
 # "default, no copy" is the pick without the copy; "multiply-add" the level-sum / 16-bit digit
 # kernels without it (for 4-bit storage: the digit kernel, the "before" of the 4-bit column);
-# "hadamard" the transform on the weights forced (np_cq_kernel 3).
+# "hadamard" the transform on the weights forced (np_cq_kernel 3); "lookup, one block" the
+# lookups one 16-row block at a time (np_cq_kernel 5: the AVX2 form, where AVX-512 otherwise
+# takes two blocks per zmm register with the copy, np_cq_lut.h np_lut_group2).
 CONFIGS = {
     "default": (0, True),
     "default, no copy": (0, False),
@@ -60,8 +62,11 @@ CONFIGS = {
     "lookup, transposed": (2, False),
     "multiply-add": (1, False),
     "hadamard": (3, True),
+    "lookup, one block": (5, True),
 }
-VNNI_ONLY = ("hadamard",)  # the transform on the weights (np_cq_had.h) is AVX-512 VNNI only
+# AVX-512 VNNI only: the transform on the weights (np_cq_had.h); the two-block lookups (the
+# AVX-512 variant is the VNNI one), elsewhere pick 5 is pick 2
+VNNI_ONLY = ("hadamard", "lookup, one block")
 
 
 def configs() -> dict:
@@ -250,10 +255,13 @@ def _copies(run: dict) -> str:
     return ", ".join(f"{k} {x / 1e6:.2f} MB" for k, x in sorted(by.items()))
 
 
-def _vnni_tile(run: dict, rows: str) -> bool:
-    """Whether the VNNI pick takes a kernel at `rows` with or without the copy (the transform
-    on the weights from 4 rows, np_cq_had.h NP_HAD_TMIN_VNNI)."""
-    return run["variant"] == "avx512vnni" and int(rows) >= 4
+def _before(run: dict, rows: str) -> str:
+    """The configuration the default pick ran before the transform on the weights and the
+    two-block lookups: on AVX-512 VNNI the one-block lookups with the copy at 1 and from 16
+    rows, the level sums / digits at 2-15; on AVX2 the one-block lookups with the copy."""
+    if run["variant"] != "avx512vnni":
+        return "lookup"
+    return "lookup, one block" if int(rows) == 1 or int(rows) >= 16 else "multiply-add"
 
 
 def write_section(args: argparse.Namespace, runs: list) -> None:
@@ -267,16 +275,18 @@ def write_section(args: argparse.Namespace, runs: list) -> None:
          "Every deploy product of the archive at 1 to 64 activation rows, 2-bit ns per weight "
          "and activation row, the configurations alternating call by call in one process "
          "(their outputs compared equal at every call). *after*: the default pick with the "
-         "interleaved copy a load builds; *before*: the default pick without it (the kernels "
-         "and picks before the copy); *lookup* / *lookup, transposed*: the lookup kernel "
-         "forced, with the copy / transposing the packed codes per call; *mult-add*: the "
-         "level-sum / 16-bit digit kernels (on AVX-512 VNNI from 4 rows the transform on "
-         "the weights is picked with or without the copy, and *mult-add* is the pick before "
-         "it and the lookups, so the before column and the ms before are those); *hadamard*: "
-         "the transform on the weights forced (`np_cq_had.h`, AVX-512 VNNI only). *4-bit "
-         "after*: the default pick with the 16-row blocked copy a load builds (AVX-512 VNNI: "
-         "np_cq_int4.h; AVX2: the digit kernel); *4-bit before*: the 16-bit digit kernel "
-         "without the copy. *stream*: an integer sum over the same packed bytes (codes and "
+         "layout copies a load builds; *before*: the pick before the transform on the weights "
+         "and the two-block lookups (AVX-512 VNNI: *lookup, one block* at 1 and from 16 rows, "
+         "*mult-add* at 2-15; AVX2: *lookup*); *lookup* / *lookup, transposed*: the lookup "
+         "kernel forced, with the copy / transposing the packed codes per call (with the copy "
+         "on AVX-512 two 16-row blocks per zmm register, `np_lut_group2`); *lookup, one "
+         "block*: the lookups one 16-row block at a time (AVX-512 VNNI only; elsewhere it is "
+         "*lookup*); *mult-add*: the level-sum / 16-bit digit kernels; *hadamard*: the "
+         "transform on the weights forced (`np_cq_had.h`). *4-bit after*: the default pick "
+         "with the 16-row blocked copy (AVX-512 VNNI: np_cq_int4.h; AVX2: the digit kernel); "
+         "*4-bit before*: the 16-bit digit kernel without the copy. *all products ms*: the "
+         "before column's configuration (its 4-bit products as that pick runs them) → after. "
+         "*stream*: an integer sum over the same packed bytes (codes and "
          "norms, all products) in the same process; *ratio*: all products (after) / stream.",
          ""]
     for run in runs:
@@ -284,17 +294,18 @@ def write_section(args: argparse.Namespace, runs: list) -> None:
         L += [f"**{run['variant']}** (load average {_load(run['load_start'])} → "
               f"{_load(run['load_end'])}; layout copies {_copies(run)}, "
               f"built in {run['copy_seconds'] * 1e3:.1f} ms; stream {st * 1e3:.3f} ms):", "",
-              "| rows | 2-bit after | 2-bit before | lookup | lookup, transposed | mult-add "
-              "| hadamard | 4-bit after | 4-bit before | all products ms before → after "
-              "| ratio to stream | int8 GEMM ns/weight-row |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "| rows | 2-bit after | 2-bit before | lookup | lookup, one block | lookup, "
+              "transposed | mult-add | hadamard | 4-bit after | 4-bit before | all products ms "
+              "before → after | ratio to stream | int8 GEMM ns/weight-row |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for rows, e in run["rows"].items():
             ns = {k: e[k]["ns_per_weight_row"]["2-bit"] for k in CONFIGS if k in e}
             had = f"{ns['hadamard']:.4f}" if "hadamard" in ns else "–"
-            old = "multiply-add" if _vnni_tile(run, rows) else "default, no copy"
+            one = f"{ns['lookup, one block']:.4f}" if "lookup, one block" in ns else "–"
+            old = _before(run, rows)
             after, before = e["default"], e[old]
             L.append(f"| {rows} | **{ns['default']:.4f}** | {ns[old]:.4f} | "
-                     f"{ns['lookup']:.4f} | {ns['lookup, transposed']:.4f} | "
+                     f"{ns['lookup']:.4f} | {one} | {ns['lookup, transposed']:.4f} | "
                      f"{ns['multiply-add']:.4f} | {had} | "
                      f"**{after['ns_per_weight_row']['4-bit']:.4f}** | "
                      f"{e['multiply-add']['ns_per_weight_row']['4-bit']:.4f} | "

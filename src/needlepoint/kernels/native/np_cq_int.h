@@ -344,9 +344,9 @@ static inline int NP_NAME(np_cq_all_interleaved)(const np_cq_part *parts, int64_
  * changes no output; it follows the per-row cost curve measured in one process
  * (bench/needlepoint_bench/products_curve.py, docs/benchmarks.md). The table-lookup kernel
  * (np_cq_lut.h): on AVX2 at every row count when the parts carry the interleaved codes (no
- * per-call transpose), else from NP_LUT_TMIN rows; on AVX-512 VNNI at one row with the
- * interleaved codes, where vpdpbusd level sums cost more than the lookups, and from
- * NP_LUT_TMIN_VNNI rows. Otherwise the
+ * per-call transpose), else from NP_LUT_TMIN rows; on AVX-512 VNNI up to NP_LUT_TMAX_IL_VNNI
+ * rows with the interleaved codes (two 16-row blocks per zmm register), where vpdpbusd level
+ * sums cost more than the lookups, and from NP_LUT_TMIN_VNNI rows. Otherwise the
  * level-sum kernel above for decode rows (T <= NP_I2_TMAX: fewer operations per weight for one
  * row) and the 16-bit digit kernel (np_cq_int16.h) for 4-bit storage and for prefill tiles
  * (two 16-bit products per weight instead of six byte products). Before all of these, on
@@ -374,11 +374,11 @@ static int NP_NAME(np_cq_int)(const int32_t *v, const float *scale, int64_t T, i
                                          out_stride, r_first, r_last);
         if (status != NP_BADARG) return status; /* else v is not H q: the kernels below */
     }
-    const int by_rows = (T == 1 && il) || T >= NP_LUT_TMIN_VNNI;
+    const int by_rows = (T <= NP_LUT_TMAX_IL_VNNI && il) || T >= NP_LUT_TMIN_VNNI;
 #else
     const int by_rows = T >= NP_LUT_TMIN || il;
 #endif
-    const int lookup = pick == 2 || (pick == 0 && by_rows);
+    const int lookup = pick == 2 || pick == 5 || (pick == 0 && by_rows);
     if (storage_bits == 2 && codebook_len <= 4 && lookup)
         return NP_NAME(np_cq_lut2)(v, scale, T, in_pad, cb, parts, n_parts, out, out_stride,
                                    r_first, r_last);

@@ -31,24 +31,39 @@
  * and group is what the transpose above yields, with each code byte replaced by its plane
  * nibbles b0 | b1 << 4 (bit s of b0 / b1: bit 0 / 1 of the byte's code s). np_lut_split turns a
  * register into the three plane registers with three ands and a shift, so a one-row product
- * (np_lut_group1) costs the lookups alone, one pass over the weights. */
+ * (np_lut_group1) costs the lookups alone, one pass over the weights.
+ *
+ * AVX-512 (np_lut_group2, with the copy, where two full 16-row blocks lie in the row range):
+ * two blocks per zmm register, block A's register o in the low 256 bits and block B's in the
+ * high, each table broadcast to both halves (one table load serves 32 weight rows). vpshufb,
+ * vpmaddubsw and vpmaddwd work per 128-bit lane and the cross-lane sum is a vpermt2q per pair
+ * of halves, so every integer is the one-block form's and the epilogue is the same
+ * (docs/numerics.md "Exact CQ x A8 products"). Each table register is looked up by the three
+ * planes at once and the sums are kept in order, so no register spills (Zen 4's 512-bit
+ * operations are double-pumped: the gain is in loads and spills, not in lookups per cycle). */
 
 #ifndef NP_LUT_ONCE
 #define NP_LUT_ONCE
 /* Which kernel the 2- and 4-bit products use (np_cq_kernel in needlepoint_native.c, for
  * benchmarks and tests that compare them in one process): 0 by variant, row count and layout
- * copy (np_cq_int), 1 the level-sum / digit kernels, 2 the lookup kernel below (2-bit). The same
- * bits in every case. */
+ * copy (np_cq_int), 1 the level-sum / digit kernels, 2 the lookup kernel below (2-bit), 3 the
+ * transform on the weights (np_cq_had.h), 5 the lookup kernel one 16-row block at a time
+ * (np_lut_group1, np_lut_split) where AVX-512 would take two full blocks with the copy
+ * (np_lut_group2). The same bits in every case. */
 static int np_cq_kernel_pick = 0;
 #define NP_LUT_SUB 256 /* KiB of activation tables per pass over a block of weight rows */
 /* Activation rows from which the lookup kernel is picked without the interleaved copy (AVX2)
- * and at all (AVX-512 VNNI, where one row with the copy is picked too), measured in one process
- * against the level-sum / digit kernels (bench/needlepoint_bench/products_curve.py,
- * docs/benchmarks.md "Exact CQ x A8 products: the per-row cost curve"): on AVX2 about 1.1-1.3x
- * faster from 4 rows when the codes are transposed per call; on VNNI 2-4 % faster from 16 rows,
- * even or slower at 2-8 rows against vpdpbusd level sums / vpdpwssd digits. */
+ * and at all (AVX-512 VNNI, where up to NP_LUT_TMAX_IL_VNNI rows with the copy are picked too),
+ * measured in one process against the level-sum / digit kernels
+ * (bench/needlepoint_bench/products_curve.py, docs/benchmarks.md "Exact CQ x A8 products: the
+ * per-row cost curve"): on AVX2 about 1.1-1.3x faster from 4 rows when the codes are transposed
+ * per call; on VNNI 2-4 % faster from 16 rows, even or slower at 4-8 rows against vpdpbusd
+ * level sums / vpdpwssd digits. With the copy, the two-block form (np_lut_group2) against the
+ * level sums: 1.15-1.3x at one row, 1.04-1.08x at 2 and 1.1x at 3 (from 4 the transform on the
+ * weights, np_cq_had.h, is faster still). */
 #define NP_LUT_TMIN 4
 #define NP_LUT_TMIN_VNNI 16
+#define NP_LUT_TMAX_IL_VNNI 3
 #define NP_LUT_BLOCK 512 /* interleaved bytes per 16-row block and group (16 x 32) */
 #endif
 
@@ -286,6 +301,121 @@ static inline __attribute__((always_inline)) void NP_NAME(np_lut_group1)(
     NP_NAME(np_lut_group)(pg, tab, tot, groups, g8, g, b0, 1, cb, dots, dstride);
 }
 
+#ifdef NP_SIMD_AVX512
+/* D of 8 rows of each of two blocks (half 0: block A's rows 2 i + parity at
+ * dots[(2 i + parity) * dstride], half 1: block B's at dots[(16 + 2 i + parity) * dstride]) from
+ * their plane sums: np_lut_dots8's float operations in its order, 8 rows per operation. */
+static inline void NP_NAME(np_lut_dots16)(__m512i p0, __m512i p1, __m512i p01, int32_t total,
+                                          const double *cb, double *dots, int64_t dstride,
+                                          int parity) {
+    __m512i s1 = _mm512_sub_epi32(p0, p01), s2 = _mm512_sub_epi32(p1, p01);
+    __m512i s0 = _mm512_sub_epi32(_mm512_add_epi32(_mm512_set1_epi32(total), p01),
+                                  _mm512_add_epi32(p0, p1));
+    const __m512i sj[4] = {s0, s1, s2, p01};
+    double d[16];
+    for (int half = 0; half < 2; half++) {
+        __m512d acc = _mm512_setzero_pd();
+        for (int j = 0; j < 4; j++) {
+            __m256i part = half ? _mm512_extracti64x4_epi64(sj[j], 1) : _mm512_castsi512_si256(sj[j]);
+            acc = _mm512_add_pd(acc, _mm512_mul_pd(_mm512_cvtepi32_pd(part), _mm512_set1_pd(cb[j])));
+        }
+        _mm512_storeu_pd(d + 8 * half, acc);
+    }
+    for (int i = 0; i < 8; i++) {
+        dots[(2 * i + parity) * dstride] = d[i];
+        dots[(16 + 2 * i + parity) * dstride] = d[8 + i];
+    }
+}
+
+/* Digits 2 h and 2 h + 1 of the three planes of two 16-row blocks (half 0 block A, half 1
+ * block B) of one group for one activation row (tables tg): np_lut_pair's int16 sums of the
+ * even rows in even[x], of the odd rows in odd[x], per 256-bit half. Each table register is
+ * broadcast to both halves and looked up by the three planes at once. split: the planes from
+ * the codes ila / ilb (stored to st), else loaded from st. */
+static inline __attribute__((always_inline)) void NP_NAME(np_lut_pass2)(
+    const uint8_t *ila, const uint8_t *ilb, const __m256i *tg, const int h, const int split,
+    __m512i *st, __m512i *even, __m512i *odd) {
+    const __m512i m15 = _mm512_set1_epi8(15);
+    const __m512i c_e1 = _mm512_set1_epi16(1), c_o1 = _mm512_set1_epi16(1 << 8);
+    const __m512i c_e16 = _mm512_set1_epi16(16), c_o16 = _mm512_set1_epi16(16 << 8);
+    __m512i e[3], o[3];
+    for (int x = 0; x < 3; x++) e[x] = o[x] = _mm512_setzero_si512();
+#pragma GCC unroll 1 /* unrolled, GCC loads every chunk first and spills */
+    for (int o0 = 0; o0 < 16; o0 += 4) {
+        __m512i lo[3], hi[3];
+        for (int x = 0; x < 3; x++) lo[x] = hi[x] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+        for (int r = o0; r < o0 + 4; r++) {
+            __m512i pl[3];
+            if (split) {
+                const __m512i raw = _mm512_inserti64x4(
+                    _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(ila + r * 32))),
+                    _mm256_loadu_si256((const __m256i *)(ilb + r * 32)), 1);
+                pl[0] = _mm512_and_si512(raw, m15);
+                pl[1] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), m15);
+                pl[2] = _mm512_and_si512(pl[0], pl[1]);
+                for (int x = 0; x < 3; x++) _mm512_store_si512(st + r * 3 + x, pl[x]);
+            } else {
+                for (int x = 0; x < 3; x++) pl[x] = _mm512_load_si512(st + r * 3 + x);
+            }
+            const __m512i t0 = _mm512_broadcast_i64x4(_mm256_load_si256(tg + r * 4 + 2 * h));
+            const __m512i t1 = _mm512_broadcast_i64x4(_mm256_load_si256(tg + r * 4 + 2 * h + 1));
+            for (int x = 0; x < 3; x++) {
+                lo[x] = _mm512_add_epi8(lo[x], _mm512_shuffle_epi8(t0, pl[x]));
+                hi[x] = _mm512_add_epi8(hi[x], _mm512_shuffle_epi8(t1, pl[x]));
+                /* the sums in this order: reassociated, the 24 lookups of a chunk are live at
+                 * once and spill */
+                __asm__("" : "+v"(lo[x]), "+v"(hi[x]));
+            }
+        }
+        for (int x = 0; x < 3; x++) {
+            e[x] = _mm512_add_epi16(e[x], _mm512_add_epi16(_mm512_maddubs_epi16(c_e1, lo[x]),
+                                                           _mm512_maddubs_epi16(c_e16, hi[x])));
+            o[x] = _mm512_add_epi16(o[x], _mm512_add_epi16(_mm512_maddubs_epi16(c_o1, lo[x]),
+                                                           _mm512_maddubs_epi16(c_o16, hi[x])));
+        }
+    }
+    for (int x = 0; x < 3; x++) even[x] = e[x], odd[x] = o[x];
+}
+
+/* D of two consecutive full 16-row blocks (interleaved codes ila, ilb of group g) for one
+ * activation row (tables tg of the group, total its group total): np_lut_group's integers, two
+ * blocks per zmm register (half 0 block A's register o, half 1 block B's), so one table load
+ * serves 32 weight rows and vpshufb / vpmaddubsw / vpmaddwd work per 128-bit lane as in the
+ * AVX2 form. One digit pair per pass (np_lut_pass2: about 24 of the 32 registers live); the
+ * planes split in the first pass are read back from L1 by the second (splitting them again
+ * measured about 8 % slower). The same integers as np_lut_group, hence the same bits
+ * (docs/numerics.md "Exact CQ x A8 products"). */
+static inline __attribute__((always_inline)) void NP_NAME(np_lut_group2)(
+    const uint8_t *ila, const uint8_t *ilb, const __m256i *tg, int32_t total, const double *cb,
+    double *dots, int64_t dstride) {
+    __m512i st[48];
+    __m512i ev[2][3], od[2][3]; /* [digit pair h][plane x], int16 */
+    NP_NAME(np_lut_pass2)(ila, ilb, tg, 0, 1, st, ev[0], od[0]);
+    /* GCC would otherwise keep pass 0's 48 planes in registers for pass 1, and spill */
+    __asm__ volatile("" ::: "memory");
+    NP_NAME(np_lut_pass2)(ila, ilb, tg, 1, 0, st, ev[1], od[1]);
+    /* A + 256 B per row; per 256-bit half, lane 0 (quads 0..15) and lane 1 (16..31) added:
+     * np_lut_plane's vperm2i128 0x20 / 0x31 as one vpermt2q per half pair */
+    const __m512i w = _mm512_set1_epi32(1 | (256 << 16));
+    const __m512i q20 = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13);
+    const __m512i q31 = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
+    __m512i ep[3], op[3];
+    for (int x = 0; x < 3; x++) {
+        __m512i el = _mm512_madd_epi16(_mm512_unpacklo_epi16(ev[0][x], ev[1][x]), w);
+        __m512i eh = _mm512_madd_epi16(_mm512_unpackhi_epi16(ev[0][x], ev[1][x]), w);
+        __m512i ol = _mm512_madd_epi16(_mm512_unpacklo_epi16(od[0][x], od[1][x]), w);
+        __m512i oh = _mm512_madd_epi16(_mm512_unpackhi_epi16(od[0][x], od[1][x]), w);
+        ep[x] = _mm512_add_epi32(_mm512_permutex2var_epi64(el, q20, eh),
+                                 _mm512_permutex2var_epi64(el, q31, eh));
+        op[x] = _mm512_add_epi32(_mm512_permutex2var_epi64(ol, q20, oh),
+                                 _mm512_permutex2var_epi64(ol, q31, oh));
+    }
+    NP_NAME(np_lut_dots16)(ep[0], ep[1], ep[2], total, cb, dots, dstride, 0);
+    NP_NAME(np_lut_dots16)(op[0], op[1], op[2], total, cb, dots, dstride, 1);
+}
+#endif /* NP_SIMD_AVX512 */
+
 /* np_cq_matmul for 2-bit storage and at most 4 levels by table lookups. NP_BADARG (nothing
  * written) when some v is outside [-2^14, 2^14): the float64 kernel runs. */
 static int NP_NAME(np_cq_lut2)(const int32_t *v, const float *scale, int64_t T, int64_t in_pad,
@@ -299,7 +429,8 @@ static int NP_NAME(np_cq_lut2)(const int32_t *v, const float *scale, int64_t T, 
     __m256i *tab = (__m256i *)aligned_alloc(32, sizeof(__m256i) * (size_t)(sub * groups * 64));
     __m256i *planes = (__m256i *)aligned_alloc(32, sizeof(__m256i) * (size_t)(groups * 48));
     int32_t *tot = (int32_t *)calloc((size_t)(T * g8), sizeof(int32_t));
-    double *dots = (double *)malloc(sizeof(double) * (size_t)(16 * sub * groups));
+    /* 32 weight rows per activation row (two blocks on AVX-512) */
+    double *dots = (double *)malloc(sizeof(double) * (size_t)(32 * sub * groups));
     double *sc = (double *)malloc(sizeof(double) * (size_t)T);
     if (!tab || !planes || !tot || !dots || !sc) {
         free(tab), free(planes), free(tot), free(dots), free(sc);
@@ -325,6 +456,17 @@ static int NP_NAME(np_cq_lut2)(const int32_t *v, const float *scale, int64_t T, 
                 int64_t dstride = nb * groups;
                 const uint8_t *il = part->interleaved && !(r16 & 15)
                                         ? part->interleaved + r16 * part->row_bytes : NULL;
+#ifdef NP_SIMD_AVX512
+                if (il && z - r16 >= 32 && np_cq_kernel_pick != 5) {
+                    end = r16 + 32, rows = 32; /* two full blocks, B's codes 16 rows on */
+                    const uint8_t *ilb = il + 16 * part->row_bytes;
+                    for (int64_t g = 0; g < groups; g++)
+                        for (int b = 0; b < nb; b++) /* the group's codes stay in L1 */
+                            NP_NAME(np_lut_group2)(il + g * NP_LUT_BLOCK, ilb + g * NP_LUT_BLOCK,
+                                                   tab + (b * groups + g) * 64, tot0[b * g8 + g],
+                                                   cb, dots + b * groups + g, dstride);
+                } else
+#endif
                 if (il && nb == 1) {
                     for (int64_t g = 0; g < groups; g++)
                         NP_NAME(np_lut_group1)(il, tab, tot0, groups, g8, g, 0, cb, dots, dstride);
