@@ -57,13 +57,13 @@ CONFIGS = {
     "multiply-add": (1, False),
     "hadamard": (3, True),
 }
-VNNI_ONLY = ("hadamard",)  # the transform on the weights (np_cq_had.h) is AVX-512 VNNI only
+SIMD_ONLY = ("hadamard",)  # the transform on the weights: np_cq_had.h (VNNI), np_cq_had2.h (AVX2)
 
 
 def configs() -> dict:
-    """`CONFIGS` this process's variant runs (elsewhere pick 3 is the default pick)."""
-    vnni = simd_variant() == "avx512vnni"
-    return {k: c for k, c in CONFIGS.items() if vnni or k not in VNNI_ONLY}
+    """`CONFIGS` this process's variant runs (on the baseline pick 3 is the default pick)."""
+    simd = simd_variant() != "baseline"
+    return {k: c for k, c in CONFIGS.items() if simd or k not in SIMD_ONLY}
 HEADING = "## Exact CQ x A8 products: the per-row cost curve"
 NOTES_FILE = Path(__file__).with_name("products_curve_notes.md")
 

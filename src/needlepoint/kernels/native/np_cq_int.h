@@ -328,6 +328,7 @@ static int NP_NAME(np_cq_int2)(const int32_t *v, const float *scale, int64_t T, 
 #include "np_cq_int16.h"
 #include "np_cq_lut.h"
 #include "np_cq_had.h"
+#include "np_cq_had2.h"
 
 /* 1 when every part carries the interleaved codes (np_cq_lut.h np_lut_split). */
 static inline int NP_NAME(np_cq_all_interleaved)(const np_cq_part *parts, int64_t n_parts) {
@@ -370,6 +371,13 @@ static int NP_NAME(np_cq_int)(const int32_t *v, const float *scale, int64_t T, i
     }
     const int by_rows = (T == 1 && il) || T >= NP_LUT_TMIN_VNNI;
 #else
+    if (storage_bits == 2 && codebook_len <= 4 &&
+        (np_cq_kernel_pick == 3 ||
+         (np_cq_kernel_pick == 0 && T >= (il ? NP_HAD2_TMIN_AVX2 : NP_HAD2_TMIN_PACKED_AVX2)))) {
+        int status = NP_NAME(np_cq_had2)(v, scale, T, in_pad, cb, parts, n_parts, out,
+                                         out_stride, r_first, r_last);
+        if (status != NP_BADARG) return status; /* else v is not H q: the kernels below */
+    }
     const int by_rows = T >= NP_LUT_TMIN || il;
 #endif
     const int lookup = pick == 2 || (pick == 0 && by_rows);
