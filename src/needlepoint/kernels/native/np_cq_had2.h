@@ -190,6 +190,23 @@ static void NP_NAME(np_had2_epilogue)(const double *dots, const double *nt, int6
  * per plane and pair of quads, vpmaddubsw of the halved planes against broadcast dwords of q,
  * the two int16 results added (each pair sum within 2 * 64 * 127, their sum within 32512),
  * vpmaddwd against ones, then np_had2_dots into dots[((b0 + b) * groups + g) * 16 + 8 h]. */
+/* acc += vpmaddwd(vpmaddubsw(wa, q quad pa) + vpmaddubsw(wb, q quad pa + 1), ones), the
+ * dwords of q broadcast where they are used: with intrinsics GCC loads the six broadcasts of
+ * a pair of quads once, keeps them in registers and spills the accumulators. */
+#define NP_HAD2_STEP(A, WA, WB, ONES, PA)                                                     \
+    {                                                                                          \
+        __m256i t1, t2;                                                                        \
+        __asm__("vpbroadcastd %[qa], %[t1]\n\t"                                                \
+                "vpbroadcastd %[qb], %[t2]\n\t"                                                \
+                "vpmaddubsw %[t1], %[wa], %[t1]\n\t"                                           \
+                "vpmaddubsw %[t2], %[wb], %[t2]\n\t"                                           \
+                "vpaddw %[t2], %[t1], %[t1]\n\t"                                               \
+                "vpmaddwd %[one], %[t1], %[t1]\n\t"                                            \
+                "vpaddd %[t1], %[acc], %[acc]"                                                 \
+                : [acc] "+x"(A), [t1] "=&x"(t1), [t2] "=&x"(t2)                              \
+                : [wa] "x"(WA), [wb] "x"(WB), [one] "x"(ONES),                                 \
+                  [qa] "m"(*(const int32_t *)(PA)), [qb] "m"(*(const int32_t *)((PA) + 4)));    \
+    }
 #define NP_HAD2_TILE_N(NB)                                                                     \
     static __attribute__((noinline)) void NP_NAME(np_had2_tile##NB)(                           \
         const __m256i *u, int h, const int8_t *q8, int64_t in_pad, const int32_t *corr,       \
@@ -212,14 +229,7 @@ static void NP_NAME(np_had2_epilogue)(const double *dots, const double *nt, int6
         NP_HAD2_DP(0, x) NP_HAD2_DP(1, x) NP_HAD2_DP(2, x)                                     \
     }
 #define NP_HAD2_DP(b, x)                                                                       \
-    if (b < nb) {                                                                              \
-        int32_t da, db;                                                                        \
-        memcpy(&da, q + b * in_pad + 4 * k4, 4);                                               \
-        memcpy(&db, q + b * in_pad + 4 * k4 + 4, 4);                                           \
-        __m256i t = _mm256_add_epi16(_mm256_maddubs_epi16(wa, _mm256_set1_epi32(da)),          \
-                                     _mm256_maddubs_epi16(wb, _mm256_set1_epi32(db)));         \
-        a##b##x = _mm256_add_epi32(a##b##x, _mm256_madd_epi16(t, ones));                       \
-    }
+    if (b < nb) NP_HAD2_STEP(a##b##x, wa, wb, ones, q + b * in_pad + 4 * k4);
 #define NP_HAD2_OUT(b)                                                                         \
     if (b < nb) {                                                                              \
         int64_t at = (b0 + b) * groups + g;                                                    \
@@ -230,6 +240,7 @@ NP_HAD2_TILE_N(3)
 NP_HAD2_TILE_N(2)
 NP_HAD2_TILE_N(1)
 #undef NP_HAD2_TILE_N
+#undef NP_HAD2_STEP
 #undef NP_HAD2_PLANE
 #undef NP_HAD2_DP
 #undef NP_HAD2_OUT
