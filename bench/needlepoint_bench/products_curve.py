@@ -48,7 +48,8 @@ from .products import _matrices, archive_parser
 F32 = np.float32
 # name: (np_cq_kernel pick, interleaved copy present). "default" is what a deploy load runs;
 # "default, no copy" is the pick without the copy (the kernels and picks before it);
-# "hadamard" the transform on the weights forced (np_cq_kernel 3).
+# "hadamard" the transform on the weights forced (np_cq_kernel 3), "hadamard, transposed" the
+# same without the copy (the codes transposed per call).
 CONFIGS = {
     "default": (0, True),
     "default, no copy": (0, False),
@@ -56,8 +57,10 @@ CONFIGS = {
     "lookup, transposed": (2, False),
     "multiply-add": (1, False),
     "hadamard": (3, True),
+    "hadamard, transposed": (3, False),
 }
-SIMD_ONLY = ("hadamard",)  # the transform on the weights: np_cq_had.h (VNNI), np_cq_had2.h (AVX2)
+# the transform on the weights: np_cq_had.h (AVX-512 VNNI), np_cq_had2.h (AVX2)
+SIMD_ONLY = ("hadamard", "hadamard, transposed")
 
 
 def configs() -> dict:

@@ -5,33 +5,44 @@
  *
  * AVX2 has no vpdpbusd: a u8 x s8 product goes through vpmaddubsw (adjacent pairs of products
  * summed into int16 lanes, saturating) and vpmaddwd against ones (adjacent int16 pairs summed
- * into the int32 lanes), so a pair sum u_a q_a + u_b q_b must fit in int16. With the VNNI
- * form's u = H x + 64 in [0, 192] it does not (192 * 127 * 2 > 32767), so here the offset 64
- * is left off at k = 0, where (H x)_0 = sum x is already in [0, 128]:
- *   u_0 = (H x)_0 in [0, 128],  u_k = (H x)_k + 64 in [0, 128] (k > 0),
- *   sum_k u_k q_k = P_x + 64 sum_{k>0} q_k = P_x + 64 (v_0 - q_0),
- * so P_x = sum_k u_k q_k - 64 (v_0 - q_0) (v_0 = sum_k q_k: row 0 of H is all ones). With q
- * in [-127, 127] every pair sum is at most 2 * 128 * 127 = 32512 < 32767 in magnitude: no
- * int16 lane saturates, and |sum_k u_k q_k| <= 128 * 128 * 127 < 2^21 in the int32 lanes, so
- * every P_x, S_j, D and the epilogue are the exact values and bits of the other kernels.
- * np_had2_acts recovers q = H v / 128 as np_cq_had.h does and also rejects q = -128 (which
- * could saturate: 2 * 128 * 128 = 32768): NP_BADARG, and np_cq_int runs another kernel. A8
- * codes are in [-127, 127] (docs/numerics.md step 1), so A8 activations always pass.
+ * into the int32 lanes), so every int16 sum must stay within 32767. With the VNNI form's
+ * u = H x + 64 in [0, 192] it would not (2 * 192 * 127 > 32767), so here the offset 64 is left
+ * off at k = 0, where (H x)_0 = sum x is already in [0, 128]:
+ *   y_0 = (H x)_0 in [0, 128],  y_k = (H x)_k + 64 in [0, 128] (k > 0).
+ * Every (H x)_k is a sum of the same bits with signs +-1, so all have the parity p of sum x
+ * (p = y_0 & 1), and u = y >> 1 in [0, 64] loses nothing: (H x)_k = 2 u_k + p - 64 [k > 0], so
+ *   P_x = (H x) . q = 2 sum_k u_k q_k + p v_0 - 64 (v_0 - q_0)
+ * (v_0 = sum_k q_k: row 0 of H is all ones). With q in [-127, 127] a vpmaddubsw pair sum is
+ * within 2 * 64 * 127 and the kernel adds two of them (columns 4 k4 + {0, 1} and 4 k4 + 4 +
+ * {0, 1}, or + {2, 3}) in int16 before vpmaddwd: within 4 * 64 * 127 = 32512 < 32767, so no
+ * lane saturates or wraps; |sum_k u_k q_k| <= 128 * 64 * 127 < 2^21 in the int32 lanes, so
+ * P_x, the S_j, D and the epilogue are the exact values and bits of the other kernels
+ * (docs/numerics.md "Exact CQ x A8 products"). np_had2_acts recovers q = H v / 128 as
+ * np_cq_had.h does and also hands back q = -128 (outside the bound above): NP_BADARG, and
+ * np_cq_int runs another kernel. A8 codes are in [-127, 127] (docs/numerics.md step 1), so A8
+ * activations always pass.
  *
  * Layout: register (k4, x, h) holds, in 32-bit lane i, u_{4 k4 + j} (byte j) of plane x of
  * weight row 8 h + i of the 16-row block, against a broadcast dword of q (columns 4 k4 ..
  * 4 k4 + 3), as in np_cq_had.h with 8 rows a register. The H_4 of a quad's plane nibble is a
  * 16-dword table looked up with two vpermd (8 entries each, index bits 0-2) and a blend on bit
  * 3; the H_32 over the 32 quads is five butterfly stages on bytes that wrap modulo 256 (every
- * final u is in [0, 128], so the wrapped bytes are the exact values): three within groups of 8
- * quads in registers, two across the groups. */
+ * final y is in [0, 128], so the wrapped bytes are the exact values): three within groups of 8
+ * quads in registers, two across the groups, which also halve the bytes and keep the parity of
+ * each row and plane as a lane mask (u[192 + x * 2 + h]). */
 
 #if defined(NP_SIMD_AVX2) && !defined(NP_SIMD_AVX512)
 #ifndef NP_HAD2_ONCE
 #define NP_HAD2_ONCE
 #define NP_HAD2_SUB 64 /* activation rows per pass over the weights (bounds the dots buffer) */
-#define NP_HAD2_TMIN_AVX2 (1 << 30)
-#define NP_HAD2_TMIN_PACKED_AVX2 (1 << 30)
+/* Activation rows from which np_cq_int picks this kernel on AVX2, with the interleaved copy
+ * and without it, measured in one process against the default pick before it (the lookups,
+ * bench/needlepoint_bench/products_curve.py): with the copy 1.04-1.05x faster at 12 rows,
+ * 1.1x at 16, 1.2-1.3x from 24; slower at 8 rows and below (2.5x at one row), where too few
+ * activation rows share the transform of the planes (about 3-4 rows' worth of tile work);
+ * without the copy 1.03x at 12 rows, 1.1x at 16. */
+#define NP_HAD2_TMIN_AVX2 12
+#define NP_HAD2_TMIN_PACKED_AVX2 16
 #endif
 
 /* Per activation row t and group g: q = H v / 128 as int8 at q8[t * in_pad + g * 128 + k],
@@ -137,8 +148,9 @@ static __attribute__((noinline)) void NP_NAME(np_had2_planes)(const uint8_t *nib
 }
 
 /* D of 8 weight rows (lanes) of one group and activation row from the accumulated
- * sum_k u_k q_k of the three planes: P_x = r_x - corr, the S_j and D = sum_j cb[j] S_j (exact
- * in any order, so FMA too), stored at o[0..7]. */
+ * sum_k u_k q_k of the three planes (r_x): P_x = 2 r_x + p_x v_0 - corr (pm: the parity
+ * masks p_x of the rows, corr = 64 (v_0 - q_0)), the S_j and D = sum_j cb[j] S_j (exact in
+ * any order, so FMA too), stored at o[0..7]. */
 static inline void NP_NAME(np_had2_dots)(__m256i r0, __m256i r1, __m256i r01,
                                          const __m256i *pm, int32_t corr, int32_t v0,
                                          int32_t total, const double *cb, double *o) {

@@ -352,7 +352,9 @@ static inline int NP_NAME(np_cq_all_interleaved)(const np_cq_part *parts, int64_
  * AVX-512 VNNI from NP_HAD_TMIN_VNNI rows (NP_HAD_TMIN_PACKED_VNNI without the interleaved
  * copy): the transform on the weights (np_cq_had.h, three vpdpbusd byte products per weight
  * against the int8 q recovered from v), which hands back to the picks above when v is not the
- * Walsh-Hadamard image of int8 codes. */
+ * Walsh-Hadamard image of int8 codes; on AVX2 from NP_HAD2_TMIN_AVX2 rows
+ * (NP_HAD2_TMIN_PACKED_AVX2 without the copy) its AVX2 form (np_cq_had2.h, vpmaddubsw on
+ * halved planes, q in [-127, 127]), which hands back the same way. */
 static int NP_NAME(np_cq_int)(const int32_t *v, const float *scale, int64_t T, int64_t in_pad,
                               int storage_bits, const float *codebook, int64_t codebook_len,
                               const double *cb, const np_cq_part *parts, int64_t n_parts,
