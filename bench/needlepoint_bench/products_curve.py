@@ -234,10 +234,17 @@ def _load(x: list) -> str:
     return ", ".join(f"{a:.2f}" for a in x)
 
 
-def _vnni_tile(run: dict, rows: str) -> bool:
-    """Whether the VNNI pick takes a kernel at `rows` with or without the copy (the transform
-    on the weights from 4 rows, np_cq_had.h NP_HAD_TMIN_VNNI)."""
-    return run["variant"] == "avx512vnni" and int(rows) >= 4
+def _before(run: dict, rows: str) -> str:
+    """The configuration that is the pick before the copy and the transform on the weights at
+    `rows`: where the transform is picked with or without the copy (VNNI from 4 rows,
+    np_cq_had.h NP_HAD_TMIN_VNNI; AVX2 from 12, np_cq_had2.h NP_HAD2_TMIN_AVX2) the kernels
+    the pick ran before it (VNNI: the multiply-adds; AVX2: the lookups, transposing the codes
+    from 4 rows), else the default pick without the copy."""
+    if run["variant"] == "avx512vnni" and int(rows) >= 4:
+        return "multiply-add"
+    if run["variant"] == "avx2+fma" and int(rows) >= 12:
+        return "lookup, transposed"
+    return "default, no copy"
 
 
 def write_section(args: argparse.Namespace, runs: list) -> None:
@@ -256,8 +263,9 @@ def write_section(args: argparse.Namespace, runs: list) -> None:
          "forced, with the copy / transposing the packed codes per call; *mult-add*: the "
          "level-sum / 16-bit digit kernels (on AVX-512 VNNI from 4 rows the transform on "
          "the weights is picked with or without the copy, and *mult-add* is the pick before "
-         "it and the lookups, so the before column and the ms before are those); *hadamard*: "
-         "the transform on the weights forced (`np_cq_had.h`, AVX-512 VNNI only). *stream*: "
+         "it and the lookups, so the before column and the ms before are those; on AVX2 from "
+         "12 rows the same with *lookup, transposed*); *hadamard*: the transform on the "
+         "weights forced (`np_cq_had.h` on AVX-512 VNNI, `np_cq_had2.h` on AVX2). *stream*: "
          "an integer sum over the "
          "same packed bytes (codes and norms, all products) in the same process; *ratio*: "
          "all products "
@@ -275,7 +283,7 @@ def write_section(args: argparse.Namespace, runs: list) -> None:
         for rows, e in run["rows"].items():
             ns = {k: e[k]["ns_per_weight_row"]["2-bit"] for k in CONFIGS if k in e}
             had = f"{ns['hadamard']:.4f}" if "hadamard" in ns else "–"
-            old = "multiply-add" if _vnni_tile(run, rows) else "default, no copy"
+            old = _before(run, rows)
             after, before = e["default"], e[old]
             L.append(f"| {rows} | **{ns['default']:.4f}** | {ns[old]:.4f} | "
                      f"{ns['lookup']:.4f} | {ns['lookup, transposed']:.4f} | "
