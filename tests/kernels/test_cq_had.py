@@ -9,7 +9,8 @@ the default pick, on adversarial cases: all codes equal (each of 0..3), activati
 kernel's 8 / 4 / 2 / 1-row tiles and 64-row passes), weight rows and fused parts that end
 inside a 16-row block, row ranges that start and end inside one, the interleaved copy present
 and absent, 1 and 3 threads, v = H q with q at +-127 and with some q = -128 (the AVX2 form
-hands those back), and v that is not an A8 rotation (the kernel hands back)."""
+hands those back), and v that is not an A8 rotation or outside [-2^14, 2^14) (the kernel
+hands back)."""
 
 from __future__ import annotations
 
@@ -147,6 +148,9 @@ def _activations(rng, rows: int, groups: int) -> list:
                     scale))
         odd = rng.integers(-16384, 16384, (rows, cols)).astype(np.int32)
         out.append(("not-a8", odd, scale))
+        wide = v.copy()
+        wide[-1, -1] = 16384  # outside [-2^14, 2^14): every integer kernel hands back
+        out.append(("wide", wide, scale))
     return out
 
 

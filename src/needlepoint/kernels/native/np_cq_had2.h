@@ -61,6 +61,7 @@ static int NP_NAME(np_had2_acts)(const int32_t *v, int64_t T, int64_t in_pad, in
                 r[c] = x[c];
                 bad |= x[c] < -16384 || x[c] > 16383;
             }
+            if (bad) return NP_BADARG; /* before the sums below, which then stay within 2^21 */
             for (int h = 1; h < 128; h <<= 1)
                 for (int i = 0; i < 128; i++)
                     if (!(i & h)) {
