@@ -147,8 +147,9 @@ int np_cq_matmul(const int32_t *v, const float *scale, int64_t T, int64_t in_pad
 /* Which kernel the 2-bit products run from now on (k >= 0; benchmarks and tests comparing
  * them in one process): 0 the default pick by variant and row count (np_cq_int), 1 the
  * level-sum / digit kernels (np_cq_int.h, np_cq_int16.h), 2 the table-lookup kernel
- * (np_cq_lut.h) at every row count, 3 the transform on the weights (np_cq_had.h, AVX-512 VNNI;
- * elsewhere, or when v is not an A8 rotation, the default pick) at every row count. Same bits
+ * (np_cq_lut.h) at every row count, 3 the transform on the weights (np_cq_had.h on AVX-512
+ * VNNI, np_cq_had2.h on AVX2; on the baseline, or when v is not an A8 rotation, the default
+ * pick) at every row count. Same bits
  * in every case. Returns the previous pick. */
 int np_cq_kernel(int k) {
     int old = np_cq_kernel_pick;
