@@ -40,7 +40,7 @@
  * bench/needlepoint_bench/products_curve.py): with the copy 1.04-1.05x faster at 12 rows,
  * 1.1x at 16, 1.2-1.3x from 24; slower at 8 rows and below (2.5x at one row), where too few
  * activation rows share the transform of the planes (about 3-4 rows' worth of tile work);
- * without the copy 1.03x at 12 rows, 1.1x at 16. */
+ * without the copy 1.02x at 12 rows, 1.06-1.09x at 16. */
 #define NP_HAD2_TMIN_AVX2 12
 #define NP_HAD2_TMIN_PACKED_AVX2 16
 #endif
