@@ -55,6 +55,8 @@ F32 = np.float32
 # "hadamard" the transform on the weights forced (np_cq_kernel 3); "lookup, one block" the
 # lookups one 16-row block at a time (np_cq_kernel 5: the AVX2 form, where AVX-512 otherwise
 # takes two blocks per zmm register with the copy, np_cq_lut.h np_lut_group2).
+# "hadamard, transposed" the transform on the weights without the copy (codes transposed per
+# call).
 CONFIGS = {
     "default": (0, True),
     "default, no copy": (0, False),
@@ -63,16 +65,23 @@ CONFIGS = {
     "multiply-add": (1, False),
     "hadamard": (3, True),
     "lookup, one block": (5, True),
+    "hadamard, transposed": (3, False),
 }
-# AVX-512 VNNI only: the transform on the weights (np_cq_had.h); the two-block lookups (the
-# AVX-512 variant is the VNNI one), elsewhere pick 5 is pick 2
-VNNI_ONLY = ("hadamard", "lookup, one block")
+# the transform on the weights: np_cq_had.h (AVX-512 VNNI), np_cq_had2.h (AVX2); the one-block
+# lookups forced: AVX-512 VNNI only (elsewhere pick 5 is pick 2)
+SIMD_ONLY = ("hadamard", "hadamard, transposed")
+VNNI_ONLY = ("lookup, one block",)
 
 
 def configs() -> dict:
-    """`CONFIGS` this process's variant runs (elsewhere pick 3 is the default pick)."""
-    vnni = simd_variant() == "avx512vnni"
-    return {k: c for k, c in CONFIGS.items() if vnni or k not in VNNI_ONLY}
+    """`CONFIGS` this process's variant runs (on the baseline pick 3 is the default pick,
+    below AVX-512 VNNI pick 5 is pick 2)."""
+    variant = simd_variant()
+    return {k: c for k, c in CONFIGS.items()
+            if (variant != "baseline" or k not in SIMD_ONLY)
+            and (variant == "avx512vnni" or k not in VNNI_ONLY)}
+
+
 HEADING = "## Exact CQ x A8 products: the per-row cost curve"
 NOTES_FILE = Path(__file__).with_name("products_curve_notes.md")
 
@@ -282,8 +291,9 @@ def write_section(args: argparse.Namespace, runs: list) -> None:
          "on AVX-512 two 16-row blocks per zmm register, `np_lut_group2`); *lookup, one "
          "block*: the lookups one 16-row block at a time (AVX-512 VNNI only; elsewhere it is "
          "*lookup*); *mult-add*: the level-sum / 16-bit digit kernels; *hadamard*: the "
-         "transform on the weights forced (`np_cq_had.h`). *4-bit after*: the default pick "
-         "with the 16-row blocked copy (AVX-512 VNNI: np_cq_int4.h; AVX2: the digit kernel); "
+         "transform on the weights forced (`np_cq_had.h` on AVX-512 VNNI, `np_cq_had2.h` on "
+         "AVX2), *hadamard, transposed*: the same without the copy. *4-bit after*: the "
+         "default pick with the 16-row blocked copy (AVX-512 VNNI: np_cq_int4.h; AVX2: the digit kernel); "
          "*4-bit before*: the 16-bit digit kernel without the copy. *all products ms*: the "
          "before column's configuration (its 4-bit products as that pick runs them) → after. "
          "*stream*: an integer sum over the same packed bytes (codes and "

@@ -1,13 +1,16 @@
 """The "Hadamard on the weights" kernel for 2-bit CQ x A8 tiles (kernels/native/np_cq_had.h,
-AVX-512 VNNI; picked in np_cq_int.h np_cq_int, forced by `np_cq_kernel(3)`): its algebra in
-numpy (u = H x + 64 in [0, 192] for a 0/1 plane x, P_x = u . q - 64 sum q, H_128 = H_32 (x)
-H_4 with H_4 of a plane nibble as a table, q = H v / 128), and the same bits as the numpy
+AVX-512 VNNI, and np_cq_had2.h, AVX2; picked in np_cq_int.h np_cq_int, forced by
+`np_cq_kernel(3)`): its algebra in numpy (u = H x + 64 in [0, 192] for a 0/1 plane x,
+P_x = u . q - 64 sum q, H_128 = H_32 (x) H_4 with H_4 of a plane nibble as a table,
+q = H v / 128; the AVX2 form's halved planes and int16 pair sums), and the same bits as the numpy
 reference (`exact.cq_matmul_reference`) in a fresh process per variant, the kernel forced and
 the default pick, on adversarial cases: all codes equal (each of 0..3), activations at +-127
 (v at its extremes), codebooks at the `check_codebook` limits, 1..70 activation rows (the
 kernel's 8 / 4 / 2 / 1-row tiles and 64-row passes), weight rows and fused parts that end
 inside a 16-row block, row ranges that start and end inside one, the interleaved copy present
-and absent, 1 and 3 threads, and v that is not an A8 rotation (the kernel hands back)."""
+and absent, 1 and 3 threads, v = H q with q at +-127 and with some q = -128 (the AVX2 form
+hands those back), and v that is not an A8 rotation or outside [-2^14, 2^14) (the kernel
+hands back)."""
 
 from __future__ import annotations
 
@@ -84,6 +87,39 @@ def test_the_transform_is_a_nibble_table_then_five_byte_butterflies():
         assert np.array_equal(y.reshape(128).astype(np.int64), h @ x + 64)
 
 
+def test_the_avx2_form_halves_the_planes_and_no_int16_sum_saturates():
+    """np_cq_had2.h: u_0 = (H x)_0 and u_k = (H x)_k + 64 (k > 0) lie in [0, 128] and all have
+    the parity p of sum x, so u' = u >> 1 in [0, 64] and P_x = 2 u' . q + p v_0 - 64 (v_0 - q_0);
+    the kernel's int16 lanes (vpmaddubsw pairs of adjacent columns, two of them added: columns
+    4 k4 + {0, 1} and 4 k4 + 4 + {0, 1}, or + {2, 3}, k4 even) stay within 32512 for q in
+    [-127, 127]. 2,000 random, all-equal, Walsh-row and +-127 groups."""
+    rng = np.random.default_rng(7)
+    h = _hadamard()
+    for trial in range(2000):
+        q = rng.integers(-127, 128, 128)
+        if trial % 4 == 1:
+            q = np.full(128, rng.choice([-127, 127]))
+        elif trial % 4 == 2:
+            q = rng.choice([-127, 127], 128)
+        idx = rng.integers(0, 4, 128) if trial % 5 else np.full(128, trial % 4)
+        if trial % 7 == 3:  # a plane equal to a Walsh row's + entries: (H x)_k = 64
+            idx = np.where(h[rng.integers(1, 128)] > 0, 3, 0)
+        v = h @ q
+        for x in (idx & 1, idx >> 1, (idx & 1) & (idx >> 1)):
+            hx = h @ x
+            u = hx + 64
+            u[0] = hx[0]
+            assert 0 <= u.min() and u.max() <= 128
+            p = int(x.sum()) & 1
+            assert (u & 1 == p).all()
+            half = u >> 1
+            assert half.max() <= 64
+            assert 2 * int(half @ q) + p * int(v[0]) - 64 * (int(v[0]) - int(q[0])) == x @ v
+            pairs = (half * q).reshape(32, 2, 2)  # [quad, pair, column in pair]
+            sums = pairs.sum(2).reshape(16, 2, 2).sum(1)  # quads k4, k4 + 1 added, k4 even
+            assert np.abs(pairs.sum(2)).max() <= 32512 and np.abs(sums).max() <= 32512
+
+
 def _activations(rng, rows: int, groups: int) -> list:
     """(name, v, scale): A8 rotations with q at +-127 (all equal, alternating, Walsh rows: v at
     its extremes), random ones, and v that is not an A8 rotation (q = H v / 128 not int8)."""
@@ -103,8 +139,18 @@ def _activations(rng, rows: int, groups: int) -> list:
         q = rng.integers(-128, 128, (rows, groups, 128))
         out.append(("hq", np.ascontiguousarray((q @ h).reshape(rows, cols).astype(np.int32)),
                     scale))
+        q = rng.choice([-127, 127], (rows, groups, 128))  # the AVX2 form's extremes
+        out.append(("hq127", np.ascontiguousarray((q @ h).reshape(rows, cols).astype(np.int32)),
+                    scale))
+        q = rng.integers(-127, 128, (rows, groups, 128))
+        q[-1, -1, rng.integers(0, 128, 3)] = -128  # the AVX2 form hands back, VNNI takes it
+        out.append(("hq-128", np.ascontiguousarray((q @ h).reshape(rows, cols).astype(np.int32)),
+                    scale))
         odd = rng.integers(-16384, 16384, (rows, cols)).astype(np.int32)
         out.append(("not-a8", odd, scale))
+        wide = v.copy()
+        wide[-1, -1] = 16384  # outside [-2^14, 2^14): every integer kernel hands back
+        out.append(("wide", wide, scale))
     return out
 
 
@@ -174,8 +220,9 @@ def check_hadamard() -> dict:
 @pytest.mark.parametrize("cap", ["1", "best"])
 def test_the_transform_on_the_weights_gives_the_reference_bits(cap):
     """Each variant in a fresh process (the library picks its variant once per process): the
-    kernel is AVX-512 VNNI only ("best" where the CPU has it); with the AVX2 cap pick 3 is the
-    default pick, whose bits are checked too."""
+    VNNI form ("best" where the CPU has it) and, with the AVX2 cap, the AVX2 form (np_cq_had2.h),
+    each forced (pick 3) and by the default pick (0); on the baseline pick 3 is the default
+    pick, whose bits are checked too."""
     if cap == "best" and not base._cpu_has_vnni():
         pytest.skip("no AVX-512 VNNI on this CPU: the kernel is not compiled in for it")
     results = variant_results(cap, "test_cq_had", "check_hadamard()")

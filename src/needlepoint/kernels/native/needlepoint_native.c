@@ -149,8 +149,8 @@ int np_cq_matmul(const int32_t *v, const float *scale, int64_t T, int64_t in_pad
  * comparing them in one process): 0 the default pick by variant, row count and layout copy
  * (np_cq_int), 1 the level-sum / digit kernels (np_cq_int.h, np_cq_int16.h; for 4-bit storage
  * the digit kernel), 2 the table-lookup kernel (np_cq_lut.h) at every row count for 2-bit
- * storage (4-bit: as 0), 3 the transform on the weights (np_cq_had.h, AVX-512 VNNI; elsewhere,
- * or when v is not an A8 rotation, the default pick) at every row count for 2-bit storage, 5
+ * storage (4-bit: as 0), 3 the transform on the weights (np_cq_had.h on AVX-512 VNNI,
+ * np_cq_had2.h on AVX2; on the baseline, or when v is not an A8 rotation, the default pick) at every row count for 2-bit storage, 5
  * the table-lookup kernel at every row count one 16-row block at a time (the AVX2 form; with
  * the interleaved copy the AVX-512 variant otherwise takes two full blocks per zmm register).
  * Same bits in every case. Returns the previous pick. */

@@ -1,5 +1,6 @@
 /* Exact CQ x A8 products of 2-bit storage for prefill tiles with the Walsh-Hadamard transform
- * moved onto the weights, AVX-512 VNNI only, included by np_cq_int.h after np_cq_lut.h.
+ * moved onto the weights, AVX-512 VNNI (the AVX2 form: np_cq_had2.h), included by np_cq_int.h
+ * after np_cq_lut.h.
  * docs/numerics.md "Exact CQ x A8 products" is the contract, kernels/exact.py
  * `cq_matmul_reference` the numpy reference with the same bits.
  *

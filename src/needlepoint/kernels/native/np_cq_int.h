@@ -329,6 +329,7 @@ static int NP_NAME(np_cq_int2)(const int32_t *v, const float *scale, int64_t T, 
 #include "np_cq_int4.h"
 #include "np_cq_lut.h"
 #include "np_cq_had.h"
+#include "np_cq_had2.h"
 
 /* 1 when every part carries the copy of its layout (2-bit: np_cq_lut.h np_lut_split; 4-bit:
  * np_cq_int4.h np_cq_blk4). */
@@ -353,7 +354,9 @@ static inline int NP_NAME(np_cq_all_interleaved)(const np_cq_part *parts, int64_
  * AVX-512 VNNI from NP_HAD_TMIN_VNNI rows (NP_HAD_TMIN_PACKED_VNNI without the interleaved
  * copy): the transform on the weights (np_cq_had.h, three vpdpbusd byte products per weight
  * against the int8 q recovered from v), which hands back to the picks above when v is not the
- * Walsh-Hadamard image of int8 codes. 4-bit storage on AVX-512
+ * Walsh-Hadamard image of int8 codes; on AVX2 from NP_HAD2_TMIN_AVX2 rows
+ * (NP_HAD2_TMIN_PACKED_AVX2 without the copy) its AVX2 form (np_cq_had2.h, vpmaddubsw on
+ * halved planes, q in [-127, 127]), which hands back the same way. 4-bit storage on AVX-512
  * VNNI (np_cq_int4.h): the blocked kernel at every row count when the parts carry the 16-row
  * blocks (no reduction across lanes: about 1.5x the digit kernel at 1 to 64 rows in one
  * process), else the word-lookup kernel up to NP_P4_TMAX rows; AVX2 has no vpermw and keeps
@@ -376,6 +379,13 @@ static int NP_NAME(np_cq_int)(const int32_t *v, const float *scale, int64_t T, i
     }
     const int by_rows = (T <= NP_LUT_TMAX_IL_VNNI && il) || T >= NP_LUT_TMIN_VNNI;
 #else
+    if (storage_bits == 2 && codebook_len <= 4 &&
+        (np_cq_kernel_pick == 3 ||
+         (np_cq_kernel_pick == 0 && T >= (il ? NP_HAD2_TMIN_AVX2 : NP_HAD2_TMIN_PACKED_AVX2)))) {
+        int status = NP_NAME(np_cq_had2)(v, scale, T, in_pad, cb, parts, n_parts, out,
+                                         out_stride, r_first, r_last);
+        if (status != NP_BADARG) return status; /* else v is not H q: the kernels below */
+    }
     const int by_rows = T >= NP_LUT_TMIN || il;
 #endif
     const int lookup = pick == 2 || pick == 5 || (pick == 0 && by_rows);
