@@ -17,9 +17,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import test_cq_int as base
+from cq_helpers import pick_results
 from kernel_helpers import variant_results
 
-from needlepoint.kernels import exact, native
+from needlepoint.kernels import exact
 
 F32 = np.float32
 
@@ -178,43 +179,11 @@ def _cases() -> list:
     return cases
 
 
-def _window(m: exact.ExactMatrix, v: np.ndarray, scale: np.ndarray, lo: int, hi: int
-            ) -> np.ndarray:
-    """Output columns [lo, hi) of `m` by `np_cq_matmul` with that row range, the rest NaN."""
-    out = np.full((v.shape[0], m.out), np.nan, F32)
-    status = native.LIBRARY.np_cq_matmul(
-        v.ctypes.data, scale.ctypes.data, v.shape[0], m.in_pad, m.storage_bits,
-        m.codebook.ctypes.data, m.codebook.size, m.c_parts(), len(m.parts), out.ctypes.data,
-        m.out, lo, hi)
-    assert status == 0
-    return out
-
-
 def check_hadamard() -> dict:
     """Native vs reference in this process's variant: {case: equal} for the transform on the
     weights forced (pick 3) and the default pick (0), the copy present and absent, 1 and 3
     threads, and a row range that starts and ends inside 16-row blocks."""
-    results = {"variant": native.simd_variant()}
-    for name, m, v, scale in _cases():
-        want = exact.cq_matmul(v, scale, m, use_native=False)
-        for copy in (True, False):
-            laid = exact.with_layout(m, copy)
-            for threads in (1, 3):
-                split = exact.ExactMatrix(laid.cols, laid.in_pad, laid.out, laid.storage_bits,
-                                          laid.codebook, laid.parts, threads)
-                for pick in (3, 0):
-                    native.LIBRARY.np_cq_kernel(pick)
-                    got = exact.cq_matmul(v, scale, split, use_native=True)
-                    results[f"{name}-copy{int(copy)}-th{threads}-pick{pick}"] = bool(
-                        np.array_equal(got, want) and np.isfinite(want).all())
-            lo, hi = m.out // 3, m.out - m.out // 5
-            native.LIBRARY.np_cq_kernel(3)
-            got = _window(laid, v, scale, lo, hi)
-            results[f"{name}-copy{int(copy)}-rows{lo}:{hi}-pick3"] = bool(
-                np.array_equal(got[:, lo:hi], want[:, lo:hi]) and np.isnan(got[:, :lo]).all()
-                and np.isnan(got[:, hi:]).all())
-    native.LIBRARY.np_cq_kernel(0)
-    return results
+    return pick_results(_cases(), (3, 0), lambda m: [(m.out // 3, m.out - m.out // 5, 3)])
 
 
 @pytest.mark.parametrize("cap", ["1", "best"])

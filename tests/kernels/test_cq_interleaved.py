@@ -13,9 +13,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import test_cq_int as base
+from cq_helpers import pick_results
 from kernel_helpers import variant_results
 
-from needlepoint.kernels import exact, native, wtypes
+from needlepoint.kernels import exact, wtypes
 
 F32 = np.float32
 REV4 = [0, 8, 4, 12, 2, 10, 6, 14, 1, 9, 5, 13, 3, 11, 7, 15]
@@ -89,44 +90,12 @@ def _cases() -> list:
     return cases
 
 
-def _window(m: exact.ExactMatrix, v: np.ndarray, scale: np.ndarray, lo: int, hi: int
-            ) -> np.ndarray:
-    """Output columns [lo, hi) of `m` by `np_cq_matmul` with that row range (a thread's share
-    that may start inside a 16-row block), the rest NaN."""
-    out = np.full((v.shape[0], m.out), np.nan, F32)
-    status = native.LIBRARY.np_cq_matmul(
-        v.ctypes.data, scale.ctypes.data, v.shape[0], m.in_pad, m.storage_bits,
-        m.codebook.ctypes.data, m.codebook.size, m.c_parts(), len(m.parts), out.ctypes.data,
-        m.out, lo, hi)
-    assert status == 0
-    return out
-
-
 def check_interleaved() -> dict:
     """Native vs reference in this process's variant: {case: equal} for the lookup kernel
     forced (pick 2) and the default pick (0), the copy present and absent, 1 and 3 threads, and
     the rows from a third of the way on alone."""
-    results = {"variant": native.simd_variant()}
-    for name, m, v, scale in _cases():
-        want = exact.cq_matmul(v, scale, m, use_native=False)
-        for copy in (True, False):
-            laid = exact.with_layout(m, copy)
-            for threads in (1, 3):
-                split = exact.ExactMatrix(laid.cols, laid.in_pad, laid.out, laid.storage_bits,
-                                          laid.codebook, laid.parts, threads)
-                for pick in (2, 0):
-                    native.LIBRARY.np_cq_kernel(pick)
-                    got = exact.cq_matmul(v, scale, split, use_native=True)
-                    results[f"{name}-copy{int(copy)}-th{threads}-pick{pick}"] = bool(
-                        np.array_equal(got, want) and np.isfinite(want).all())
-            lo = m.out // 3
-            for pick in (2, 0):
-                native.LIBRARY.np_cq_kernel(pick)
-                got = _window(laid, v, scale, lo, m.out)
-                results[f"{name}-copy{int(copy)}-rows{lo}:-pick{pick}"] = bool(
-                    np.array_equal(got[:, lo:], want[:, lo:]) and np.isnan(got[:, :lo]).all())
-    native.LIBRARY.np_cq_kernel(0)
-    return results
+    return pick_results(_cases(), (2, 0),
+                        lambda m: [(m.out // 3, m.out, 2), (m.out // 3, m.out, 0)])
 
 
 @pytest.mark.parametrize("cap", ["0", "1", "best"])

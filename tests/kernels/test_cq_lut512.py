@@ -13,10 +13,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import test_cq_int as base
+from cq_helpers import pick_results
 from kernel_helpers import variant_results
-from test_cq_interleaved import _window
 
-from needlepoint.kernels import exact, native
+from needlepoint.kernels import exact
 
 F32 = np.float32
 ROWS = (31, 32, 33, 48, 64, 70)
@@ -64,31 +64,10 @@ def _ranges(out: int) -> list:
 
 def check_two_blocks() -> dict:
     """{case: equal} in this process's variant, for picks 0, 2 and 5."""
-    results = {"variant": native.simd_variant()}
     acts = _activations()
-    for name, m in _matrices():
-        for act, v, scale in acts:
-            want = exact.cq_matmul_reference(v, scale, m)
-            for copy in (True, False):
-                laid = exact.with_layout(m, copy)
-                for threads in (1, 3):
-                    split = exact.ExactMatrix(laid.cols, laid.in_pad, laid.out,
-                                              laid.storage_bits, laid.codebook, laid.parts,
-                                              threads)
-                    for pick in PICKS:
-                        native.LIBRARY.np_cq_kernel(pick)
-                        got = exact.cq_matmul(v, scale, split, use_native=True)
-                        results[f"{name}-{act}-copy{int(copy)}-th{threads}-pick{pick}"] = bool(
-                            np.array_equal(got, want) and np.isfinite(want).all())
-                for lo, hi in _ranges(m.out):
-                    for pick in PICKS:
-                        native.LIBRARY.np_cq_kernel(pick)
-                        got = _window(laid, v, scale, lo, hi)
-                        results[f"{name}-{act}-copy{int(copy)}-rows{lo}:{hi}-pick{pick}"] = bool(
-                            np.array_equal(got[:, lo:hi], want[:, lo:hi])
-                            and np.isnan(got[:, :lo]).all() and np.isnan(got[:, hi:]).all())
-    native.LIBRARY.np_cq_kernel(0)
-    return results
+    cases = ((f"{name}-{act}", m, v, scale) for name, m in _matrices() for act, v, scale in acts)
+    return pick_results(cases, PICKS,
+                        lambda m: [(lo, hi, pick) for lo, hi in _ranges(m.out) for pick in PICKS])
 
 
 def _expected_count() -> int:
