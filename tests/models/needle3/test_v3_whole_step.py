@@ -195,3 +195,29 @@ def test_a_step_of_decode_draft_and_prompt_rows_is_one_pass(monkeypatch):
     net.run_batch([(net.session(chunk=32), long_prompt, False),
                    (net.session(chunk=32), long_prompt[:260], False)])
     assert calls == [64] * 8 + [36, 12]
+
+
+def test_the_16_key_copy_is_kept_by_either_store():
+    """Keys stored by the numpy reference (`Int8LayerCache.write`) and by the native step
+    carry the same 16-key copy (np_v3_cache.ktile / ksum, which the native scores read): a
+    session prefilled by the reference, forked, then stepped natively gives the reference's
+    bits, and its copies equal a natively prefilled session's slot for slot."""
+    net = model("small")
+    ids = _tokens(net, 40, 11)
+    saved = native.LIBRARY
+    native.LIBRARY = None
+    try:
+        alone = net.session()
+        expected = [alone.prefill(ids[:30])] + [alone.step(int(t)) for t in ids[30:]]
+        mixed = net.session()
+        first = mixed.prefill(ids[:30])
+    finally:
+        native.LIBRARY = saved
+    stepped = mixed.fork()
+    _same([[first] + [stepped.step(int(t)) for t in ids[30:]]], [expected])
+    natively = net.session()
+    natively.prefill(ids[:30])
+    for a, b in zip(mixed.caches, natively.caches, strict=True):
+        assert a.ktile.size and a.ksum.size
+        np.testing.assert_array_equal(a.ktile, b.ktile)
+        np.testing.assert_array_equal(a.ksum, b.ksum)

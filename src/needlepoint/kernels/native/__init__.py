@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-ABI_VERSION = 16
+ABI_VERSION = 17
 HERE = Path(__file__).resolve().parent
 
 c_int64_p = ctypes.POINTER(ctypes.c_int64)
@@ -99,7 +99,8 @@ class V3Cache(ctypes.Structure):
     """`np_v3_cache`: one layer's int8 K/V store, raw q|k|v ring and [position, filled]."""
 
     _fields_ = [*[(name, _P) for name in ("kcode", "kscale", "vcode", "vscale", "raw", "meta")],
-                ("capacity", _I64), ("window", _I64), ("raw_rows", _I64)]
+                ("capacity", _I64), ("window", _I64), ("raw_rows", _I64), ("ktile", _P),
+                ("ksum", _P)]
 
 
 class V3Part(ctypes.Structure):

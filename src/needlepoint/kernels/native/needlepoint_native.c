@@ -127,7 +127,7 @@ int np_force_variant(int v) {
 #define NP_DISPATCH(name, ...) name##_base(__VA_ARGS__)
 #endif
 
-int np_abi_version(void) { return 16; }
+int np_abi_version(void) { return 17; }
 
 /* 2 when the AVX-512 VNNI variant runs, 1 for AVX2 + FMA, 0 for the baseline one. */
 int np_simd_variant(void) { return np_pick(); }

@@ -31,6 +31,11 @@ typedef struct {
      * since a few large channels (Qwen's k bias, Gemma 3's q/k norm weights) leave the rest
      * of an 8-bit row with too few levels (docs/numerics.md). */
     const int16_t *k16;
+    /* Where set (int8 keys of a ring or linear store, s_step 1), the same keys sixteen slots to
+     * a vector, slot s at kt[((s / 16) * (qk / 4) + c) * 64 + (s % 16) * 4 + i] = code 4c + i,
+     * and their code sums ksum[s]: np_att_rows scores 16 keys per vpdpbusd. */
+    const int8_t *kt;
+    const int32_t *ksum;
 } np_kv_view;
 
 static inline int64_t np_kv_slot(const np_kv_view *kv, int64_t j) {
@@ -310,6 +315,68 @@ static void NP_NAME(np_att_row)(const void *q, float qscale, int64_t qk, int64_t
  * widened once for all of them and their value sums share each value row's conversion. */
 #define NP_ATT_GMAX 6
 
+#if defined(NP_SIMD_AVX512)
+/* Scores of G int8 query rows against the n keys of `kv` from its 16-key copy (kv->kt): the
+ * query codes offset to unsigned bytes (q + 128) times the key codes by vpdpbusd, so a lane
+ * holds dot + 128 ksum, exact in int32 (|lane| <= 256 * 255 * 127); the dot is that minus
+ * 128 ksum, and the score chain is np_att_score4's, ((dot * sq) * sk) * inv_sqrt_qk in
+ * float64: the same bits as np_att_scores. The keys are the slots first .. first + n - 1
+ * taken modulo wrap: one or two runs of contiguous slots. */
+static void NP_NAME(np_att_scores_tiled)(const int8_t *q, const float *qscale, int64_t G,
+                                         int64_t qk, const np_kv_view *kv, int64_t n,
+                                         double inv_sqrt_qk, float *work) {
+    const int64_t q4 = qk / 4;
+    int64_t runs[2][3], n_runs = 1; /* first slot, end slot, key index of the first */
+    if (kv->wrap && kv->first + n > kv->wrap) {
+        runs[0][0] = kv->first, runs[0][1] = kv->wrap, runs[0][2] = 0;
+        runs[1][0] = 0, runs[1][1] = n - (kv->wrap - kv->first), runs[1][2] = kv->wrap - kv->first;
+        n_runs = 2;
+    } else {
+        runs[0][0] = kv->first, runs[0][1] = kv->first + n, runs[0][2] = 0;
+    }
+    const __m256d vinv = _mm256_set1_pd(inv_sqrt_qk);
+    for (int64_t g = 0; g < G; g++) {
+        int32_t qu[64]; /* the row's codes + 128 as unsigned bytes, four per dword */
+        for (int64_t c = 0; c < q4; c++) {
+            uint8_t b[4];
+            for (int i = 0; i < 4; i++) b[i] = (uint8_t)(q[g * qk + 4 * c + i] + 128);
+            memcpy(&qu[c], b, 4);
+        }
+        const __m256d vsq = _mm256_set1_pd((double)qscale[g]);
+        for (int64_t ri = 0; ri < n_runs; ri++) {
+            const int64_t s0 = runs[ri][0], s1 = runs[ri][1], j0 = runs[ri][2];
+            for (int64_t blk = s0 / 16; blk * 16 < s1; blk++) {
+                const int64_t lo = s0 > blk * 16 ? s0 - blk * 16 : 0;
+                const int64_t hi = s1 < blk * 16 + 16 ? s1 - blk * 16 : 16;
+                const __mmask16 m = (__mmask16)(((1u << hi) - 1u) & ~((1u << lo) - 1u));
+                const int8_t *kb = kv->kt + blk * q4 * 64;
+                __m512i acc = _mm512_setzero_si512();
+                for (int64_t c = 0; c < q4; c++)
+                    acc = _mm512_dpbusd_epi32(acc, _mm512_set1_epi32(qu[c]),
+                                              _mm512_loadu_si512((const void *)(kb + c * 64)));
+                __m512i dot = _mm512_sub_epi32(
+                    acc, _mm512_slli_epi32(_mm512_maskz_loadu_epi32(m, kv->ksum + blk * 16), 7));
+                __m512 ks = _mm512_maskz_loadu_ps(m, kv->ks + blk * 16);
+                float sc[16];
+                for (int h = 0; h < 2; h++) {
+                    __m256i d8 = h ? _mm512_extracti64x4_epi64(dot, 1) : _mm512_castsi512_si256(dot);
+                    __m256 k8 = h ? _mm512_extractf32x8_ps(ks, 1) : _mm512_castps512_ps256(ks);
+                    for (int qd = 0; qd < 2; qd++) {
+                        __m128i d4 = qd ? _mm256_extracti128_si256(d8, 1) : _mm256_castsi256_si128(d8);
+                        __m128 k4 = qd ? _mm256_extractf128_ps(k8, 1) : _mm256_castps256_ps128(k8);
+                        __m256d t = _mm256_mul_pd(_mm256_cvtepi32_pd(d4), vsq);
+                        t = _mm256_mul_pd(t, _mm256_cvtps_pd(k4));
+                        t = _mm256_mul_pd(t, vinv);
+                        _mm_storeu_ps(sc + 8 * h + 4 * qd, _mm256_cvtpd_ps(t));
+                    }
+                }
+                for (int64_t i = lo; i < hi; i++) work[g * n + j0 + blk * 16 + i - s0] = sc[i];
+            }
+        }
+    }
+}
+#endif
+
 /* np_att_row for G <= NP_ATT_GMAX int8 query rows (codes q + g * qk, scales qscale[g])
  * against the same n int8 keys of `kv`: o + g * vd, work: G * n floats. Each row's dots are the
  * same integers and every float operation of a row is np_att_row's, in its order (the value
@@ -318,8 +385,14 @@ static void NP_NAME(np_att_rows)(const int8_t *q, const float *qscale, int64_t G
                                  int64_t vd, const np_kv_view *kv, int64_t n,
                                  double inv_sqrt_qk, float *o, float *work) {
     int64_t j = 0;
+#if defined(NP_SIMD_AVX512)
+    if (kv->kt && !kv->k16 && !kv->slots && kv->s_step == 1 && qk % 4 == 0 && qk <= 256 && n) {
+        NP_NAME(np_att_scores_tiled)(q, qscale, G, qk, kv, n, inv_sqrt_qk, work);
+        j = n;
+    }
+#endif
 #if defined(NP_SIMD_AVX2)
-    if (!kv->k16 && qk % 16 == 0 && qk <= 64 && G <= NP_ATT_GMAX) {
+    if (!j && !kv->k16 && qk % 16 == 0 && qk <= 64 && G <= NP_ATT_GMAX) {
         const int64_t chunks = qk / 16;
         __m256i q16[NP_ATT_GMAX][4];
         for (int64_t g = 0; g < G; g++)

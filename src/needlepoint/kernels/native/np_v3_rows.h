@@ -114,6 +114,11 @@ static void NP_NAME(np_v3_attend_items)(void *arg, int64_t lo, int64_t hi, int64
         np_kv_view kv = {c->kcode + kvh * c->capacity * qk, c->vcode + kvh * c->capacity * vd,
                          c->kscale + kvh * c->capacity, c->vscale + kvh * c->capacity, qk, vd,
                          1, c->window ? from % c->capacity : from, c->capacity, NULL};
+        if (c->ktile) {
+            const int64_t cap16 = (c->capacity + 15) / 16 * 16;
+            kv.kt = c->ktile + kvh * cap16 * qk;
+            kv.ksum = c->ksum + kvh * cap16;
+        }
         const int64_t q = (job->qrow0 + r) * H + h;
         NP_NAME(np_att_rows)(job->ws->qcode + q * qk, job->ws->qscale + q, run, qk, vd, &kv,
                              p - from + 1, job->inv_sqrt_qk, o, work);
@@ -203,6 +208,15 @@ static int NP_NAME(np_v3_attention_part)(const np_v3_model *m, const np_v3_layer
             for (int64_t h = 0; h < KV; h++) {
                 memcpy(c->kcode + (h * c->capacity + slot) * qk, ws->kcode + (r * KV + h) * qk,
                        (size_t)qk);
+                if (c->ktile) { /* the 16-key copy (np_kv_view.kt) */
+                    const int64_t cap16 = (c->capacity + 15) / 16 * 16;
+                    const int8_t *code = ws->kcode + (r * KV + h) * qk;
+                    int8_t *tile = c->ktile + h * cap16 * qk + (slot / 16) * qk * 16 + (slot % 16) * 4;
+                    int32_t sum = 0;
+                    for (int64_t c4 = 0; c4 < qk / 4; c4++) memcpy(tile + c4 * 64, code + 4 * c4, 4);
+                    for (int64_t e = 0; e < qk; e++) sum += code[e];
+                    c->ksum[h * cap16 + slot] = sum;
+                }
                 c->kscale[h * c->capacity + slot] = ws->kscale[r * KV + h];
                 memcpy(c->vcode + (h * c->capacity + slot) * vd, ws->vcode + (r * KV + h) * vd,
                        (size_t)vd);

@@ -72,6 +72,11 @@ typedef struct { /* one layer's cache of one session (models/needle3/exact_atten
     float *raw; /* [raw_rows, v_end]: raw q|k|v of position p in row p % raw_rows */
     int64_t *meta; /* position, filled */
     int64_t capacity, window, raw_rows;
+    /* the keys again sixteen slots to a vector (np_att_rows): [KV][capacity16 / 16][qk / 4][16][4]
+     * codes, four per 32-bit lane, and each slot's code sum [KV][capacity16] (capacity16: the
+     * capacity rounded up to 16); NULL: not kept */
+    int8_t *ktile;
+    int32_t *ksum;
 } np_v3_cache;
 
 typedef struct { /* the rows row0 .. row0+count-1 are positions start .. of one session */

@@ -21,6 +21,7 @@ from ...kernels import exact, native, pinned
 from .cache import CacheShape, lazy_zeros
 
 F32 = np.float32
+TILE = 16  # key slots per vector of the 16-key copy (np_v3_cache.ktile)
 
 
 
@@ -42,6 +43,11 @@ class Int8LayerCache:
         self.kscale = lazy_zeros((kv_heads, capacity), F32)
         self.vcode = lazy_zeros((kv_heads, capacity, v_dim), np.int8)
         self.vscale = lazy_zeros((kv_heads, capacity), F32)
+        # the keys again, sixteen slots to a vector, and their code sums (np_att_rows scores
+        # 16 keys per vpdpbusd from them); kept in step with kcode by every store
+        tiles = -(-capacity // TILE) if qk_dim % 4 == 0 else 0
+        self.ktile = lazy_zeros((kv_heads, tiles, qk_dim // 4, TILE, 4), np.int8)
+        self.ksum = lazy_zeros((kv_heads, tiles * TILE), np.int32)
         # [position, filled]: positions recorded (the next chunk's first position) and slots
         # written; numpy memory, so the native step (np_v3_block.h) advances them in place
         self.meta = np.zeros(2, np.int64)
@@ -72,10 +78,12 @@ class Int8LayerCache:
         """Address of this cache as the native step's `np_v3_cache` (built on first use)."""
         struct = self._c_struct
         if struct is None:
+            tiled = self.ktile.size > 0
             struct = native.V3Cache(
                 self.kcode.ctypes.data, self.kscale.ctypes.data, self.vcode.ctypes.data,
                 self.vscale.ctypes.data, self.raw.ctypes.data, self.meta.ctypes.data,
                 self.capacity, self.window, len(self.raw),
+                self.ktile.ctypes.data if tiled else None, self.ksum.ctypes.data if tiled else None,
             )
             self._c_struct = struct
         return ctypes.addressof(struct)
@@ -111,11 +119,14 @@ class Int8LayerCache:
     def copy(self) -> Int8LayerCache:
         other = Int8LayerCache.__new__(Int8LayerCache)
         other.window, other.max_len, other.meta = self.window, self.max_len, self.meta.copy()
-        for name in ("kcode", "kscale", "vcode", "vscale"):
+        for name in ("kcode", "kscale", "vcode", "vscale", "ksum"):
             source = getattr(self, name)
             fresh = lazy_zeros(source.shape, source.dtype)
             fresh[:, : self.filled] = source[:, : self.filled]
             setattr(other, name, fresh)
+        other.ktile = lazy_zeros(self.ktile.shape, np.int8)
+        tiles = -(-self.filled // TILE)
+        other.ktile[:, :tiles] = self.ktile[:, :tiles]
         other.lag, other.raw = self.lag, self.raw.copy()
         other._c_struct = None
         return other
@@ -134,6 +145,11 @@ class Int8LayerCache:
         self.kscale[:, slots] = kscale[count - keep :].T
         self.vcode[:, slots] = vcode[count - keep :].transpose(1, 0, 2)
         self.vscale[:, slots] = vscale[count - keep :].T
+        if self.ktile.size:  # the 16-key copy: slot s at tile s // 16, lane s % 16
+            kept = kcode[count - keep :]
+            self.ktile[:, slots // TILE, :, slots % TILE, :] = kept.reshape(
+                keep, kept.shape[1], -1, 4)
+            self.ksum[:, slots] = kept.astype(np.int32).sum(axis=2).T
         self.filled = min(self.capacity, max(self.filled, start + count))
 
 
